@@ -1,0 +1,35 @@
+# Two commands do all set-up on a fresh machine (Python >= 3.10 and Java 17 present):
+#   make demo   - a full local crawl of the bundled demo site farm into $(ROOT)
+#   make test   - the test suite (FAST=1 skips the slow end-to-end tests)
+PYTHON ?= python3
+VENV := .venv
+ROOT ?= ./demo-crawl
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+
+.PHONY: demo test test-fast lint bench install clean
+
+$(PY):
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+
+$(STAMP): pyproject.toml | $(PY)
+	$(PY) -m pip install --quiet -e '.[dev]'
+	touch $(STAMP)
+
+install: $(STAMP)
+
+demo: $(STAMP)
+	$(VENV)/bin/crawl demo --root $(ROOT)
+
+test: $(STAMP)
+	$(PY) -m pytest $(if $(FAST),-m 'not slow',) $(PYTEST_ARGS)
+
+test-fast:
+	$(MAKE) test FAST=1
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check .
+
+clean:
+	rm -rf $(VENV) demo-crawl .pytest_cache

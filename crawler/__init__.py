@@ -1,0 +1,1 @@
+"""Pure core of the crawl engine: no Spark, no network. Jobs and daemons share every rule from here."""

@@ -1,0 +1,244 @@
+"""Configuration: one documented defaults file (`conf/crawler.yaml`), overrides, validation at start-up.
+
+The defaults file is the schema: a key that is not in it is unknown, and a value must have the type of its
+default. A few keys carry extra range rules below. Errors name the offending key so the CLI can exit 2
+with a message a person can act on.
+"""
+
+from __future__ import annotations
+
+import copy
+import ipaddress
+import os
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+DEFAULTS_PATH = Path(os.environ.get("CRAWL_DEFAULTS", Path(__file__).resolve().parents[1] / "conf" / "crawler.yaml"))
+
+# Keys whose value is a free-form mapping: their sub-keys are not checked against the defaults.
+_OPEN_MAPPINGS = {"fetch.static_hosts", "spark.conf"}
+
+
+class ConfigError(ValueError):
+    """A configuration key is unknown or its value is invalid; `key` names it."""
+
+    def __init__(self, key: str, message: str):
+        super().__init__(f"config key '{key}': {message}")
+        self.key = key
+
+
+def _positive(value: Any) -> bool:
+    return value > 0
+
+
+def _non_negative(value: Any) -> bool:
+    return value >= 0
+
+
+def _ip(value: Any) -> bool:
+    ipaddress.ip_address(value)
+    return True
+
+
+def _networks(value: Any) -> bool:
+    for item in value:
+        ipaddress.ip_network(item, strict=False)
+    return True
+
+
+_RULES: dict[str, tuple[Any, str]] = {
+    "crawl.buckets": (lambda v: 1 <= v <= 99999, "must be between 1 and 99999"),
+    "crawl.user_agent": (lambda v: bool(v.strip()), "must not be empty"),
+    "crawl.robots_token": (lambda v: bool(v.strip()) and " " not in v, "must be one word"),
+    "scope.schemes": (lambda v: set(v) <= {"http", "https"} and bool(v), "only http and https are supported"),
+    "scope.max_url_length": (_positive, "must be > 0"),
+    "scope.max_depth": (_non_negative, "must be >= 0"),
+    "generate.segment_max_urls": (_positive, "must be > 0"),
+    "generate.per_host_max_urls": (_positive, "must be > 0"),
+    "generate.segment_seconds": (_positive, "must be > 0"),
+    "generate.lease_seconds": (_positive, "must be > 0"),
+    "generate.age_boost_per_day": (_non_negative, "must be >= 0"),
+    "politeness.min_delay_s": (_non_negative, "must be >= 0"),
+    "politeness.max_crawl_delay_s": (_non_negative, "must be >= 0"),
+    "politeness.max_concurrency_per_host": (_positive, "must be > 0"),
+    "fetch.concurrency": (_positive, "must be > 0"),
+    "fetch.connect_timeout_s": (_positive, "must be > 0"),
+    "fetch.total_timeout_s": (_positive, "must be > 0"),
+    "fetch.max_body_bytes": (_positive, "must be > 0"),
+    "fetch.warc_max_bytes": (_positive, "must be > 0"),
+    "fetch.progress_interval_s": (_positive, "must be > 0"),
+    "fetch.dns_cache_ttl_s": (_non_negative, "must be >= 0"),
+    "fetch.poll_interval_s": (_positive, "must be > 0"),
+    "fetch.allow_networks": (_networks, "must be a list of CIDR networks such as 127.0.0.0/8"),
+    "robots.max_bytes": (lambda v: v >= 512000, "must be >= 512000 (RFC 9309 asks for at least 500 KiB)"),
+    "robots.cache_ttl_s": (lambda v: 0 < v <= 86400, "must be in (0, 86400] (RFC 9309: cache at most 24 h)"),
+    "robots.max_redirects": (lambda v: 0 <= v <= 5, "must be between 0 and 5"),
+    "revisit.default_interval_s": (_positive, "must be > 0"),
+    "revisit.min_interval_s": (_positive, "must be > 0"),
+    "revisit.max_interval_s": (_positive, "must be > 0"),
+    "revisit.changed_factor": (lambda v: 0 < v <= 1, "must be in (0, 1]"),
+    "revisit.unchanged_factor": (lambda v: v >= 1, "must be >= 1"),
+    "revisit.retry_base_s": (_positive, "must be > 0"),
+    "revisit.max_failures": (_positive, "must be > 0"),
+    "revisit.failed_interval_s": (_positive, "must be > 0"),
+    "revisit.gone_interval_s": (_positive, "must be > 0"),
+    "revisit.robots_denied_interval_s": (_positive, "must be > 0"),
+    "parse.max_outlinks": (_positive, "must be > 0"),
+    "parse.max_html_bytes": (_positive, "must be > 0"),
+    "parse.simhash_shingle": (_positive, "must be > 0"),
+    "spark.shuffle_partitions": (_positive, "must be > 0"),
+    "demo.hosts": (lambda v: 1 <= v <= 10000, "must be between 1 and 10000"),
+    "demo.pages_per_host": (lambda v: 1 <= v <= 100000, "must be between 1 and 100000"),
+    "demo.cycles": (_positive, "must be > 0"),
+    "demo.min_delay_s": (_non_negative, "must be >= 0"),
+}
+
+
+class Config:
+    """Validated configuration; read values with `conf["section.key"]`."""
+
+    def __init__(self, data: Mapping[str, Any]):
+        self._data = copy.deepcopy(dict(data))
+
+    def __getitem__(self, dotted: str) -> Any:
+        node: Any = self._data
+        for part in dotted.split("."):
+            if not isinstance(node, Mapping) or part not in node:
+                raise KeyError(dotted)
+            node = node[part]
+        return copy.deepcopy(node)
+
+    def as_dict(self) -> dict[str, Any]:
+        return copy.deepcopy(self._data)
+
+    def with_overrides(self, overrides: Mapping[str, Any]) -> Config:
+        """A new validated Config with `{"section.key": value}` overrides applied."""
+        data = self.as_dict()
+        for dotted, value in overrides.items():
+            _set_dotted(data, dotted, value)
+        return validated(data)
+
+
+def _set_dotted(data: dict[str, Any], dotted: str, value: Any) -> None:
+    parts = dotted.split(".")
+    node = data
+    for part in parts[:-1]:
+        node = node.setdefault(part, {})
+        if not isinstance(node, dict):
+            raise ConfigError(dotted, "is not a section")
+    node[parts[-1]] = value
+
+
+def _read_yaml(path: Path) -> dict[str, Any]:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError(str(path), f"cannot read config file: {exc}") from exc
+    try:
+        loaded = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise ConfigError(str(path), f"is not valid YAML: {exc}") from exc
+    if loaded is None:
+        return {}
+    if not isinstance(loaded, dict):
+        raise ConfigError(str(path), "must hold a mapping of sections")
+    return loaded
+
+
+def _merge(base: dict[str, Any], override: Mapping[str, Any], prefix: str = "") -> None:
+    for key, value in override.items():
+        dotted = f"{prefix}{key}"
+        if key not in base:
+            raise ConfigError(dotted, "unknown key (every key is listed in conf/crawler.yaml)")
+        if isinstance(base[key], dict) and dotted not in _OPEN_MAPPINGS:
+            if not isinstance(value, Mapping):
+                raise ConfigError(dotted, "must be a section (a mapping)")
+            _merge(base[key], value, dotted + ".")
+        else:
+            base[key] = value
+
+
+def _type_ok(default: Any, value: Any) -> bool:
+    if isinstance(default, bool) or isinstance(value, bool):
+        return isinstance(default, bool) and isinstance(value, bool)
+    if isinstance(default, float):
+        return isinstance(value, (int, float))
+    return isinstance(value, type(default))
+
+
+def _check(defaults: Mapping[str, Any], data: Mapping[str, Any], prefix: str = "") -> None:
+    for key, default in defaults.items():
+        dotted = f"{prefix}{key}"
+        value = data[key]
+        if isinstance(default, dict) and dotted not in _OPEN_MAPPINGS:
+            _check(default, value, dotted + ".")
+            continue
+        if not _type_ok(default, value):
+            raise ConfigError(dotted, f"must be of type {type(default).__name__}, got {value!r}")
+        if isinstance(default, list) and default and not all(isinstance(v, type(default[0])) for v in value):
+            raise ConfigError(dotted, f"items must be of type {type(default[0]).__name__}")
+        rule = _RULES.get(dotted)
+        if rule is not None:
+            check, message = rule
+            try:
+                ok = check(value)
+            except (ValueError, TypeError):
+                ok = False
+            if not ok:
+                raise ConfigError(dotted, f"{message}, got {value!r}")
+    for host, ip in data.get("fetch", {}).get("static_hosts", {}).items() if prefix == "" else ():
+        try:
+            _ip(ip)
+        except ValueError:
+            raise ConfigError(f"fetch.static_hosts.{host}", f"must be an IP address, got {ip!r}") from None
+    if prefix == "" and data["revisit"]["min_interval_s"] > data["revisit"]["max_interval_s"]:
+        raise ConfigError("revisit.min_interval_s", "must not exceed revisit.max_interval_s")
+
+
+def defaults() -> dict[str, Any]:
+    return _read_yaml(DEFAULTS_PATH)
+
+
+def validated(data: Mapping[str, Any]) -> Config:
+    """Check a full config mapping against the defaults file's schema."""
+    base = defaults()
+    merged = copy.deepcopy(base)
+    _merge(merged, data)
+    _check(base, merged)
+    return Config(merged)
+
+
+def parse_assignment(text: str) -> tuple[str, Any]:
+    """`key=value` from the command line; the value is read as YAML (`5`, `1.5`, `true`, `[a, b]`)."""
+    if "=" not in text:
+        raise ConfigError(text, "--set takes key=value")
+    key, raw = text.split("=", 1)
+    key = key.strip()
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else ""
+    except yaml.YAMLError as exc:
+        raise ConfigError(key, f"value is not valid YAML: {exc}") from exc
+    return key, value
+
+
+def load(path: str | Path | None = None, assignments: Iterable[str] = ()) -> Config:
+    """Defaults, then the override file, then `--set key=value` assignments, validated."""
+    data = defaults()
+    if path is not None:
+        _merge(data, _read_yaml(Path(path)))
+    for assignment in assignments:
+        key, value = parse_assignment(assignment)
+        head = data
+        parts = key.split(".")
+        for i, part in enumerate(parts[:-1]):
+            dotted = ".".join(parts[: i + 1])
+            if part not in head or not isinstance(head[part], dict):
+                raise ConfigError(key, f"unknown key (no section '{dotted}')")
+            head = head[part]
+        if parts[-1] not in head and ".".join(parts[:-1]) not in _OPEN_MAPPINGS:
+            raise ConfigError(key, "unknown key (every key is listed in conf/crawler.yaml)")
+        head[parts[-1]] = value
+    return validated(data)

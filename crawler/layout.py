@@ -1,0 +1,78 @@
+"""The storage layout under a root — a contract that analysts, the DAG and the daemons rely on.
+
+    ROOT/tables/<name>                                     Delta tables (see delta_tables/)
+    ROOT/segments/<segment_id>/fetchlist/bucket=NNNNN/     fetch list Parquet, written by generate
+    ROOT/segments/<segment_id>/warc/bucket=NNNNN/          *.warc.gz (written as *.warc.gz.open, renamed when closed)
+    ROOT/segments/<segment_id>/fetched/bucket=NNNNN/       fetched-results Parquet + _DONE.json bucket manifest
+    ROOT/segments/<segment_id>/robots/bucket=NNNNN/        robots.txt observations Parquet
+
+Paths are plain strings joined with "/" so the same code serves local folders and s3:// roots.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+
+TABLES = ("urls", "hosts", "fetches", "pages", "links", "index_events", "segments")
+BUCKET_DIR = re.compile(r"^bucket=(\d{5})$")
+DONE_MANIFEST = "_DONE.json"
+OPEN_SUFFIX = ".open"
+
+
+def normalize_root(root: str) -> str:
+    """Absolute local path, or an s3:// URI unchanged; never a trailing slash."""
+    if "://" in root:
+        return root.rstrip("/")
+    return os.path.abspath(os.path.expanduser(root))
+
+
+def join(*parts: str) -> str:
+    return "/".join(p.strip("/") if i else p.rstrip("/") for i, p in enumerate(parts))
+
+
+def table_path(root: str, name: str) -> str:
+    if name not in TABLES:
+        raise ValueError(f"unknown table {name!r}")
+    return join(root, "tables", name)
+
+
+def segments_dir(root: str) -> str:
+    return join(root, "segments")
+
+
+def segment_dir(root: str, segment_id: str) -> str:
+    return join(root, "segments", segment_id)
+
+
+def bucket_dirname(bucket: int) -> str:
+    return f"bucket={bucket:05d}"
+
+
+def fetchlist_dir(root: str, segment_id: str, bucket: int | None = None) -> str:
+    base = join(segment_dir(root, segment_id), "fetchlist")
+    return base if bucket is None else join(base, bucket_dirname(bucket))
+
+
+def warc_dir(root: str, segment_id: str, bucket: int | None = None) -> str:
+    base = join(segment_dir(root, segment_id), "warc")
+    return base if bucket is None else join(base, bucket_dirname(bucket))
+
+
+def fetched_dir(root: str, segment_id: str, bucket: int | None = None) -> str:
+    base = join(segment_dir(root, segment_id), "fetched")
+    return base if bucket is None else join(base, bucket_dirname(bucket))
+
+
+def robots_dir(root: str, segment_id: str, bucket: int | None = None) -> str:
+    base = join(segment_dir(root, segment_id), "robots")
+    return base if bucket is None else join(base, bucket_dirname(bucket))
+
+
+def done_manifest(root: str, segment_id: str, bucket: int) -> str:
+    return join(fetched_dir(root, segment_id, bucket), DONE_MANIFEST)
+
+
+def parse_bucket_dirname(name: str) -> int | None:
+    match = BUCKET_DIR.match(name)
+    return int(match.group(1)) if match else None

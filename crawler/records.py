@@ -1,0 +1,77 @@
+"""Schemas of the files exchanged between Spark jobs and fetch daemons (Parquet under a segment).
+
+generate writes the fetch list; the daemon writes fetched results and robots observations; parse and
+update read them. Both sides use these Arrow schemas, so a column is never spelled twice.
+"""
+
+from __future__ import annotations
+
+import pyarrow as pa
+
+TS = pa.timestamp("us", tz="UTC")
+
+# One row per URL to fetch; files sorted by host_key then rank. Written by generate.
+FETCHLIST = pa.schema(
+    [
+        ("segment_id", pa.string()),
+        ("url_id", pa.string()),
+        ("url", pa.string()),
+        ("host_key", pa.string()),
+        ("state_version", pa.int64()),
+        ("rank", pa.int32()),            # position within its host, 1 = first
+        ("priority", pa.float64()),
+        ("depth", pa.int32()),
+        ("etag", pa.string()),           # validators for a conditional GET (null if none)
+        ("last_modified", pa.string()),
+        ("delay_s", pa.float64()),       # the host's delay known at generate time (the daemon may raise it)
+    ]
+)
+
+# One row per fetch attempt of a fetch-list URL. Written by the daemon after the WARC it points to is closed.
+FETCHED = pa.schema(
+    [
+        ("segment_id", pa.string()),
+        ("bucket", pa.int32()),
+        ("url_id", pa.string()),
+        ("state_version", pa.int64()),
+        ("url", pa.string()),
+        ("host_key", pa.string()),
+        ("fetched_at", TS),
+        ("outcome", pa.string()),        # crawler.status.FetchOutcome
+        ("status_code", pa.int32()),
+        ("redirect_to", pa.string()),    # canonical, resolved Location of a 3xx
+        ("etag", pa.string()),
+        ("last_modified", pa.string()),
+        ("content_type", pa.string()),
+        ("content_length", pa.int64()),  # payload bytes as received (before content decoding)
+        ("truncated", pa.bool_()),
+        ("payload_digest", pa.string()), # "sha1:BASE32" as in WARC-Payload-Digest
+        ("warc_filename", pa.string()),  # path relative to the storage root
+        ("warc_offset", pa.int64()),     # offset of the response (or revisit) record
+        ("warc_length", pa.int64()),     # compressed length of that record
+        ("elapsed_ms", pa.int64()),
+        ("retry_after_s", pa.float64()),
+        ("remote_ip", pa.string()),
+        ("error", pa.string()),
+        ("daemon_id", pa.string()),
+    ]
+)
+
+# One row per robots.txt fetch. Written by the daemon; folded into `hosts` by update.
+ROBOTS = pa.schema(
+    [
+        ("segment_id", pa.string()),
+        ("bucket", pa.int32()),
+        ("host_key", pa.string()),
+        ("fetched_at", TS),
+        ("status_code", pa.int32()),     # null for a network failure
+        ("state", pa.string()),          # crawler.robots.RobotsState
+        ("body", pa.string()),           # text as parsed (at most robots.max_bytes)
+        ("crawl_delay_s", pa.float64()),
+        ("expires_at", TS),
+        ("warc_filename", pa.string()),
+        ("warc_offset", pa.int64()),
+        ("warc_length", pa.int64()),
+        ("error", pa.string()),
+    ]
+)

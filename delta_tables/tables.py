@@ -1,0 +1,294 @@
+"""Table definitions. Jobs never write an ad-hoc schema: they select these columns and MERGE.
+
+Layout (see docs/architecture.md): `urls` and `hosts` are partitioned by `bucket` so generate and update
+prune by bucket; `fetches` and `links` by `segment_id` so a segment's rows are replaced or read alone;
+deletion vectors keep MERGE rewrites small. All timestamps are UTC.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql.types import (
+    ArrayType,
+    BooleanType,
+    DoubleType,
+    IntegerType,
+    LongType,
+    MapType,
+    StringType,
+    StructField,
+    StructType,
+    TimestampType,
+)
+
+from crawler import layout
+
+
+def _f(name: str, dtype, nullable: bool = True) -> StructField:
+    return StructField(name, dtype, nullable)
+
+
+S, INT, L, D, B, T = StringType(), IntegerType(), LongType(), DoubleType(), BooleanType(), TimestampType()
+
+
+@dataclass(frozen=True)
+class TableDef:
+    name: str
+    schema: StructType
+    partition_by: tuple[str, ...] = ()
+    properties: dict[str, str] = field(default_factory=dict)
+    doc: str = ""
+
+
+_COMMON_PROPS = {
+    "delta.enableDeletionVectors": "true",
+    "delta.autoOptimize.optimizeWrite": "true",
+}
+
+URLS = TableDef(
+    "urls",
+    StructType(
+        [
+            _f("url_id", S, False),           # 128-bit mmh3 of the canonical URL, 32 hex digits
+            _f("url", S, False),              # canonical URL (compared in every merge: no hash collision merges)
+            _f("host_key", S, False),         # scheme://host[:port]
+            _f("bucket", INT, False),
+            _f("status", S, False),           # crawler.status.UrlStatus
+            _f("state_version", L, False),    # +1 at every lease; results must carry the current version
+            _f("priority", D, False),
+            _f("depth", INT, False),            # link hops from a seed
+            _f("source", S, False),           # crawler.status.UrlSource
+            _f("discovered_at", T, False),
+            _f("discovered_in", S),           # segment whose parse/fetch discovered it (null for seeds)
+            _f("last_fetch_at", T),
+            _f("next_fetch_at", T, False),
+            _f("fetch_interval_s", L, False),
+            _f("last_status_code", INT),
+            _f("failure_count", INT, False),
+            _f("etag", S),
+            _f("last_modified", S),
+            _f("content_hash", S),
+            _f("simhash", L),
+            _f("last_changed_at", T),
+            _f("redirect_to", S),
+            _f("lease_segment", S),
+            _f("lease_expires_at", T),
+            _f("last_segment", S),            # segment whose result last completed this URL
+            _f("updated_at", T, False),
+        ]
+    ),
+    partition_by=("bucket",),
+    properties=_COMMON_PROPS,
+    doc="One row per canonical URL: the frontier.",
+)
+
+HOSTS = TableDef(
+    "hosts",
+    StructType(
+        [
+            _f("host_key", S, False),
+            _f("bucket", INT, False),
+            _f("robots_state", S),            # crawler.robots.RobotsState
+            _f("robots_body", S),
+            _f("robots_status_code", INT),
+            _f("robots_fetched_at", T),
+            _f("robots_expires_at", T),
+            _f("crawl_delay_s", D),
+            _f("min_delay_s", D),             # per-host override of politeness.min_delay_s (null = none)
+            _f("max_concurrency", INT),
+            _f("backoff_until", T),
+            _f("backoff_level", INT, False),
+            _f("policy_version", L, False),   # +1 each time the robots policy text changes
+            _f("known_urls", L, False),
+            _f("fetches", L, False),
+            _f("status_2xx", L, False),
+            _f("status_3xx", L, False),
+            _f("status_4xx", L, False),
+            _f("status_5xx", L, False),
+            _f("status_429", L, False),
+            _f("network_errors", L, False),
+            _f("robots_denied", L, False),
+            _f("last_fetch_at", T),
+            _f("last_segment", S),            # last segment folded into the counters (idempotence marker)
+            _f("updated_at", T, False),
+        ]
+    ),
+    partition_by=("bucket",),
+    properties=_COMMON_PROPS,
+    doc="One row per host_key: robots, politeness state and counters.",
+)
+
+FETCHES = TableDef(
+    "fetches",
+    StructType(
+        [
+            _f("segment_id", S, False),
+            _f("bucket", INT, False),
+            _f("url_id", S, False),
+            _f("state_version", L, False),
+            _f("url", S, False),
+            _f("host_key", S, False),
+            _f("fetched_at", T, False),
+            _f("outcome", S, False),          # crawler.status.FetchOutcome
+            _f("status_code", INT),
+            _f("redirect_to", S),
+            _f("etag", S),
+            _f("last_modified", S),
+            _f("content_type", S),
+            _f("content_length", L),
+            _f("truncated", B),
+            _f("payload_digest", S),
+            _f("warc_filename", S),
+            _f("warc_offset", L),
+            _f("warc_length", L),
+            _f("elapsed_ms", L),
+            _f("retry_after_s", D),
+            _f("remote_ip", S),
+            _f("error", S),
+            _f("daemon_id", S),
+        ]
+    ),
+    partition_by=("segment_id",),
+    properties=_COMMON_PROPS,
+    doc="Append-only log: one row per fetch attempt, unique per (url_id, state_version, segment_id).",
+)
+
+PAGES = TableDef(
+    "pages",
+    StructType(
+        [
+            _f("url_id", S, False),
+            _f("state_version", L, False),
+            _f("url", S, False),
+            _f("segment_id", S, False),
+            _f("fetched_at", T),
+            _f("warc_filename", S),
+            _f("warc_offset", L),
+            _f("warc_length", L),
+            _f("content_type", S),
+            _f("title", S),
+            _f("canonical_url", S),           # link rel=canonical, a hint only
+            _f("meta_noindex", B),
+            _f("meta_nofollow", B),
+            _f("language", S),
+            _f("outlink_count", INT),
+            _f("content_hash", S),
+            _f("simhash", L),
+            _f("duplicate_of", S),            # url_id of the exact-duplicate representative (dedup)
+            _f("near_duplicate_cluster", S),  # url_id of the near-duplicate cluster representative (dedup)
+            _f("parse_error", S),
+        ]
+    ),
+    properties=_COMMON_PROPS,
+    doc="One row per fetched version with content, unique per (url_id, state_version).",
+)
+
+LINKS = TableDef(
+    "links",
+    StructType(
+        [
+            _f("segment_id", S, False),
+            _f("from_url_id", S, False),
+            _f("from_state_version", L, False),
+            _f("to_url_id", S, False),
+            _f("to_url", S, False),
+            _f("anchor_text", S),
+            _f("rel_nofollow", B, False),
+            _f("rel_flags", ArrayType(S)),
+        ]
+    ),
+    partition_by=("segment_id",),
+    properties=_COMMON_PROPS,
+    doc="Outlinks found by parse, one row per (page version, target).",
+)
+
+INDEX_EVENTS = TableDef(
+    "index_events",
+    StructType(
+        [
+            _f("url_id", S, False),
+            _f("state_version", L, False),
+            _f("url", S, False),
+            _f("kind", S, False),             # crawler.status.IndexEventKind
+            _f("segment_id", S, False),
+            _f("status_code", INT),
+            _f("warc_filename", S),
+            _f("warc_offset", L),
+            _f("warc_length", L),
+            _f("content_hash", S),
+            _f("duplicate_of", S),
+            _f("created_at", T, False),
+        ]
+    ),
+    properties={**_COMMON_PROPS, "delta.enableChangeDataFeed": "true"},
+    doc="Outbox for indexing pipelines: exactly one row per (url_id, state_version).",
+)
+
+SEGMENTS = TableDef(
+    "segments",
+    StructType(
+        [
+            _f("segment_id", S, False),
+            _f("bucket", INT, False),
+            _f("state", S, False),            # crawler.status.SegmentState
+            _f("url_count", L, False),
+            _f("host_count", L, False),
+            _f("owner", S),
+            _f("epoch", L, False),
+            _f("results", L),                 # fetched-result rows read by update
+            _f("applied", L),                 # results that completed their URL
+            _f("stale", L),                   # results ignored: version no longer current
+            _f("discovered", L),              # new URLs inserted
+            _f("created_at", T, False),
+            _f("updated_at", T, False),
+            _f("counters", MapType(S, L)),    # any further per-step counters
+        ]
+    ),
+    properties=_COMMON_PROPS,
+    doc="One row per (segment_id, bucket) with its state through the cycle.",
+)
+
+TABLES: dict[str, TableDef] = {t.name: t for t in (URLS, HOSTS, FETCHES, PAGES, LINKS, INDEX_EVENTS, SEGMENTS)}
+assert set(TABLES) == set(layout.TABLES)
+
+
+def table_path(root: str, name: str) -> str:
+    return layout.table_path(root, name)
+
+
+def create_all(spark: SparkSession, root: str) -> list[str]:
+    """Create every table that does not exist yet (idempotent); returns the names created."""
+    from delta.tables import DeltaTable
+
+    created = []
+    for table in TABLES.values():
+        path = table_path(root, table.name)
+        if DeltaTable.isDeltaTable(spark, path):
+            continue
+        builder = DeltaTable.createIfNotExists(spark).location(path).addColumns(table.schema)
+        if table.partition_by:
+            builder = builder.partitionedBy(*table.partition_by)
+        for key, value in table.properties.items():
+            builder = builder.property(key, value)
+        if table.doc:
+            builder = builder.comment(table.doc)
+        builder.execute()
+        created.append(table.name)
+    return created
+
+
+def table_df(spark: SparkSession, root: str, name: str) -> DataFrame:
+    return spark.read.format("delta").load(table_path(root, name))
+
+
+def conform(df: DataFrame, name: str) -> DataFrame:
+    """Select and cast a DataFrame to a table's exact column order and types."""
+    from pyspark.sql import functions as F
+
+    schema = TABLES[name].schema
+    missing = [f.name for f in schema.fields if f.name not in df.columns]
+    if missing:
+        raise ValueError(f"{name}: missing columns {missing}")
+    return df.select([F.col(f.name).cast(f.dataType).alias(f.name) for f in schema.fields])

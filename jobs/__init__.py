@@ -1,0 +1,1 @@
+"""Spark jobs, one per crawl step, on one shared base (jobs.base)."""

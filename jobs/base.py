@@ -1,0 +1,83 @@
+"""The shared base of every Spark job: session, config, table access, timing.
+
+Per-record logic lives in `crawler/` as plain functions; jobs here are set-based plumbing around it.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from pyspark.sql import DataFrame, SparkSession
+
+from crawler import layout
+from crawler.config import Config
+from delta_tables import tables
+
+log = logging.getLogger("jobs")
+
+IVY_SETTINGS = Path(__file__).resolve().parents[1] / "conf" / "ivysettings.xml"
+
+
+def spark_session(conf: Config, app_name: str = "cyclecrawl") -> SparkSession:
+    """The one SparkSession of a process, bound to loopback in local mode, with Delta enabled.
+
+    Delta's jars come through Spark's package resolution (Maven Central, cached in spark.ivy_dir), or
+    from `spark.extra_jars` when given.
+    """
+    master = conf["spark.master"]
+    if master.startswith("local"):
+        # The machine's hostname may not resolve to a usable address: bind everything to loopback.
+        os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    builder = (
+        SparkSession.builder.appName(app_name)
+        .master(master)
+        .config("spark.sql.extensions", "io.delta.sql.DeltaSparkSessionExtension")
+        .config("spark.sql.catalog.spark_catalog", "org.apache.spark.sql.delta.catalog.DeltaCatalog")
+        .config("spark.sql.shuffle.partitions", str(conf["spark.shuffle_partitions"]))
+        .config("spark.sql.session.timeZone", "UTC")
+        .config("spark.driver.memory", conf["spark.driver_memory"])
+        .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
+        .config("spark.databricks.delta.schema.autoMerge.enabled", "false")
+        .config("spark.sql.sources.partitionOverwriteMode", "static")
+    )
+    if master.startswith("local"):
+        builder = builder.config("spark.driver.host", "127.0.0.1").config("spark.driver.bindAddress", "127.0.0.1")
+    extra_jars = conf["spark.extra_jars"].strip()
+    if extra_jars:
+        builder = builder.config("spark.jars", extra_jars)
+    else:
+        from delta import configure_spark_with_delta_pip
+
+        builder = builder.config("spark.jars.ivy", os.path.expanduser(conf["spark.ivy_dir"]))
+        builder = builder.config("spark.jars.ivySettings", str(IVY_SETTINGS))
+        builder = configure_spark_with_delta_pip(builder)
+    for key, value in conf["spark.conf"].items():
+        builder = builder.config(key, str(value))
+    spark = builder.getOrCreate()
+    spark.sparkContext.setLogLevel(conf["spark.log_level"])
+    return spark
+
+
+def read_table(spark: SparkSession, root: str, name: str) -> DataFrame:
+    return tables.table_df(spark, root, name)
+
+
+def table_path(root: str, name: str) -> str:
+    return layout.table_path(root, name)
+
+
+@contextmanager
+def step(name: str) -> Iterator[None]:
+    """Log the start and duration of a job step (a periodic progress line for long work)."""
+    started = time.monotonic()
+    log.info("%s: started", name)
+    try:
+        yield
+    finally:
+        log.info("%s: done in %.1fs", name, time.monotonic() - started)

@@ -1,0 +1,41 @@
+"""Shared fixtures: one real local SparkSession with Delta for the whole test session, test config."""
+
+from __future__ import annotations
+
+import pytest
+
+from crawler import config as config_mod
+
+# Small, fast settings for tests; everything else is the documented default.
+TEST_OVERRIDES = {
+    "spark.master": "local[2]",
+    "spark.shuffle_partitions": 2,
+    "spark.driver_memory": "2g",
+    "spark.log_level": "ERROR",
+    "crawl.buckets": 4,
+    "politeness.min_delay_s": 0.2,
+    "fetch.allow_networks": ["127.0.0.0/8"],
+    "fetch.progress_interval_s": 5.0,
+    "fetch.total_timeout_s": 10.0,
+}
+
+
+@pytest.fixture(scope="session")
+def base_conf() -> config_mod.Config:
+    return config_mod.load().with_overrides(TEST_OVERRIDES)
+
+
+@pytest.fixture(scope="session")
+def spark(base_conf):
+    from jobs.base import spark_session
+
+    session = spark_session(base_conf, app_name="cyclecrawl-tests")
+    yield session
+    session.stop()
+
+
+@pytest.fixture
+def root(tmp_path) -> str:
+    path = tmp_path / "root"
+    path.mkdir()
+    return str(path)
