@@ -1,0 +1,146 @@
+"""`crawl`: the one command-line entry point. Every command takes --root, --config and --set key=value.
+
+A bad config key or value exits with code 2 and a message naming the key.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from datetime import datetime, timezone
+
+from crawler import config as config_mod
+from crawler import layout
+
+EXIT_CONFIG = 2
+
+
+def _common() -> argparse.ArgumentParser:
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--root", help="storage root (default: storage.root from config)")
+    common.add_argument("--config", help="YAML file overriding any subset of conf/crawler.yaml")
+    common.add_argument(
+        "--set", dest="assignments", action="append", default=[], metavar="KEY=VALUE",
+        help="override one config key, e.g. --set politeness.min_delay_s=2 (repeatable)",
+    )
+    common.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    return common
+
+
+def _parser() -> argparse.ArgumentParser:
+    common = _common()
+    parser = argparse.ArgumentParser(prog="crawl", description="Batch-incremental web crawl engine.")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    sub.add_parser("init", parents=[common], help="create every Delta table under the root")
+    p = sub.add_parser("inject", parents=[common], help="add seed URLs (one per line, tab-separated metadata)")
+    p.add_argument("--seeds", required=True, help="seeds file")
+    p = sub.add_parser("generate", parents=[common], help="select due URLs into a new segment's fetch list")
+    p.add_argument("--segment", help="segment id (default: seg-<UTC timestamp>)")
+    p.add_argument("--now", help="ISO-8601 time to generate as of (default: now)")
+    for name, text in (
+        ("fetch", "run a fetch daemon in the foreground until the segment's buckets are done"),
+        ("parse", "parse the segment's WARC records into pages and links"),
+        ("update", "merge the segment's results, discoveries and host state into the tables"),
+    ):
+        p = sub.add_parser(name, parents=[common], help=text)
+        p.add_argument("--segment", required=True, help="segment id")
+    p = sub.add_parser("cycle", parents=[common], help="inject (if --seeds) -> generate -> fetch -> parse -> update")
+    p.add_argument("--seeds", help="seeds file to inject first")
+    p.add_argument("--cycles", type=int, default=1, help="how many cycles to run (default 1)")
+    p = sub.add_parser("demo", parents=[common], help="crawl the bundled demo site farm on loopback")
+    p.add_argument("--cycles", type=int, help="cycles to run (default: demo.cycles)")
+    sub.add_parser("stats", parents=[common], help="row counts by status for each table")
+    sub.add_parser("fetchd", parents=[common], help="run a long-lived fetch daemon watching ROOT/segments")
+    return parser
+
+
+def _load_config(args: argparse.Namespace) -> config_mod.Config:
+    conf = config_mod.load(args.config, args.assignments)
+    if args.root:
+        conf = conf.with_overrides({"storage.root": args.root})
+    return conf
+
+
+def _setup_logging(verbose: bool) -> None:
+    logging.basicConfig(
+        level=logging.DEBUG if verbose else logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        datefmt="%H:%M:%S",
+        stream=sys.stderr,
+    )
+    for noisy in ("py4j", "urllib3", "botocore", "asyncio"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+
+
+def _parse_now(text: str | None) -> datetime | None:
+    if not text:
+        return None
+    value = datetime.fromisoformat(text)
+    return value if value.tzinfo else value.replace(tzinfo=timezone.utc)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    _setup_logging(args.verbose)
+    try:
+        conf = _load_config(args)
+    except config_mod.ConfigError as exc:
+        print(f"crawl: {exc}", file=sys.stderr)
+        return EXIT_CONFIG
+    root = layout.normalize_root(conf["storage.root"])
+
+    if args.command == "fetch":
+        from fetchd.daemon import fetch_segment
+
+        summary = fetch_segment(conf, root, args.segment)
+        print(f"fetch: {summary}")
+        return 0
+    if args.command == "fetchd":
+        from fetchd.daemon import serve
+
+        serve(conf, root)
+        return 0
+    if args.command == "demo":
+        from jobs.demo import run_demo
+
+        return run_demo(conf, root, cycles=args.cycles)
+
+    from jobs import cycle
+    from jobs.base import spark_session
+
+    spark = spark_session(conf, app_name=f"crawl-{args.command}")
+    if args.command == "init":
+        from delta_tables import create_all
+
+        created = create_all(spark, root)
+        print(f"init: {root}: created {', '.join(created) if created else 'nothing (all tables exist)'}")
+    elif args.command == "inject":
+        from jobs import inject
+
+        print(f"inject: {inject.run(spark, conf, root, args.seeds)}")
+    elif args.command == "generate":
+        from jobs import generate
+
+        print(f"generate: {generate.run(spark, conf, root, segment_id=args.segment, now=_parse_now(args.now))}")
+    elif args.command == "parse":
+        from jobs import parse
+
+        print(f"parse: {parse.run(spark, conf, root, args.segment)}")
+    elif args.command == "update":
+        from jobs import update
+
+        print(f"update: {update.run(spark, conf, root, args.segment)}")
+    elif args.command == "cycle":
+        for number in range(1, args.cycles + 1):
+            report = cycle.run_cycle(spark, conf, root, seeds=args.seeds if number == 1 else None)
+            print(report.render(number))
+    elif args.command == "stats":
+        from jobs.stats import render_stats
+
+        print(render_stats(spark, root))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

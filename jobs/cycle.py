@@ -1,0 +1,58 @@
+"""One crawl cycle on the embedded default: inject (if seeds) -> generate -> fetch -> parse -> update.
+
+The fetch step runs a daemon in this process; on a cluster the same steps run as separate Spark
+submissions and long-lived daemons (see airflow_dags/ and docs/architecture.md).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from pyspark.sql import SparkSession
+
+from crawler.config import Config
+
+log = logging.getLogger("jobs.cycle")
+
+
+@dataclass
+class CycleReport:
+    segment_id: str | None
+    steps: dict[str, Any] = field(default_factory=dict)
+    seconds: dict[str, float] = field(default_factory=dict)
+
+    def render(self, number: int) -> str:
+        lines = [f"cycle {number}: segment {self.segment_id or '(nothing due)'}"]
+        for name, result in self.steps.items():
+            lines.append(f"  {name:<9} {self.seconds.get(name, 0.0):7.1f}s  {result}")
+        return "\n".join(lines)
+
+
+def _timed(report: CycleReport, name: str, func, *args, **kwargs):
+    started = time.monotonic()
+    log.info("cycle: %s started", name)
+    result = func(*args, **kwargs)
+    report.seconds[name] = time.monotonic() - started
+    report.steps[name] = result
+    log.info("cycle: %s done in %.1fs: %s", name, report.seconds[name], result)
+    return result
+
+
+def run_cycle(spark: SparkSession, conf: Config, root: str, seeds: str | None = None) -> CycleReport:
+    from fetchd.daemon import fetch_segment
+    from jobs import generate, inject, parse, update
+
+    report = CycleReport(segment_id=None)
+    if seeds:
+        _timed(report, "inject", inject.run, spark, conf, root, seeds)
+    generated = _timed(report, "generate", generate.run, spark, conf, root)
+    if not generated.url_count:
+        return report
+    report.segment_id = generated.segment_id
+    _timed(report, "fetch", fetch_segment, conf, root, generated.segment_id)
+    _timed(report, "parse", parse.run, spark, conf, root, generated.segment_id)
+    _timed(report, "update", update.run, spark, conf, root, generated.segment_id)
+    return report

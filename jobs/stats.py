@@ -1,0 +1,45 @@
+"""`crawl stats`: row counts by status for each table, as a readable table."""
+
+from __future__ import annotations
+
+from pyspark.sql import SparkSession
+
+from delta_tables import TABLES, table_df
+
+# The column each table is broken down by (None: total only).
+BREAKDOWN = {
+    "urls": "status",
+    "hosts": "robots_state",
+    "fetches": "outcome",
+    "pages": "content_type",
+    "links": "rel_nofollow",
+    "index_events": "kind",
+    "segments": "state",
+}
+
+
+def table_counts(spark: SparkSession, root: str) -> dict[str, tuple[int, list[tuple[str, int]]]]:
+    """{table: (total rows, [(value, count), ...])}; small aggregates only, never rows."""
+    out: dict[str, tuple[int, list[tuple[str, int]]]] = {}
+    for name in TABLES:
+        column = BREAKDOWN[name]
+        try:
+            df = table_df(spark, root, name)
+        except Exception:  # noqa: BLE001 - a missing table is shown as such, not a crash
+            out[name] = (-1, [])
+            continue
+        rows = df.groupBy(column).count().orderBy("count", ascending=False).limit(20).collect()
+        groups = [(str(r[column]), int(r["count"])) for r in rows]
+        out[name] = (sum(c for _, c in groups) if len(groups) < 20 else df.count(), groups)
+    return out
+
+
+def render_stats(spark: SparkSession, root: str) -> str:
+    lines = [f"tables under {root}", f"{'table':<14}{'rows':>10}  breakdown"]
+    for name, (total, groups) in table_counts(spark, root).items():
+        if total < 0:
+            lines.append(f"{name:<14}{'missing':>10}")
+            continue
+        detail = ", ".join(f"{value}={count}" for value, count in groups) or "-"
+        lines.append(f"{name:<14}{total:>10}  {BREAKDOWN[name]}: {detail}")
+    return "\n".join(lines)

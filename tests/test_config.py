@@ -1,0 +1,95 @@
+"""Config: defaults file is complete and valid; every bad key or value is a clear error naming the key."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from crawler import config
+
+
+def test_defaults_file_is_valid_and_every_key_documented():
+    conf = config.load()
+    assert conf["crawl.buckets"] == 16
+    text = config.DEFAULTS_PATH.read_text()
+    for line in text.splitlines():
+        if re.match(r"^\s+[a-z_]+:\s*\S", line):  # a key with a value on its line
+            assert "#" in line, f"undocumented key line: {line!r}"
+
+
+@pytest.mark.parametrize(
+    ("assignment", "key"),
+    [
+        ("fetch.concurency=3", "fetch.concurency"),
+        ("fetch.concurrency=abc", "fetch.concurrency"),
+        ("fetch.concurrency=0", "fetch.concurrency"),
+        ("crawl.buckets=-1", "crawl.buckets"),
+        ("robots.cache_ttl_s=90000", "robots.cache_ttl_s"),
+        ("robots.max_bytes=1000", "robots.max_bytes"),
+        ("nosection.key=1", "nosection.key"),
+        ("scope.schemes=[ftp]", "scope.schemes"),
+        ("fetch.allow_networks=[not-a-cidr]", "fetch.allow_networks"),
+        ("fetch.static_hosts={a.test: nowhere}", "fetch.static_hosts.a.test"),
+        ("politeness.min_delay_s=true", "politeness.min_delay_s"),
+        ("revisit.min_interval_s=99999999", "revisit.min_interval_s"),
+        ("noequals", "noequals"),
+    ],
+)
+def test_bad_assignment_names_the_key(assignment, key):
+    with pytest.raises(config.ConfigError) as info:
+        config.load(assignments=[assignment])
+    assert info.value.key == key
+    assert key in str(info.value)
+
+
+def test_override_file_and_set_order(tmp_path: Path):
+    override = tmp_path / "o.yaml"
+    override.write_text("fetch:\n  concurrency: 5\npoliteness:\n  min_delay_s: 2\n")
+    conf = config.load(override, ["fetch.concurrency=7"])
+    assert conf["fetch.concurrency"] == 7  # --set wins over the file
+    assert conf["politeness.min_delay_s"] == 2
+    assert conf["crawl.buckets"] == 16  # untouched keys keep their default
+
+
+@pytest.mark.parametrize(
+    ("content", "key"),
+    [
+        ("fetch:\n  nosuch: 1\n", "fetch.nosuch"),
+        ("fetch: 3\n", "fetch"),
+        ("[1, 2]\n", "o.yaml"),
+        ("fetch: {concurrency: [\n", "o.yaml"),
+    ],
+)
+def test_bad_override_file(tmp_path: Path, content, key):
+    override = tmp_path / "o.yaml"
+    override.write_text(content)
+    with pytest.raises(config.ConfigError) as info:
+        config.load(override)
+    assert key in str(info.value)
+
+
+def test_missing_override_file(tmp_path: Path):
+    with pytest.raises(config.ConfigError):
+        config.load(tmp_path / "absent.yaml")
+
+
+def test_cli_exits_2_naming_the_key(tmp_path: Path):
+    result = subprocess.run(
+        [sys.executable, "-m", "jobs.cli", "stats", "--root", str(tmp_path), "--set", "fetch.concurrency=-4"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 2
+    assert "fetch.concurrency" in result.stderr
+
+
+def test_with_overrides_validates():
+    conf = config.load()
+    with pytest.raises(config.ConfigError):
+        conf.with_overrides({"crawl.buckets": "many"})
+    assert conf.with_overrides({"crawl.buckets": 8})["crawl.buckets"] == 8

@@ -1,0 +1,87 @@
+"""Canonical URLs and keys (DESIGN §3)."""
+
+from __future__ import annotations
+
+import pytest
+
+from crawler import urls
+
+
+@pytest.mark.parametrize(
+    ("raw", "canonical"),
+    [
+        ("HTTP://Example.COM/", "http://example.com/"),
+        ("http://example.com", "http://example.com/"),
+        ("http://example.com:80/a", "http://example.com/a"),
+        ("https://example.com:443/a", "https://example.com/a"),
+        ("http://example.com:8080/a", "http://example.com:8080/a"),
+        ("http://example.com/a/./b/../c", "http://example.com/a/c"),
+        ("http://example.com/a#frag", "http://example.com/a"),
+        ("http://example.com/%7euser/%41", "http://example.com/~user/A"),
+        ("http://example.com/a%2fb%2F", "http://example.com/a%2Fb%2F"),
+        ("http://example.com/?b=2&a=1&b=3", "http://example.com/?b=2&a=1&b=3"),
+        ("http://example.com/?q=%7e%2a", "http://example.com/?q=~%2A"),
+        ("http://bücher.de/", "http://xn--bcher-kva.de/"),
+        ("  http://example.com/x  ", "http://example.com/x"),
+    ],
+)
+def test_canonicalize(raw, canonical):
+    assert urls.canonicalize(raw) == canonical
+    assert urls.canonicalize(canonical) == canonical  # idempotent
+
+
+@pytest.mark.parametrize(
+    "bad",
+    ["", "   ", "not a url", "ftp://example.com/", "javascript:alert(1)", "mailto:a@b.c", "http://", "http://exa mple.com/",
+     "http://example.com:99999/", "data:text/html,hi", "/relative/only"],
+)
+def test_canonicalize_rejects(bad):
+    with pytest.raises(ValueError):
+        urls.canonicalize(bad)
+
+
+@pytest.mark.parametrize(
+    ("base", "href", "expected"),
+    [
+        ("http://a.com/x/y", "../z", "http://a.com/z"),
+        ("http://a.com/x/y", "z?q=1#f", "http://a.com/x/z?q=1"),
+        ("http://a.com/x/y", "//b.com/p", "http://b.com/p"),
+        ("http://a.com/x/y", "https://c.com", "https://c.com/"),
+        ("http://a.com/x/y", "javascript:void(0)", None),
+        ("http://a.com/x/y", "mailto:x@a.com", None),
+        ("http://a.com/x/y", "http://[bad", None),
+        ("http://a.com/x/y", "", "http://a.com/x/y"),
+    ],
+)
+def test_resolve(base, href, expected):
+    assert urls.resolve(base, href) == expected
+
+
+def test_keys():
+    url = urls.canonicalize("http://Site-1.farm.test:8080/a?b=1")
+    uid = urls.url_id(url)
+    assert len(uid) == 32 and int(uid, 16) >= 0
+    assert urls.url_id(url) == uid  # stable
+    assert urls.url_id(url + "x") != uid
+    assert urls.host_key(url) == "http://site-1.farm.test:8080"
+    assert urls.host_key(urls.canonicalize("https://u:p@h.com/")) == "https://h.com"
+    bucket = urls.bucket_of(urls.host_key(url), 16)
+    assert 0 <= bucket < 16
+    assert all(urls.bucket_of(urls.host_key(url), 16) == bucket for _ in range(3))
+
+
+def test_buckets_spread():
+    hosts = [f"http://h{i}.test" for i in range(2000)]
+    counts = [0] * 16
+    for host in hosts:
+        counts[urls.bucket_of(host, 16)] += 1
+    assert min(counts) > 60  # roughly uniform (expected 125)
+
+
+def test_in_scope():
+    assert urls.in_scope("http://a.farm.test/", ["http", "https"], ["farm.test"], 100)
+    assert urls.in_scope("http://farm.test/", ["http"], ["farm.test"], 100)
+    assert not urls.in_scope("http://evilfarm.test/", ["http"], ["farm.test"], 100)
+    assert not urls.in_scope("https://a.farm.test/", ["http"], [], 100)
+    assert not urls.in_scope("http://a.test/" + "x" * 100, ["http"], [], 100)
+    assert urls.in_scope("http://anything.example/", ["http"], [], 100)
