@@ -43,6 +43,7 @@ def _timed(report: CycleReport, name: str, func, *args, **kwargs):
 
 def run_cycle(spark: SparkSession, conf: Config, root: str, seeds: str | None = None) -> CycleReport:
     from fetchd.daemon import fetch_segment
+
     from jobs import generate, inject, parse, update
 
     report = CycleReport(segment_id=None)

@@ -32,8 +32,10 @@ def test_canonicalize(raw, canonical):
 
 @pytest.mark.parametrize(
     "bad",
-    ["", "   ", "not a url", "ftp://example.com/", "javascript:alert(1)", "mailto:a@b.c", "http://", "http://exa mple.com/",
-     "http://example.com:99999/", "data:text/html,hi", "/relative/only"],
+    [
+        "", "   ", "not a url", "ftp://example.com/", "javascript:alert(1)", "mailto:a@b.c", "http://",
+        "http://exa mple.com/", "http://example.com:99999/", "data:text/html,hi", "/relative/only",
+    ],
 )
 def test_canonicalize_rejects(bad):
     with pytest.raises(ValueError):
