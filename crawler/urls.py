@@ -19,12 +19,16 @@ _PERCENT = re.compile(r"%([0-9A-Fa-f]{2})")
 _UNRESERVED = frozenset(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-._~")
 
 
-def _normalize_percent(text: str) -> str:
+def normalize_percent_encoding(text: str) -> str:
+    """Percent-encoding normal form: non-ASCII as UTF-8 %XX, uppercase hex, unreserved characters decoded,
+    so `/%7efoo`, `/~foo` and `/%7Efoo` compare equal (canonical URLs and robots.txt rules both use it)."""
+    encoded = "".join(ch if ord(ch) < 128 else "".join(f"%{b:02X}" for b in ch.encode("utf-8")) for ch in text)
+
     def fix(match: re.Match[str]) -> str:
         byte = int(match.group(1), 16)
         return chr(byte) if byte in _UNRESERVED else "%" + match.group(1).upper()
 
-    return _PERCENT.sub(fix, text)
+    return _PERCENT.sub(fix, encoded)
 
 
 def canonicalize(url: str) -> str:
@@ -41,9 +45,9 @@ def canonicalize(url: str) -> str:
     if not parsed.hostname:
         raise ValueError(f"URL has no host: {url[:200]!r}")
     parsed.hash = ""
-    parsed.pathname = _normalize_percent(parsed.pathname) or "/"
+    parsed.pathname = normalize_percent_encoding(parsed.pathname) or "/"
     if parsed.search:
-        parsed.search = _normalize_percent(parsed.search)
+        parsed.search = normalize_percent_encoding(parsed.search)
     return parsed.href
 
 
@@ -70,6 +74,12 @@ def host_key(canonical_url: str) -> str:
     """scheme://host[:port] of a canonical URL (no user info): the unit of politeness."""
     parsed = ada_url.URL(canonical_url)
     return f"{parsed.protocol}//{parsed.host}"
+
+
+def path_and_query(url: str) -> str:
+    """Path plus query of an absolute URL (e.g. for robots.txt matching)."""
+    parsed = ada_url.URL(url)
+    return (parsed.pathname or "/") + parsed.search
 
 
 def host_name(canonical_url: str) -> str:

@@ -1,0 +1,169 @@
+"""robots.txt policy (RFC 9309): parse a body into a policy and match URLs against it. Pure: no network.
+
+The daemon fetches robots.txt and turns the HTTP outcome into a policy with `policy_for_status`; the jobs
+store the body in `hosts` and re-parse it with `RobotsPolicy.parse`, so both sides obey the same rules.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+from enum import Enum
+
+from crawler.urls import normalize_percent_encoding, path_and_query
+
+_PRODUCT_TOKEN = re.compile(r"[A-Za-z_-]+")
+_LINE_BREAK = re.compile(r"\r\n|\r|\n")
+# Directive spellings accepted for each key (a few common variants are tolerated, as major crawlers do).
+_USER_AGENT_KEYS = frozenset({"user-agent", "useragent", "user agent"})
+_ALLOW_KEYS = frozenset({"allow"})
+_DISALLOW_KEYS = frozenset({"disallow", "dissallow", "dissalow", "disalow", "diasllow", "disallaw"})
+_CRAWL_DELAY_KEYS = frozenset({"crawl-delay", "crawldelay", "crawl delay"})
+_SITEMAP_KEYS = frozenset({"sitemap", "site-map"})
+ROBOTS_PATH = "/robots.txt"
+
+
+class RobotsState(str, Enum):
+    """Which policy is in force for a host: parsed rules, or a blanket answer from the HTTP outcome."""
+
+    RULES = "rules"                # 2xx: the parsed rules of the selected group
+    ALLOW_ALL = "allow_all"        # 3xx loop / 4xx: robots.txt unavailable, everything allowed
+    DISALLOW_ALL = "disallow_all"  # 5xx / network failure: unreachable, nothing allowed (except /robots.txt)
+
+
+def _product_token(value: str) -> str:
+    """The product token of a User-agent value or a full User-Agent header: `Foo-Bot/2.1 (+x)` -> `foo-bot`."""
+    match = _PRODUCT_TOKEN.match(value.strip())
+    return match.group(0).lower() if match else ""
+
+
+def _pattern_matches(pattern: str, path: str) -> bool:
+    """RFC 9309 matching of one normalized pattern (`*` any run, trailing `$` end anchor) against the start
+    of a normalized path. Tracks the set of reachable positions: O(len(pattern) * len(path)), no backtracking."""
+    positions = [0]
+    last = len(pattern) - 1
+    for index, char in enumerate(pattern):
+        if char == "$" and index == last:
+            return positions[-1] == len(path)
+        if char == "*":
+            positions = list(range(positions[0], len(path) + 1))
+            continue
+        positions = [p + 1 for p in positions if p < len(path) and path[p] == char]
+        if not positions:
+            return False
+    return True
+
+
+def _path_of(url: str) -> str:
+    """Path plus query of an absolute URL (or of a bare path), in the normal form rules are compared in."""
+    if url.startswith("/"):
+        return normalize_percent_encoding(url)
+    return normalize_percent_encoding(path_and_query(url))
+
+
+def _parse_crawl_delay(value: str) -> float | None:
+    try:
+        delay = float(value)
+    except ValueError:
+        return None
+    return delay if math.isfinite(delay) and delay >= 0 else None
+
+
+@dataclass(frozen=True)
+class RobotsPolicy:
+    """The robots policy in force for one host and one product token."""
+
+    state: RobotsState
+    crawl_delay_s: float | None = None
+    sitemaps: tuple[str, ...] = ()
+    rules: tuple[tuple[str, bool], ...] = ()  # (normalized pattern, allow) of the selected group(s)
+
+    @classmethod
+    def allow_all(cls) -> RobotsPolicy:
+        return cls(RobotsState.ALLOW_ALL)
+
+    @classmethod
+    def disallow_all(cls) -> RobotsPolicy:
+        return cls(RobotsState.DISALLOW_ALL)
+
+    @classmethod
+    def parse(cls, text: str, token: str, max_bytes: int = 512000) -> RobotsPolicy:
+        """Parse a robots.txt body (only its first `max_bytes` bytes) for the crawler's product token.
+
+        Groups naming the token (case-insensitive) are merged; the `*` groups are used only when none does.
+        Malformed lines and unknown directives are skipped, never fatal.
+        """
+        body = text.encode("utf-8", "replace")[:max_bytes].decode("utf-8", "ignore").lstrip("\ufeff")
+        wanted = _product_token(token)
+        sitemaps: list[str] = []
+        # Each group: (agents, rules, crawl delays); consecutive User-agent lines share one group.
+        groups: list[tuple[set[str], list[tuple[str, bool]], list[float]]] = []
+        in_agent_lines = False
+        for raw_line in _LINE_BREAK.split(body):
+            line = raw_line.split("#", 1)[0].strip()
+            if ":" not in line:
+                continue
+            key, value = (part.strip() for part in line.split(":", 1))
+            key = key.lower()
+            if key in _SITEMAP_KEYS:
+                if value:
+                    sitemaps.append(value)
+                continue
+            if key in _USER_AGENT_KEYS:
+                agent = "*" if value.startswith("*") else _product_token(value)
+                if not in_agent_lines:
+                    groups.append((set(), [], []))
+                    in_agent_lines = True
+                if agent:
+                    groups[-1][0].add(agent)
+                continue
+            if not groups:
+                continue  # rules before any User-agent line belong to no group
+            if key in _ALLOW_KEYS or key in _DISALLOW_KEYS:
+                in_agent_lines = False
+                if value.startswith(("/", "*")):  # an empty pattern (or one that is not a path) matches nothing
+                    groups[-1][1].append((normalize_percent_encoding(value), key in _ALLOW_KEYS))
+            elif key in _CRAWL_DELAY_KEYS:
+                in_agent_lines = False
+                delay = _parse_crawl_delay(value)
+                if delay is not None:
+                    groups[-1][2].append(delay)
+        selected = [g for g in groups if wanted and wanted in g[0]] or [g for g in groups if "*" in g[0]]
+        rules = tuple(rule for group in selected for rule in group[1])
+        delays = [delay for group in selected for delay in group[2]]
+        return cls(RobotsState.RULES, delays[0] if delays else None, tuple(sitemaps), rules)
+
+    def allowed(self, url: str) -> bool:
+        """Whether the URL may be fetched: longest matching pattern wins, Allow wins a tie, no match allows."""
+        path = _path_of(url)
+        if path == ROBOTS_PATH:
+            return True
+        if self.state is not RobotsState.RULES:
+            return self.state is RobotsState.ALLOW_ALL
+        best_length = -1
+        best_allow = True
+        for pattern, allow in self.rules:
+            if len(pattern) < best_length or (len(pattern) == best_length and best_allow):
+                continue
+            if _pattern_matches(pattern, path):
+                best_length, best_allow = len(pattern), allow
+        return best_allow
+
+
+def is_allowed(robots_txt: str, user_agent: str, url: str) -> bool:
+    """Convenience: parse `robots_txt` for the product token of `user_agent` and match `url`."""
+    return RobotsPolicy.parse(robots_txt, user_agent).allowed(url)
+
+
+def policy_for_status(status_code: int | None, body: str | None, token: str, max_bytes: int) -> RobotsPolicy:
+    """The policy implied by the final outcome of fetching robots.txt (after redirects), per RFC 9309 §2.3.1:
+    2xx -> the parsed body; 3xx (redirect limit exceeded) and 4xx -> unavailable, allow all;
+    429, 5xx, anything else, or None (network failure) -> unreachable, disallow all."""
+    if status_code is None:
+        return RobotsPolicy.disallow_all()
+    if 200 <= status_code < 300:
+        return RobotsPolicy.parse(body or "", token, max_bytes)
+    if 300 <= status_code < 500 and status_code != 429:
+        return RobotsPolicy.allow_all()
+    return RobotsPolicy.disallow_all()

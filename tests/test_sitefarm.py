@@ -1,0 +1,320 @@
+"""The site farm serves the right virtual host, logs every request itself, has the promised link graph and
+robots variants; the politeness judge finds both kinds of violation and none in a polite log."""
+
+from __future__ import annotations
+
+import asyncio
+import http.client
+import threading
+import time
+from collections import deque
+from pathlib import Path
+
+import aiohttp
+import pytest
+from selectolax.lexbor import LexborHTMLParser
+
+from crawler.robots import RobotsPolicy
+from crawler.urls import canonicalize, host_key, resolve
+from fetchd.sitefarm import FarmSpec, SiteFarm, politeness_violations, read_request_log
+
+TOKEN = "cyclecrawl"
+UA = "cyclecrawl/0.1 (+https://cyclecrawl.invalid/bot)"
+LOG_FIELDS = {"host", "path", "start", "end", "status", "user_agent"}
+
+
+@pytest.fixture(scope="module")
+def farm(tmp_path_factory) -> SiteFarm:
+    """The default farm (24 hosts x 60 pages), shared by the read-only graph and serving tests."""
+    site_farm = SiteFarm(FarmSpec(latency_s=0.0), tmp_path_factory.mktemp("farm") / "requests.jsonl")
+    site_farm.start()
+    yield site_farm
+    site_farm.stop()
+
+
+def get(farm: SiteFarm, host: str, path: str, method: str = "GET") -> tuple[int, dict[str, str], bytes]:
+    """One request to the farm with the given Host header (host name without port gets the farm port)."""
+    connection = http.client.HTTPConnection("127.0.0.1", farm.port, timeout=10)
+    try:
+        host_header = host if ":" in host else f"{host}:{farm.port}"
+        connection.request(method, path, headers={"Host": host_header, "User-Agent": UA})
+        response = connection.getresponse()
+        return response.status, {k.lower(): v for k, v in response.getheaders()}, response.read()
+    finally:
+        connection.close()
+
+
+def title_of(body: bytes) -> str:
+    return LexborHTMLParser(body.decode("utf-8")).css_first("title").text()
+
+
+def path_of(url: str) -> str:
+    return url[len(host_key(url)):]
+
+
+# ---- serving -------------------------------------------------------------------------------------------
+
+
+def test_virtual_hosts_are_chosen_by_the_host_header(farm: SiteFarm) -> None:
+    for name in farm.host_names()[:3]:
+        status, headers, body = get(farm, name, "/")
+        assert status == 200
+        assert headers["content-type"] == "text/html; charset=utf-8"
+        assert title_of(body) == f"{name} home"
+    status, _, body = get(farm, "site-001.farm.test", "/section/1/page-7.html")
+    assert status == 200 and title_of(body) == "site-001.farm.test page 7"
+    assert 1000 <= len(body) <= 3500
+
+
+def test_unknown_hosts_and_paths_are_404(farm: SiteFarm) -> None:
+    assert get(farm, "nobody.farm.test", "/")[0] == 404
+    assert get(farm, "site-000.farm.test", "/no/such/page.html")[0] == 404
+    assert get(farm, "site-000.farm.test", "/section/0/page-1.html")[0] == 404  # page 1 lives in section 1
+    assert get(farm, "site-000.farm.test", "/search?q=other")[0] == 404
+
+
+def test_redirect_page(farm: SiteFarm) -> None:
+    status, headers, _ = get(farm, "site-000.farm.test", "/old/page-0.html")
+    assert status == 301
+    assert headers["location"] == "/section/0/page-0.html"
+    url = farm.seed_urls()[0] + "old/page-0.html"
+    assert farm.links_of(url) == [farm.seed_urls()[0] + "section/0/page-0.html"]
+    assert get(farm, "site-001.farm.test", "/old/page-0.html")[0] == 404  # only even hosts have one
+
+
+def test_robots_txt_served_as_declared(farm: SiteFarm) -> None:
+    for name in farm.host_names()[:8]:
+        status, headers, body = get(farm, name, "/robots.txt")
+        expected = farm.robots_txt(name)
+        if expected is None:
+            assert status == 404
+        else:
+            assert status == 200
+            assert headers["content-type"].startswith("text/plain")
+            assert body.decode("utf-8") == expected
+
+
+def test_served_html_links_are_the_ground_truth_graph(farm: SiteFarm) -> None:
+    """A correct parser (selectolax + urls.resolve) finds exactly links_of() in every sampled page."""
+    sample = [url for url in sorted(farm.page_urls()) if "/old/" not in url][::37]
+    assert len(sample) > 30
+    for url in sample:
+        status, _, body = get(farm, url.split("://")[1].split("/")[0], path_of(url))
+        assert status == 200, url
+        hrefs = [node.attributes.get("href") for node in LexborHTMLParser(body.decode()).css("a[href]")]
+        parsed = list(dict.fromkeys(link for link in (resolve(url, h) for h in hrefs) if link is not None))
+        assert parsed == farm.links_of(url), url
+
+
+def test_every_request_is_logged_with_its_fields(tmp_path: Path) -> None:
+    log_path = tmp_path / "log.jsonl"
+    with SiteFarm(FarmSpec(hosts=4, pages_per_host=12), log_path) as small:
+        requests = [("site-000.farm.test", "/"), ("site-002.farm.test", "/robots.txt"),
+                    ("site-001.farm.test", "/nothing"), ("site-003.farm.test", "/search?q=farm&page=1")]
+        before = time.time()
+        statuses = [get(small, host, path)[0] for host, path in requests]
+        after = time.time()
+        port = small.port
+    log = read_request_log(log_path)
+    assert statuses == [200, 404, 404, 200]
+    assert len(log) == len(requests)
+    for record, (host, path), status in zip(log, requests, statuses, strict=True):
+        assert record.keys() >= LOG_FIELDS
+        assert record["host"] == f"{host}:{port}"
+        assert record["path"] == path
+        assert record["status"] == status
+        assert record["user_agent"] == UA
+        assert before <= record["start"] <= record["end"] <= after
+
+
+def test_many_concurrent_requests_are_all_served_and_logged(tmp_path: Path) -> None:
+    log_path = tmp_path / "log.jsonl"
+    total = 400
+
+    async def blast(small: SiteFarm) -> list[int]:
+        urls = [(name, f"/section/{k % 2}/page-{k}.html") for name in small.host_names() for k in range(10)]
+        jobs = (urls * (total // len(urls) + 1))[:total]
+        timeout = aiohttp.ClientTimeout(total=30)
+        async with aiohttp.ClientSession(timeout=timeout) as session:
+            async def one(name: str, path: str) -> int:
+                async with session.get(f"http://127.0.0.1:{small.port}{path}",
+                                       headers={"Host": f"{name}:{small.port}"}) as response:
+                    await response.read()
+                    return response.status
+
+            return await asyncio.gather(*(one(name, path) for name, path in jobs))
+
+    with SiteFarm(FarmSpec(hosts=6, pages_per_host=20, latency_s=0.0), log_path) as small:
+        statuses = asyncio.run(blast(small))
+    assert statuses == [200] * total
+    log = read_request_log(log_path)
+    assert len(log) == total
+    assert all(record.keys() >= LOG_FIELDS for record in log)
+
+
+def test_stop_is_idempotent_and_closes_the_port(tmp_path: Path) -> None:
+    small = SiteFarm(FarmSpec(hosts=2, pages_per_host=5), tmp_path / "log.jsonl")
+    small.start()
+    port = small.port
+    assert get(small, "site-000.farm.test", "/")[0] == 200
+    small.stop()
+    small.stop()
+    with pytest.raises(OSError):
+        http.client.HTTPConnection("127.0.0.1", port, timeout=2).connect()
+
+
+def test_urls_need_a_started_farm(tmp_path: Path) -> None:
+    with pytest.raises(RuntimeError):
+        SiteFarm(FarmSpec(), tmp_path / "log.jsonl").seed_urls()
+
+
+def test_content_is_deterministic_for_a_seed(tmp_path: Path) -> None:
+    def home_and_page(seed: int, name: str) -> list[bytes]:
+        with SiteFarm(FarmSpec(hosts=3, pages_per_host=10, seed=seed), tmp_path / f"{name}.jsonl") as one:
+            port = str(one.port).encode()
+            paths = ("/", "/section/0/page-3.html")
+            return [get(one, "site-001.farm.test", path)[2].replace(port, b"PORT") for path in paths]
+
+    assert home_and_page(7, "a") == home_and_page(7, "b")
+    assert home_and_page(7, "c") != home_and_page(8, "d")
+
+
+# ---- graph and robots ground truth ---------------------------------------------------------------------
+
+
+def test_seeds_static_hosts_and_canonical_urls(farm: SiteFarm) -> None:
+    names = farm.host_names()
+    assert len(names) == 24 and names[0] == "site-000.farm.test"
+    assert farm.static_hosts() == {name: "127.0.0.1" for name in names}
+    assert farm.seed_urls()[3] == f"http://site-003.farm.test:{farm.port}/"
+    assert all(canonicalize(url) == url for url in farm.page_urls())
+    assert all(canonicalize(link) == link for url in farm.page_urls() for link in farm.links_of(url))
+
+
+def test_link_forms_are_mixed(farm: SiteFarm) -> None:
+    status, _, body = get(farm, "site-001.farm.test", "/")
+    hrefs = [node.attributes["href"] for node in LexborHTMLParser(body.decode()).css("a[href]")]
+    assert any(h.startswith("mailto:") for h in hrefs)
+    assert any(h.startswith("javascript:") for h in hrefs)
+    assert any(h.startswith("#") for h in hrefs)
+    assert any("?" in h for h in hrefs)
+    assert any(h.startswith("http://outside.example") for h in hrefs)
+    assert any(h.startswith("http://site-002.farm.test") for h in hrefs)  # cross-host
+    _, _, body = get(farm, "site-001.farm.test", "/section/2/")
+    section_hrefs = [node.attributes["href"] for node in LexborHTMLParser(body.decode()).css("a[href]")]
+    assert any(h.startswith("../") for h in section_hrefs)
+    assert any(h.startswith("./") and "#" in h for h in section_hrefs)
+    assert any(h.startswith("http://") for h in section_hrefs)
+    assert any(not h.startswith(("/", ".", "#", "http")) for h in section_hrefs)
+
+
+def test_every_allowed_page_is_within_two_hops_of_its_home(farm: SiteFarm) -> None:
+    for name, seed in zip(farm.host_names(), farm.seed_urls(), strict=True):
+        body = farm.robots_txt(name)
+        policy = RobotsPolicy.parse(body, TOKEN) if body is not None else RobotsPolicy.allow_all()
+        depth = {seed: 0}
+        queue = deque([seed])
+        while queue:
+            url = queue.popleft()
+            for link in farm.links_of(url):
+                if host_key(link) == host_key(seed) and link not in depth:
+                    depth[link] = depth[url] + 1
+                    queue.append(link)
+        own_pages = {url for url in farm.page_urls() if host_key(url) == host_key(seed) and policy.allowed(url)}
+        assert own_pages <= depth.keys(), name
+        assert max(depth[url] for url in own_pages) == 2
+
+
+def test_expected_fetches(farm: SiteFarm) -> None:
+    everything = farm.expected_fetches(TOKEN, 2)
+    disallowed = farm.disallowed_urls(TOKEN)
+    assert farm.expected_fetches(TOKEN, 0) == set(farm.seed_urls())
+    depth_one = farm.expected_fetches(TOKEN, 1)
+    assert set(farm.seed_urls()) < depth_one < everything
+    assert everything == farm.page_urls() - disallowed
+    assert everything.isdisjoint(disallowed)
+    assert all(host_key(url) in farm.host_keys() for url in everything)
+    assert not any("outside.example" in url for url in everything)
+    # the graph does link out of the farm: expected_fetches dropped those links
+    assert any("outside.example" in link for url in everything for link in farm.links_of(url))
+
+
+def test_robots_variants(farm: SiteFarm) -> None:
+    names = farm.host_names()
+    base = {name: f"http://{name}:{farm.port}" for name in names}
+    assert farm.robots_txt(names[2]) is None  # 404: allow all
+    assert base[names[2]] + "/private/secret-1.html" in farm.expected_fetches(TOKEN, 1)
+    disallowed = farm.disallowed_urls(TOKEN)
+    # Allow exception inside a disallowed folder
+    assert base[names[1]] + "/private/secret-1.html" in disallowed
+    assert base[names[1]] + "/private/open.html" not in disallowed
+    assert base[names[1]] + "/private/open.html" in farm.expected_fetches(TOKEN, 1)
+    assert base[names[0]] + "/cgi-bin/search?q=1" in disallowed
+    assert base[names[7]] + "/section/0/page-0.html?print=1" in disallowed
+    # Crawl-delay on exactly one host
+    assert farm.crawl_delay(names[3]) == 0.5
+    assert [name for name in names if farm.crawl_delay(name)] == [names[3]]
+    assert farm.politeness_delay(f"{names[3]}:{farm.port}", 0.2) == 0.5
+    assert farm.politeness_delay(f"{names[4]}:{farm.port}", 0.2) == 0.2
+    # a group for another agent shuts that agent out of every cgi host
+    other = farm.expected_fetches("otherbot", 2)
+    assert not any(host_key(url) == base[names[0]] for url in other)
+    assert any(host_key(url) == base[names[1]] for url in other)
+
+
+def test_no_cross_host_links_when_disabled(tmp_path: Path) -> None:
+    with SiteFarm(FarmSpec(hosts=4, pages_per_host=30, cross_host_links=False), tmp_path / "log.jsonl") as small:
+        for url in small.page_urls():
+            assert all(host_key(link) == host_key(url) or "outside.example" in link for link in small.links_of(url))
+
+
+# ---- politeness judge ----------------------------------------------------------------------------------
+
+
+def entry(host: str, start: float, end: float, path: str = "/") -> dict:
+    return {"host": host, "path": path, "start": start, "end": end, "status": 200, "user_agent": UA}
+
+
+def test_judge_finds_nothing_in_a_polite_log() -> None:
+    log = [entry("a:1", t, t + 0.1) for t in (0.0, 1.0, 2.0, 3.5)]
+    log += [entry("b:1", t, t + 0.5) for t in (0.2, 1.2, 2.2)]  # interleaved with host a: independent
+    assert politeness_violations(log, lambda host: 1.0) == []
+
+
+def test_judge_finds_concurrency() -> None:
+    log = [entry("a:1", 0.0, 5.0, "/long"), entry("a:1", 6.0, 6.2, "/b"), entry("a:1", 7.0, 7.1, "/c")]
+    log.append(entry("a:1", 2.0, 2.1, "/inside"))  # starts while /long is in flight
+    log.append(entry("a:1", 3.0, 3.1, "/inside-too"))  # /inside ended, but /long still has not
+    violations = politeness_violations(log, lambda host: 0.0)
+    assert [(v["kind"], v["path"]) for v in violations] == [("concurrent", "/inside"), ("concurrent", "/inside-too")]
+    assert violations[1]["previous_path"] == "/long"
+
+
+def test_judge_finds_starts_too_close() -> None:
+    log = [entry("a:1", 0.0, 0.1), entry("a:1", 0.9, 1.0, "/early"), entry("b:1", 0.0, 0.1)]
+    log.append(entry("b:1", 0.5, 0.6, "/slow-host"))
+    delays = {"a:1": 1.0, "b:1": 0.4}
+    violations = politeness_violations(log, delays.__getitem__)
+    assert [(v["kind"], v["host"], v["path"]) for v in violations] == [("too_soon", "a:1", "/early")]
+    assert violations[0]["gap_s"] == pytest.approx(0.9)
+    assert violations[0]["required_s"] == 1.0
+    assert politeness_violations(log, delays.__getitem__, tolerance_s=0.15) == []
+
+
+def test_judge_on_the_real_server_log(tmp_path: Path) -> None:
+    """Two simultaneous requests to one host are caught from the server's own log; spaced ones are not."""
+    log_path = tmp_path / "log.jsonl"
+    with SiteFarm(FarmSpec(hosts=2, pages_per_host=5, latency_s=0.2), log_path) as small:
+        threads = [threading.Thread(target=get, args=(small, "site-000.farm.test", p)) for p in ("/", "/section/0/")]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(10)
+        for path in ("/", "/robots.txt"):
+            get(small, "site-001.farm.test", path)
+            time.sleep(0.3)
+        port = small.port
+    log = read_request_log(log_path)
+    violations = politeness_violations(log, lambda host: 0.3)
+    assert {v["host"] for v in violations} == {f"site-000.farm.test:{port}"}
+    assert {v["kind"] for v in violations} == {"concurrent", "too_soon"}
