@@ -1,0 +1,64 @@
+"""`fetchd`: run the fetch daemon without Spark or a JVM.
+
+    fetchd serve --root R [--config F] [--set k=v]...      watch R/segments and fetch new buckets until SIGTERM
+    fetchd fetch --segment S --root R [--bucket N]...     fetch one segment's pending buckets, then exit
+
+A bad config key or value exits with code 2 and a message naming the key.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+
+from crawler import config as config_mod
+from crawler import layout
+
+EXIT_CONFIG = 2
+
+
+def _parser() -> argparse.ArgumentParser:
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--root", help="storage root (default: storage.root from config)")
+    common.add_argument("--config", help="YAML file overriding any subset of conf/crawler.yaml")
+    common.add_argument("--set", dest="assignments", action="append", default=[], metavar="KEY=VALUE",
+                        help="override one config key (repeatable)")
+    common.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    parser = argparse.ArgumentParser(prog="fetchd", description="cyclecrawl fetch daemon (politeness owner).")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    sub.add_parser("serve", parents=[common], help="watch ROOT/segments and fetch every bucket without _DONE.json")
+    fetch = sub.add_parser("fetch", parents=[common], help="fetch one segment's pending buckets and exit")
+    fetch.add_argument("--segment", required=True, help="segment id")
+    fetch.add_argument("--bucket", dest="buckets", type=int, action="append",
+                       help="only this bucket (repeatable; default: every pending bucket)")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+    logging.getLogger("asyncio").setLevel(logging.WARNING)
+    try:
+        conf = config_mod.load(args.config, args.assignments)
+        if args.root:
+            conf = conf.with_overrides({"storage.root": args.root})
+    except config_mod.ConfigError as exc:
+        print(f"fetchd: {exc}", file=sys.stderr)
+        return EXIT_CONFIG
+    root = layout.normalize_root(conf["storage.root"])
+
+    from fetchd import daemon
+
+    if args.command == "serve":
+        daemon.serve(conf, root)
+        return 0
+    summary = daemon.fetch_segment(conf, root, args.segment, args.buckets)
+    print(json.dumps(summary, sort_keys=True))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

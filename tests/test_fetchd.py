@@ -1,0 +1,563 @@
+"""The fetch daemon against real loopback servers: the site farm, and a small server for the edge cases.
+
+Politeness and robots are judged from the servers' own request logs; WARC output is read back with fastwarc,
+an independent reader. Only farm names mapped to 127.0.0.1 (static_hosts) and IP literals are used.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gzip
+import json
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections import Counter
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from aiohttp import web
+from fastwarc.warc import ArchiveIterator, WarcRecordType
+
+from crawler import layout, records, urls
+from crawler.robots import RobotsPolicy
+from fetchd import cli
+from fetchd.daemon import fetch_segment, serve
+from fetchd.sitefarm import FarmSpec, SiteFarm, politeness_violations, read_request_log
+
+SEGMENT = "seg-test"
+MIN_DELAY = 0.2
+
+
+# ---- helpers -------------------------------------------------------------------------------------------
+
+
+def write_fetchlist(root: str, segment_id: str, items: list[dict], buckets: int) -> dict[int, list[dict]]:
+    """Fetch-list Parquet per bucket, as generate writes it (sorted by host then rank). Items: url, etag..."""
+    by_bucket: dict[int, list[dict]] = {}
+    ranks: Counter[str] = Counter()
+    for item in items:
+        url = urls.canonicalize(item["url"])
+        key = urls.host_key(url)
+        ranks[key] += 1
+        row = {
+            "segment_id": segment_id, "url_id": urls.url_id(url), "url": url, "host_key": key,
+            "state_version": 1, "rank": ranks[key], "priority": 1.0, "depth": 0,
+            "etag": item.get("etag"), "last_modified": item.get("last_modified"), "delay_s": MIN_DELAY,
+        }
+        by_bucket.setdefault(urls.bucket_of(key, buckets), []).append(row)
+    for bucket, rows in by_bucket.items():
+        folder = layout.fetchlist_dir(root, segment_id, bucket)
+        os.makedirs(folder, exist_ok=True)
+        rows.sort(key=lambda r: (r["host_key"], r["rank"]))
+        pq.write_table(pa.Table.from_pylist(rows, schema=records.FETCHLIST), os.path.join(folder, "part-00000.parquet"))
+        Path(folder, "_SUCCESS").touch()  # Spark's marker must be ignored
+    return by_bucket
+
+
+def read_results(root: str, segment_id: str, kind: str = "fetched") -> list[dict]:
+    base = layout.fetched_dir(root, segment_id) if kind == "fetched" else layout.robots_dir(root, segment_id)
+    rows: list[dict] = []
+    for folder, _, names in os.walk(base):
+        for name in sorted(names):
+            if name.endswith(".parquet") and not name.startswith((".", "_")):
+                for row in pq.read_table(os.path.join(folder, name)).to_pylist():
+                    row["_file"] = os.path.join(folder, name)
+                    rows.append(row)
+    return rows
+
+
+def files_under(path: str) -> set[str]:
+    return {os.path.relpath(os.path.join(d, n), path) for d, _, names in os.walk(path) for n in names}
+
+
+def record_at(root: str, filename: str, offset: int):
+    """The first WARC record at `offset`, read by fastwarc, with its HTTP headers parsed."""
+    with open(os.path.join(root, filename), "rb") as fh:
+        fh.seek(offset)
+        record = next(iter(ArchiveIterator(fh, parse_http=True)))
+        record.freeze()
+        return record
+
+
+class EdgeServer:
+    """A loopback server for the cases the farm does not cover; routes by Host name and path, logs requests."""
+
+    def __init__(self):
+        self.log: list[dict] = []
+        self.busy_calls = 0
+        self.loop = asyncio.new_event_loop()
+        sock = socket.socket()
+        sock.bind(("127.0.0.1", 0))
+        sock.listen(64)
+        sock.setblocking(False)
+        self.port = sock.getsockname()[1]
+        ready = threading.Event()
+
+        def run() -> None:
+            asyncio.set_event_loop(self.loop)
+            app = web.Application()
+            app.router.add_route("*", "/{tail:.*}", self.handle)
+            self.runner = web.AppRunner(app, access_log=None)
+            self.loop.run_until_complete(self.runner.setup())
+            self.loop.run_until_complete(web.SockSite(self.runner, sock).start())
+            ready.set()
+            self.loop.run_forever()
+            self.loop.run_until_complete(self.runner.cleanup())
+
+        self.thread = threading.Thread(target=run, daemon=True)
+        self.thread.start()
+        assert ready.wait(10)
+
+    def stop(self) -> None:
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(10)
+
+    def url(self, host: str, path: str) -> str:
+        return f"http://{host}:{self.port}{path}"
+
+    def requests(self, host: str) -> list[dict]:
+        return [r for r in self.log if r["host"] == host]
+
+    async def handle(self, request: web.Request) -> web.StreamResponse:
+        start = time.time()
+        host = request.host.rpartition(":")[0] or request.host
+        response = self._respond(host, request)
+        await response.prepare(request)
+        self.log.append({"host": host, "path": request.path_qs, "start": start, "end": time.time(),
+                         "headers": dict(request.headers)})
+        await response.write_eof()
+        return response
+
+    def _respond(self, host: str, request: web.Request) -> web.StreamResponse:
+        path = request.path
+        if host == "broken.test" and path == "/robots.txt":
+            return web.Response(status=503, text="down")
+        if host == "moved.test" and path == "/robots.txt":
+            return web.Response(status=301, headers={"Location": "/real-robots.txt"})
+        if host == "moved.test" and path == "/real-robots.txt":
+            body = gzip.compress(b"User-agent: *\nDisallow: /no\n")
+            return web.Response(body=body, headers={"Content-Encoding": "gzip", "Content-Type": "text/plain"})
+        if path == "/robots.txt":
+            return web.Response(text="User-agent: *\nDisallow: /secret\n")
+        if host == "flaky.test":
+            return web.Response(status=500, text="oops")
+        if path == "/etag":
+            if request.headers.get("If-None-Match") == '"v1"':
+                return web.Response(status=304, headers={"ETag": '"v1"'})
+            return web.Response(text="versioned", headers={"ETag": '"v1"'})
+        if path == "/busy":
+            self.busy_calls += 1
+            if self.busy_calls == 1:
+                return web.Response(status=429, text="slow down", headers={"Retry-After": "1"})
+        if path == "/big":
+            return web.Response(body=b"x" * 50_000, content_type="application/octet-stream")
+        if path == "/moved":
+            return web.Response(status=301, headers={"Location": "/target?x=1#frag"})
+        return web.Response(text=f"<html><title>{path}</title></html>", content_type="text/html")
+
+
+@pytest.fixture
+def edge():
+    server = EdgeServer()
+    yield server
+    server.stop()
+
+
+def edge_conf(base_conf, edge: EdgeServer, **overrides):
+    values = {
+        "politeness.min_delay_s": 0.1,
+        "fetch.static_hosts": {
+            **{name: "127.0.0.1" for name in ("edge.test", "broken.test", "flaky.test", "moved.test")},
+            "private.test": "10.0.0.1",
+        },
+    }
+    values.update(overrides)
+    return base_conf.with_overrides(values)
+
+
+def by_url(rows: list[dict]) -> dict[str, dict]:
+    return {row["url"]: row for row in rows}
+
+
+# ---- the farm crawl (run once, judged many ways) -----------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def farm_crawl(tmp_path_factory, base_conf):
+    root = str(tmp_path_factory.mktemp("farm-root"))
+    farm = SiteFarm(FarmSpec(hosts=4, pages_per_host=15), os.path.join(root, "farm.jsonl"))
+    farm.start()
+    try:
+        conf = base_conf.with_overrides({
+            "politeness.min_delay_s": MIN_DELAY,
+            "fetch.static_hosts": farm.static_hosts(),
+            "fetch.warc_max_bytes": 20_000,  # force rotation: results must follow their own WARC file
+        })
+        fetchlist = write_fetchlist(root, SEGMENT, [{"url": u} for u in sorted(farm.page_urls())],
+                                    conf["crawl.buckets"])
+        summary = fetch_segment(conf, root, SEGMENT)
+        yield {"root": root, "farm": farm, "conf": conf, "fetchlist": fetchlist, "summary": summary,
+               "log": read_request_log(farm.log_path)}
+    finally:
+        farm.stop()
+
+
+def test_every_fetchlist_url_has_exactly_one_result(farm_crawl):
+    wanted = Counter(row["url_id"] for rows in farm_crawl["fetchlist"].values() for row in rows)
+    results = read_results(farm_crawl["root"], SEGMENT)
+    assert Counter(row["url_id"] for row in results) == wanted
+    assert farm_crawl["summary"]["urls"] == len(wanted)
+    assert sorted(farm_crawl["summary"]["buckets"]) == sorted(farm_crawl["fetchlist"])
+    outcomes = Counter(row["outcome"] for row in results)
+    assert outcomes["success"] > 40 and outcomes["robots_denied"] > 0
+    for row in results:
+        assert row["bucket"] == urls.bucket_of(row["host_key"], farm_crawl["conf"]["crawl.buckets"])
+        assert row["segment_id"] == SEGMENT and row["state_version"] == 1 and row["daemon_id"]
+
+
+def test_politeness_has_zero_violations_in_the_farm_log(farm_crawl):
+    farm, log = farm_crawl["farm"], farm_crawl["log"]
+    violations = politeness_violations(log, lambda host: farm.politeness_delay(host, MIN_DELAY))
+    assert violations == []
+    assert len(log) >= 40
+    # the crawl-delayed host really was slower than the minimum
+    delayed = [h for h in farm.host_names() if farm.crawl_delay(h)]
+    assert delayed and all(farm.crawl_delay(h) > MIN_DELAY for h in delayed)
+
+
+def test_robots_first_and_disallowed_urls_never_requested(farm_crawl):
+    farm, log, root, conf = farm_crawl["farm"], farm_crawl["log"], farm_crawl["root"], farm_crawl["conf"]
+    token = conf["crawl.robots_token"]
+    by_host: dict[str, list[dict]] = {}
+    for record in sorted(log, key=lambda r: r["start"]):
+        by_host.setdefault(record["host"], []).append(record)
+    assert len(by_host) == 4
+    for records_of_host in by_host.values():
+        assert records_of_host[0]["path"] == "/robots.txt"
+        assert sum(r["path"] == "/robots.txt" for r in records_of_host) == 1
+    requested = {f"http://{r['host']}{r['path']}" for r in log}
+    denied = {row["url"] for row in read_results(root, SEGMENT) if row["outcome"] == "robots_denied"}
+    policies = {
+        f"http://{name}:{farm.port}": RobotsPolicy.parse(farm.robots_txt(name), token)
+        if farm.robots_txt(name) is not None else RobotsPolicy.allow_all()
+        for name in farm.host_names()
+    }
+    expected_denied = {u for u in map(urls.canonicalize, farm.page_urls()) if not policies[urls.host_key(u)].allowed(u)}
+    assert denied == expected_denied and denied
+    assert not denied & requested
+    assert not farm.disallowed_urls(token) & requested
+    assert {r["user_agent"] for r in log} == {conf["crawl.user_agent"]}
+    robots_rows = read_results(root, SEGMENT, kind="robots")
+    assert len(robots_rows) == 4
+    assert {r["state"] for r in robots_rows} == {"rules", "allow_all"}
+
+
+def test_results_point_into_closed_warc_files(farm_crawl):
+    root = farm_crawl["root"]
+    results = read_results(root, SEGMENT)
+    assert not [f for f in files_under(layout.segment_dir(root, SEGMENT)) if f.endswith((".open", ".tmp"))]
+    warc_files = {row["warc_filename"] for row in results if row["warc_filename"]}
+    assert len(warc_files) > 2  # rotated at fetch.warc_max_bytes
+    requested = [row for row in results if row["outcome"] in ("success", "redirect", "http_error")]
+    assert requested
+    for row in requested:
+        stem = Path(row["_file"]).name.removesuffix(".parquet")
+        assert Path(row["warc_filename"]).name == stem + ".warc.gz"  # only rows of that closed file
+        assert row["warc_filename"].startswith(f"segments/{SEGMENT}/warc/bucket=")
+        record = record_at(root, row["warc_filename"], row["warc_offset"])
+        assert record.record_type == WarcRecordType.response
+        assert record.headers["WARC-Target-URI"] == row["url"]
+        assert record.http_headers.status_code == row["status_code"]
+        assert record.headers["WARC-Payload-Digest"] == row["payload_digest"]
+        assert record.headers["WARC-IP-Address"] == row["remote_ip"] == "127.0.0.1"
+        assert row["warc_length"] > 0 and row["content_length"] >= 0
+        if row["outcome"] == "redirect":
+            location = record.http_headers["Location"]
+            assert row["redirect_to"] and row["redirect_to"] == urls.resolve(row["url"], location)
+    for row in results:
+        if row["outcome"] == "robots_denied":
+            assert row["warc_filename"] is None and row["status_code"] is None
+    manifests = [json.loads(Path(layout.done_manifest(root, SEGMENT, b)).read_text())
+                 for b in farm_crawl["fetchlist"]]
+    assert sum(m["urls"] for m in manifests) == len(results)
+    assert sum(m["warc_files"] for m in manifests) == len(warc_files)
+    for manifest in manifests:
+        assert sum(manifest["outcomes"].values()) == manifest["urls"]
+        assert manifest["warc_bytes"] > 0 and manifest["started_at"] <= manifest["finished_at"]
+
+
+def test_warc_files_are_well_formed(farm_crawl):
+    root = farm_crawl["root"]
+    warc_paths = [os.path.join(root, f) for f in {r["warc_filename"] for r in read_results(root, SEGMENT)} if f]
+    for path in warc_paths:
+        with open(path, "rb") as fh:
+            recs = []
+            for record in ArchiveIterator(fh, parse_http=False):
+                assert record.verify_block_digest()
+                recs.append((record.record_type, dict(record.headers)))
+        assert recs[0][0] == WarcRecordType.warcinfo
+        assert all(h["WARC-Warcinfo-ID"] == recs[0][1]["WARC-Record-ID"] for _, h in recs[1:])
+        assert all(h.get("WARC-Type") != "warcinfo" for _, h in recs[1:])
+        by_id = {h["WARC-Record-ID"]: (t, h) for t, h in recs}
+        responses = [h for t, h in recs if t == WarcRecordType.response]
+        assert responses
+        for response in responses:
+            kind, request = by_id[response["WARC-Concurrent-To"]]
+            assert kind == WarcRecordType.request
+            assert request["WARC-Target-URI"] == response["WARC-Target-URI"]
+            assert request["WARC-Concurrent-To"] == response["WARC-Record-ID"]
+
+
+def test_rerunning_a_finished_segment_is_a_no_op(farm_crawl):
+    root, conf = farm_crawl["root"], farm_crawl["conf"]
+    before = {f: os.path.getmtime(os.path.join(layout.segment_dir(root, SEGMENT), f))
+              for f in files_under(layout.segment_dir(root, SEGMENT))}
+    requests_before = len(read_request_log(farm_crawl["farm"].log_path))
+    summary = fetch_segment(conf, root, SEGMENT)
+    assert summary["buckets"] == [] and summary["urls"] == 0
+    assert sorted(summary["skipped_buckets"]) == sorted(farm_crawl["fetchlist"])
+    after = {f: os.path.getmtime(os.path.join(layout.segment_dir(root, SEGMENT), f))
+             for f in files_under(layout.segment_dir(root, SEGMENT))}
+    assert after == before
+    assert len(read_request_log(farm_crawl["farm"].log_path)) == requests_before
+
+
+# ---- edge cases against the small server ---------------------------------------------------------------
+
+
+def test_not_modified_is_a_revisit_record(edge, base_conf, root):
+    conf = edge_conf(base_conf, edge)
+    write_fetchlist(root, SEGMENT, [{"url": edge.url("edge.test", "/etag"), "etag": '"v1"',
+                                     "last_modified": "Wed, 21 Oct 2015 07:28:00 GMT"}], conf["crawl.buckets"])
+    fetch_segment(conf, root, SEGMENT)
+    [row] = read_results(root, SEGMENT)
+    assert row["outcome"] == "not_modified" and row["status_code"] == 304
+    seen = [r for r in edge.requests("edge.test") if r["path"] == "/etag"][0]["headers"]
+    assert seen["If-None-Match"] == '"v1"' and seen["If-Modified-Since"] == "Wed, 21 Oct 2015 07:28:00 GMT"
+    record = record_at(root, row["warc_filename"], row["warc_offset"])
+    assert record.record_type == WarcRecordType.revisit
+    assert record.headers["WARC-Profile"] == "http://netpreserve.org/warc/1.1/revisit/server-not-modified"
+    assert record.headers["WARC-Refers-To-Target-URI"] == row["url"]
+    assert record.http_headers.status_code == 304
+
+
+def test_retry_after_slows_the_host(edge, base_conf, root):
+    conf = edge_conf(base_conf, edge)
+    write_fetchlist(root, SEGMENT, [{"url": edge.url("edge.test", p)} for p in ("/busy", "/after", "/later")],
+                    conf["crawl.buckets"])
+    fetch_segment(conf, root, SEGMENT)
+    rows = by_url(read_results(root, SEGMENT))
+    busy = rows[edge.url("edge.test", "/busy")]
+    assert busy["outcome"] == "http_error" and busy["status_code"] == 429 and busy["retry_after_s"] == 1.0
+    log = sorted(edge.requests("edge.test"), key=lambda r: r["start"])
+    paths = [r["path"] for r in log]
+    assert paths == ["/robots.txt", "/busy", "/after", "/later"]
+    assert log[2]["start"] - log[1]["end"] >= 1.0          # Retry-After honoured, counted from the 429's end
+    assert 0.1 <= log[3]["start"] - log[2]["end"] < 0.9    # and the host recovers after a success
+
+
+def test_body_cap_truncates(edge, base_conf, root):
+    conf = edge_conf(base_conf, edge, **{"fetch.max_body_bytes": 10_000})
+    write_fetchlist(root, SEGMENT, [{"url": edge.url("edge.test", "/big")}], conf["crawl.buckets"])
+    fetch_segment(conf, root, SEGMENT)
+    [row] = read_results(root, SEGMENT)
+    assert row["outcome"] == "success" and row["truncated"] and row["content_length"] == 10_000
+    record = record_at(root, row["warc_filename"], row["warc_offset"])
+    assert record.headers["WARC-Truncated"] == "length"
+    assert len(record.reader.read()) == 10_000
+
+
+def test_redirect_is_reported_not_followed(edge, base_conf, root):
+    conf = edge_conf(base_conf, edge)
+    write_fetchlist(root, SEGMENT, [{"url": edge.url("edge.test", "/moved")}], conf["crawl.buckets"])
+    fetch_segment(conf, root, SEGMENT)
+    [row] = read_results(root, SEGMENT)
+    assert row["outcome"] == "redirect" and row["status_code"] == 301
+    assert row["redirect_to"] == edge.url("edge.test", "/target?x=1")
+    assert [r["path"] for r in edge.requests("edge.test")] == ["/robots.txt", "/moved"]
+
+
+def test_loopback_literal_is_blocked_without_allow_list(edge, base_conf, root):
+    conf = edge_conf(base_conf, edge, **{"fetch.allow_networks": []})
+    write_fetchlist(root, SEGMENT, [{"url": edge.url("127.0.0.1", "/a")}, {"url": edge.url("127.0.0.1", "/b")}],
+                    conf["crawl.buckets"])
+    fetch_segment(conf, root, SEGMENT)
+    rows = read_results(root, SEGMENT)
+    assert {r["outcome"] for r in rows} == {"blocked"} and len(rows) == 2
+    assert all(r["warc_filename"] is None and "refused address" in r["error"] for r in rows)
+    assert edge.log == []
+
+
+def test_static_host_on_private_address_is_blocked_before_connecting(edge, base_conf, root):
+    conf = edge_conf(base_conf, edge)  # private.test -> 10.0.0.1, allow list 127.0.0.0/8 only
+    write_fetchlist(root, SEGMENT, [{"url": "http://private.test/"}, {"url": "http://private.test/x"}],
+                    conf["crawl.buckets"])
+    started = time.monotonic()
+    fetch_segment(conf, root, SEGMENT)
+    rows = read_results(root, SEGMENT)
+    assert {r["outcome"] for r in rows} == {"blocked"} and len(rows) == 2
+    assert all("refused address for private.test: 10.0.0.1" in r["error"] for r in rows)  # the guard said no
+    assert read_results(root, SEGMENT, kind="robots") == []  # not even robots.txt was attempted
+    assert time.monotonic() - started < conf["fetch.connect_timeout_s"]  # no connect attempt timed out
+    assert not [f for f in files_under(layout.warc_dir(root, SEGMENT)) if f.endswith(".warc.gz")]
+
+
+def test_robots_5xx_defers_the_host(edge, base_conf, root):
+    conf = edge_conf(base_conf, edge)
+    write_fetchlist(root, SEGMENT, [{"url": edge.url("broken.test", p)} for p in ("/", "/a", "/b")]
+                    + [{"url": edge.url("edge.test", "/ok")}], conf["crawl.buckets"])
+    fetch_segment(conf, root, SEGMENT)
+    rows = by_url(read_results(root, SEGMENT))
+    assert {rows[edge.url("broken.test", p)]["outcome"] for p in ("/", "/a", "/b")} == {"deferred"}
+    assert rows[edge.url("edge.test", "/ok")]["outcome"] == "success"
+    assert [r["path"] for r in edge.requests("broken.test")] == ["/robots.txt"]
+    robots = {r["host_key"]: r for r in read_results(root, SEGMENT, kind="robots")}
+    broken = robots[f"http://broken.test:{edge.port}"]
+    assert broken["status_code"] == 503 and broken["state"] == "disallow_all"
+    assert record_at(root, broken["warc_filename"], broken["warc_offset"]).http_headers.status_code == 503
+
+
+def test_repeated_failures_pause_the_host_and_defer_the_rest(edge, base_conf, root):
+    conf = edge_conf(base_conf, edge, **{"politeness.max_consecutive_failures": 2, "politeness.backoff_base_s": 0.3})
+    paths = [f"/p{i}" for i in range(5)]
+    write_fetchlist(root, SEGMENT, [{"url": edge.url("flaky.test", p)} for p in paths], conf["crawl.buckets"])
+    fetch_segment(conf, root, SEGMENT)
+    rows = by_url(read_results(root, SEGMENT))
+    assert [rows[edge.url("flaky.test", p)]["outcome"] for p in paths] == ["http_error"] * 2 + ["deferred"] * 3
+    log = sorted(edge.requests("flaky.test"), key=lambda r: r["start"])
+    assert [r["path"] for r in log] == ["/robots.txt", "/p0", "/p1"]
+    assert log[2]["start"] - log[1]["end"] >= 0.3  # exponential backoff after the first 500
+
+
+def test_robots_denied_urls_are_reported_and_never_requested(edge, base_conf, root):
+    conf = edge_conf(base_conf, edge)
+    write_fetchlist(root, SEGMENT, [{"url": edge.url("edge.test", p)} for p in ("/secret/1", "/open", "/secret")],
+                    conf["crawl.buckets"])
+    fetch_segment(conf, root, SEGMENT)
+    outcomes = {row["url"].rsplit(str(edge.port), 1)[1]: row["outcome"] for row in read_results(root, SEGMENT)}
+    assert outcomes == {"/secret/1": "robots_denied", "/open": "success", "/secret": "robots_denied"}
+    assert [r["path"] for r in edge.requests("edge.test")] == ["/robots.txt", "/open"]
+
+
+def test_unfinished_bucket_is_cleaned_and_redone(edge, base_conf, root):
+    conf = edge_conf(base_conf, edge)
+    fetchlist = write_fetchlist(root, SEGMENT, [{"url": edge.url("edge.test", p)} for p in ("/a", "/b")],
+                                conf["crawl.buckets"])
+    [bucket] = fetchlist
+    # what a killed daemon leaves behind: an open WARC, a temp file and a results file of a partial run
+    stale_warc = Path(layout.warc_dir(root, SEGMENT, bucket), "old.warc.gz.open")
+    stale_warc.parent.mkdir(parents=True)
+    stale_warc.write_bytes(b"partial")
+    fetched = Path(layout.fetched_dir(root, SEGMENT, bucket))
+    fetched.mkdir(parents=True)
+    Path(fetched, ".old.parquet.tmp").write_bytes(b"partial")
+    stale_row = {name: None for name in records.FETCHED.names}
+    stale_row.update(url_id=fetchlist[bucket][0]["url_id"], url=fetchlist[bucket][0]["url"], outcome="success")
+    pq.write_table(pa.Table.from_pylist([stale_row], schema=records.FETCHED), fetched / "old.parquet")
+    summary = fetch_segment(conf, root, SEGMENT)
+    assert summary["buckets"] == [bucket]
+    leftovers = files_under(layout.segment_dir(root, SEGMENT))
+    assert not [f for f in leftovers if "old" in f]
+    rows = read_results(root, SEGMENT)
+    assert sorted(r["url"] for r in rows) == sorted(r["url"] for r in fetchlist[bucket])
+    assert all(r["outcome"] == "success" for r in rows)
+
+
+def test_serve_picks_up_new_fetch_lists_and_stops(edge, base_conf, root):
+    conf = edge_conf(base_conf, edge, **{"fetch.poll_interval_s": 0.2})
+    stop = threading.Event()
+    thread = threading.Thread(target=serve, args=(conf, root, stop), daemon=True)
+    thread.start()
+    try:
+        time.sleep(0.3)
+        fetchlist = write_fetchlist(root, "seg-late", [{"url": edge.url("edge.test", "/late")}], conf["crawl.buckets"])
+        [bucket] = fetchlist
+        done = Path(layout.done_manifest(root, "seg-late", bucket))
+        deadline = time.monotonic() + 20
+        while not done.exists() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert done.exists()
+    finally:
+        stop.set()
+        thread.join(15)
+    assert not thread.is_alive()
+    assert [r["outcome"] for r in read_results(root, "seg-late")] == ["success"]
+
+
+def test_cli_fetch_and_config_errors(edge, base_conf, root, capsys):
+    assert cli.main(["fetch", "--segment", SEGMENT, "--root", root, "--set", "fetch.concurrency=0"]) == 2
+    assert "fetch.concurrency" in capsys.readouterr().err
+    assert cli.main(["serve", "--root", root, "--set", "fetch.no_such_key=1"]) == 2
+    assert "fetch.no_such_key" in capsys.readouterr().err
+    fetchlist = write_fetchlist(root, SEGMENT, [{"url": edge.url("edge.test", "/cli")}], base_conf["crawl.buckets"])
+    args = ["fetch", "--segment", SEGMENT, "--root", root, "--set", "fetch.allow_networks=[127.0.0.0/8]",
+            "--set", "politeness.min_delay_s=0.1", "--set", f"crawl.buckets={base_conf['crawl.buckets']}",
+            "--set", "fetch.static_hosts={edge.test: 127.0.0.1}"]
+    assert cli.main(args) == 0
+    summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert summary["outcomes"] == {"success": 1} and summary["buckets"] == list(fetchlist)
+
+
+def test_back_to_back_segments_stay_polite_and_reuse_robots(edge, base_conf, root):
+    conf = edge_conf(base_conf, edge, **{"politeness.min_delay_s": 0.5})
+    write_fetchlist(root, "seg-a", [{"url": edge.url("edge.test", "/one")}], conf["crawl.buckets"])
+    write_fetchlist(root, "seg-b", [{"url": edge.url("edge.test", "/two")}], conf["crawl.buckets"])
+    fetch_segment(conf, root, "seg-a")
+    fetch_segment(conf, root, "seg-b")
+    log = sorted(edge.requests("edge.test"), key=lambda r: r["start"])
+    assert [r["path"] for r in log] == ["/robots.txt", "/one", "/two"]  # robots cached within its TTL
+    assert log[2]["start"] - log[1]["end"] >= 0.5
+
+
+def test_robots_redirect_is_followed_and_gzip_body_decoded(edge, base_conf, root):
+    conf = edge_conf(base_conf, edge)
+    write_fetchlist(root, SEGMENT, [{"url": edge.url("moved.test", p)} for p in ("/yes", "/no")],
+                    conf["crawl.buckets"])
+    fetch_segment(conf, root, SEGMENT)
+    outcomes = {row["url"]: row["outcome"] for row in read_results(root, SEGMENT)}
+    assert outcomes == {edge.url("moved.test", "/yes"): "success", edge.url("moved.test", "/no"): "robots_denied"}
+    log = sorted(edge.requests("moved.test"), key=lambda r: r["start"])
+    assert [r["path"] for r in log] == ["/robots.txt", "/real-robots.txt", "/yes"]
+    assert log[1]["start"] - log[0]["end"] >= 0.1  # each hop goes through the politeness gate
+    [robots] = read_results(root, SEGMENT, kind="robots")
+    assert robots["state"] == "rules" and "Disallow: /no" in robots["body"]
+
+
+def test_kill_9_mid_bucket_then_rerun_gives_exactly_one_result_per_url(edge, base_conf, root):
+    paths = [f"/k{i}" for i in range(20)]
+    fetchlist = write_fetchlist(root, SEGMENT, [{"url": edge.url("edge.test", p)} for p in paths],
+                                base_conf["crawl.buckets"])
+    [bucket] = fetchlist
+    sets = {"fetch.allow_networks": "[127.0.0.0/8]", "politeness.min_delay_s": "0.1", "fetch.warc_max_bytes": "1000",
+            "crawl.buckets": str(base_conf["crawl.buckets"]), "fetch.static_hosts": "{edge.test: 127.0.0.1}"}
+    args = [sys.executable, "-m", "fetchd.cli", "fetch", "--segment", SEGMENT, "--root", root]
+    for key, value in sets.items():
+        args += ["--set", f"{key}={value}"]
+    process = subprocess.Popen(args, cwd=str(Path(__file__).resolve().parents[1]),
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 30
+    fetched = Path(layout.fetched_dir(root, SEGMENT, bucket))
+    while time.monotonic() < deadline and len(list(fetched.glob("*.parquet"))) < 2:
+        time.sleep(0.05)
+    process.kill()
+    process.wait(10)
+    assert len(list(fetched.glob("*.parquet"))) >= 2  # killed after publishing some partial results
+    assert not Path(layout.done_manifest(root, SEGMENT, bucket)).exists()
+    partial = {row["url"] for row in read_results(root, SEGMENT)}
+    assert 0 < len(partial) < len(paths)
+    for row in read_results(root, SEGMENT):  # whatever was published points into a closed, readable file
+        if row["warc_filename"]:
+            assert record_at(root, row["warc_filename"], row["warc_offset"]).headers["WARC-Target-URI"] == row["url"]
+    conf = edge_conf(base_conf, edge)
+    summary = fetch_segment(conf, root, SEGMENT)
+    assert summary["buckets"] == [bucket]
+    rows = read_results(root, SEGMENT)
+    assert Counter(r["url"] for r in rows) == Counter(edge.url("edge.test", p) for p in paths)
+    assert {r["outcome"] for r in rows} == {"success"}
+    assert not [f for f in files_under(layout.segment_dir(root, SEGMENT)) if f.endswith((".open", ".tmp"))]

@@ -1,0 +1,126 @@
+"""The politeness rule (crawler/politeness.py): delay, Retry-After, backoff, pausing — pure, no clock."""
+
+from __future__ import annotations
+
+import random
+from datetime import datetime, timezone
+from email.utils import format_datetime
+
+import pytest
+
+from crawler.politeness import (
+    HostGate,
+    backoff_seconds,
+    effective_delay,
+    is_failure,
+    parse_retry_after,
+)
+
+
+def _gate(**overrides) -> HostGate:
+    values = dict(min_delay_s=1.0, max_crawl_delay_s=10.0, max_concurrency=1, backoff_base_s=2.0,
+                  max_backoff_s=60.0, max_failures=3)
+    values.update(overrides)
+    return HostGate(**values)
+
+
+def test_delay_is_the_largest_of_minimum_capped_crawl_delay_and_backoff():
+    assert effective_delay(1.0, None, 10.0, 0.0) == 1.0
+    assert effective_delay(1.0, 4.0, 10.0, 0.0) == 4.0
+    assert effective_delay(1.0, 400.0, 10.0, 0.0) == 10.0  # Crawl-delay capped
+    assert effective_delay(1.0, 4.0, 10.0, 30.0) == 30.0   # backoff wins
+    assert effective_delay(5.0, 0.5, 10.0, 0.0) == 5.0     # a small Crawl-delay never lowers the minimum
+
+
+def test_retry_after_seconds_and_http_date():
+    now = 1_700_000_000.0
+    assert parse_retry_after("120", now) == 120.0
+    future = format_datetime(datetime.fromtimestamp(now + 90, timezone.utc), usegmt=True)
+    assert parse_retry_after(future, now) == pytest.approx(90.0, abs=1.0)
+    past = format_datetime(datetime.fromtimestamp(now - 90, timezone.utc), usegmt=True)
+    assert parse_retry_after(past, now) == 0.0
+    assert parse_retry_after("soon", now) is None
+    assert parse_retry_after("", now) is None
+    assert parse_retry_after(None, now) is None
+    assert parse_retry_after("-5", now) is None
+
+
+def test_backoff_uses_retry_after_capped_else_exponential_with_jitter():
+    rng = random.Random(1)
+    assert backoff_seconds(1, 2.0, 60.0, 5.0, rng) == 5.0
+    assert backoff_seconds(1, 2.0, 60.0, 3600.0, rng) == 60.0
+    first = backoff_seconds(1, 2.0, 60.0, None, rng)
+    third = backoff_seconds(3, 2.0, 60.0, None, rng)
+    assert 2.0 <= first < 2.5
+    assert 8.0 <= third < 10.0
+    assert backoff_seconds(20, 2.0, 60.0, None, rng) == 60.0
+    jittered = {backoff_seconds(2, 2.0, 60.0, None, random.Random(seed)) for seed in range(5)}
+    assert len(jittered) > 1
+
+
+def test_failures_are_network_errors_429_and_5xx():
+    assert is_failure(None) and is_failure(429) and is_failure(500) and is_failure(503)
+    assert not any(is_failure(code) for code in (200, 301, 304, 404, 410))
+
+
+def test_gate_counts_delay_from_the_end_of_the_previous_request():
+    gate = _gate()
+    rng = random.Random(0)
+    assert gate.can_start(0.0)
+    gate.started(0.0)
+    assert not gate.can_start(0.5)  # one in flight
+    gate.finished(5.0, 200, None, rng)  # slow response: ended at t=5
+    assert not gate.can_start(5.9)  # 1 s after the END, not after dispatch
+    assert gate.can_start(6.0)
+    with pytest.raises(RuntimeError):
+        _gate(next_allowed_at=3.0).started(1.0)  # starting against a closed gate is a bug
+
+
+def test_gate_starts_are_spaced_even_with_more_concurrency():
+    gate = _gate(max_concurrency=2)
+    gate.started(0.0)
+    assert not gate.can_start(0.5)  # starts at least one delay apart
+    assert gate.can_start(1.0)
+    gate.started(1.0)
+    assert not gate.can_start(2.5)  # two in flight
+
+
+def test_gate_backs_off_on_retry_after_and_recovers_on_success():
+    gate = _gate()
+    rng = random.Random(0)
+    gate.started(0.0)
+    gate.finished(1.0, 429, 20.0, rng)
+    assert gate.backoff_s == 20.0
+    assert not gate.can_start(20.9) and gate.can_start(21.0)
+    gate.started(21.0)
+    gate.finished(21.5, 200, None, rng)
+    assert gate.backoff_s == 0.0 and gate.failures == 0
+    assert gate.can_start(22.5)
+
+
+def test_retry_after_ignored_for_statuses_that_do_not_direct_backoff():
+    gate = _gate()
+    gate.started(0.0)
+    gate.finished(1.0, 500, 50.0, random.Random(0))
+    assert 2.0 <= gate.backoff_s < 2.5  # exponential, not the 500's header
+
+
+def test_consecutive_failures_pause_the_host():
+    gate = _gate(max_failures=3)
+    rng = random.Random(0)
+    now = 0.0
+    for _ in range(3):
+        now = gate.next_allowed_at
+        gate.started(now)
+        gate.finished(now + 0.1, None, None, rng)
+    assert gate.paused
+    assert not gate.can_start(now + 10_000)
+
+
+def test_crawl_delay_learned_later_applies_to_the_gap_after_robots():
+    gate = _gate(min_delay_s=0.1)
+    gate.started(0.0)
+    gate.finished(1.0, 200, None, random.Random(0))
+    assert gate.can_start(1.1)
+    gate.set_crawl_delay(0.5)
+    assert not gate.can_start(1.4) and gate.can_start(1.5)
