@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -33,6 +34,8 @@ def spark_session(conf: Config, app_name: str = "cyclecrawl") -> SparkSession:
     if master.startswith("local"):
         # The machine's hostname may not resolve to a usable address: bind everything to loopback.
         os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+        # Python workers (mapInArrow in parse) must run this interpreter, with this venv's packages.
+        os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     builder = (
         SparkSession.builder.appName(app_name)
         .master(master)
