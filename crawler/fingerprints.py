@@ -1,0 +1,62 @@
+"""Content fingerprints: an exact content hash and a 64-bit SimHash for near-duplicate detection.
+
+`content_hash` uses the WARC-Payload-Digest format ("sha1:" + base32 of the SHA-1), so a reader can compare it
+with WARC digests by eye; note it is computed over the *decoded* payload (after Content-Encoding), so two
+servers sending the same page gzip'd and plain get the same hash. `simhash` is signed so it fits a Spark
+LongType column as is; `hamming` compares two of them.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import re
+
+import mmh3
+import numpy as np
+
+_BITS = 64
+_MASK = (1 << _BITS) - 1
+_WORD = re.compile(r"\w+", re.UNICODE)
+
+
+def content_hash(payload: bytes) -> str:
+    """"sha1:" + base32 SHA-1 of the bytes: identical bytes always give the identical string."""
+    return "sha1:" + base64.b32encode(hashlib.sha1(payload).digest()).decode("ascii")
+
+
+def _to_signed(value: int) -> int:
+    return value - (1 << _BITS) if value >= 1 << (_BITS - 1) else value
+
+
+def tokens(text: str) -> list[str]:
+    """Lowercase word tokens: punctuation and whitespace differences do not change a SimHash."""
+    return _WORD.findall(text.lower())
+
+
+def simhash(text: str, shingle: int = 3) -> int:
+    """64-bit SimHash over `shingle`-word shingles (mmh3 64-bit per shingle), as a signed int64.
+
+    A text shorter than one shingle is hashed as a single shingle of all its words; a text with no words at
+    all has SimHash 0.
+    """
+    if shingle < 1:
+        raise ValueError("shingle must be >= 1")
+    words = tokens(text)
+    if not words:
+        return 0
+    if len(words) <= shingle:
+        shingles = [" ".join(words)]
+    else:
+        shingles = [" ".join(words[i : i + shingle]) for i in range(len(words) - shingle + 1)]
+    hashes = np.fromiter((mmh3.hash64(s.encode("utf-8"), 0, signed=False)[0] for s in shingles), dtype="<u8")
+    # One row of 64 bits per shingle (bit 0 first); a result bit is set where more shingles have it set than not.
+    bits = np.unpackbits(hashes.view(np.uint8).reshape(-1, 8), axis=1, bitorder="little")
+    majority = bits.sum(axis=0, dtype=np.int64) * 2 > len(shingles)
+    value = sum(1 << bit for bit in np.flatnonzero(majority).tolist())
+    return _to_signed(value)
+
+
+def hamming(a: int, b: int) -> int:
+    """Bits that differ between two SimHashes (signed or unsigned 64-bit)."""
+    return ((a ^ b) & _MASK).bit_count()

@@ -1,0 +1,309 @@
+"""parse: a segment's WARC response records -> `pages` and `links`, and its buckets -> state `parsed`.
+
+Distributed by WARC file: the successful fetched results are hash-partitioned by file and sorted by offset, so
+each task opens a WARC file once and reads its records in order by seeking (never the whole file, never
+through the driver). One bad record yields a `pages` row with `parse_error` set instead of failing the job.
+
+Idempotent: `pages` is MERGE insert-if-absent on (url_id, state_version); the segment's `links` partition is
+replaced as a whole; a bucket moves to `parsed` only from generated/fetching/fetched.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any, BinaryIO
+
+import pyarrow as pa
+import pyarrow.fs as pafs
+from pyspark.errors import AnalysisException
+from pyspark.sql import DataFrame, SparkSession, Window
+from pyspark.sql import functions as F
+from pyspark.sql.pandas.types import from_arrow_schema
+
+from crawler import layout
+from crawler.config import Config
+from crawler.fingerprints import content_hash, simhash
+from crawler.links import extract, is_html, robots_directives
+from crawler.records import FETCHED, TS
+from crawler.status import FetchOutcome, SegmentState
+from crawler.urls import canonicalize, url_id
+from crawler.warcread import WarcHttpRecord, read_record_at
+from delta_tables import tables
+from jobs.base import step
+
+_SEGMENT_ID = re.compile(r"^[A-Za-z0-9_.\-]+$")
+_OUTPUT_BATCH_ROWS = 256
+_ERROR_MAX_CHARS = 500
+
+OUTLINK = pa.struct(
+    [
+        ("to_url_id", pa.string()),
+        ("to_url", pa.string()),
+        ("anchor_text", pa.string()),
+        ("rel_nofollow", pa.bool_()),
+        ("rel_flags", pa.list_(pa.string())),
+    ]
+)
+
+# What the per-partition parser emits: a `pages` row (plus bucket) with the page's outlinks nested.
+PARSED = pa.schema(
+    [
+        ("url_id", pa.string()),
+        ("state_version", pa.int64()),
+        ("url", pa.string()),
+        ("segment_id", pa.string()),
+        ("bucket", pa.int32()),
+        ("fetched_at", TS),
+        ("warc_filename", pa.string()),
+        ("warc_offset", pa.int64()),
+        ("warc_length", pa.int64()),
+        ("content_type", pa.string()),
+        ("title", pa.string()),
+        ("canonical_url", pa.string()),
+        ("meta_noindex", pa.bool_()),
+        ("meta_nofollow", pa.bool_()),
+        ("language", pa.string()),
+        ("outlink_count", pa.int32()),
+        ("content_hash", pa.string()),
+        ("simhash", pa.int64()),
+        ("parse_error", pa.string()),
+        ("outlinks", pa.list_(OUTLINK)),
+    ]
+)
+
+
+@dataclass(frozen=True)
+class ParseResult:
+    records: int          # successful fetched results with a WARC location that were read
+    pages: int            # pages rows produced (one per record, errors included)
+    links: int            # links rows written for the segment
+    errors: int           # records that could not be parsed (pages rows with parse_error)
+    pages_inserted: int   # pages rows new to the table (0 on a re-run)
+
+
+def analyze_record(
+    record: WarcHttpRecord,
+    url: str,
+    content_type: str | None,
+    *,
+    max_outlinks: int,
+    shingle: int,
+) -> dict[str, Any]:
+    """The content fields of one fetched page from its WARC record (no Spark, no I/O).
+
+    Raises ValueError when the record is not the response for `url` (a wrong offset).
+    """
+    if record.record_type != "response":
+        raise ValueError(f"WARC record at offset is a {record.record_type!r} record, not a response")
+    if record.target_uri is None or canonicalize(record.target_uri) != url:
+        raise ValueError(f"WARC record is for {str(record.target_uri)[:200]!r}, not for this URL")
+    content_type = content_type or record.content_type
+    fields: dict[str, Any] = {"content_type": content_type, "content_hash": content_hash(record.payload)}
+    if not is_html(content_type, record.payload):
+        noindex, nofollow = robots_directives(record.headers.get("x-robots-tag"))
+        fields.update(meta_noindex=noindex, meta_nofollow=nofollow, outlinks=[])
+        return fields
+    page = extract(record.payload, url, max_outlinks=max_outlinks, headers=record.headers)
+    fields.update(
+        title=page.title,
+        canonical_url=page.canonical_url,
+        meta_noindex=page.meta_noindex,
+        meta_nofollow=page.meta_nofollow,
+        language=page.language,
+        outlink_count=len(page.outlinks),
+        simhash=simhash(page.text, shingle),
+        outlinks=[
+            {
+                "to_url_id": url_id(link.url),
+                "to_url": link.url,
+                "anchor_text": link.anchor_text,
+                "rel_nofollow": link.nofollow,
+                "rel_flags": list(link.rel),
+            }
+            for link in page.outlinks
+        ],
+    )
+    return fields
+
+
+def _error_text(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}"[:_ERROR_MAX_CHARS]
+
+
+def _open_warc(root: str, relative: str) -> BinaryIO:
+    """A seekable stream of a WARC file under the root (local folder or object store, via pyarrow.fs)."""
+    filesystem, path = pafs.FileSystem.from_uri(layout.join(root, relative))
+    return filesystem.open_input_file(path)
+
+
+def parse_partition(
+    batches: Iterator[pa.RecordBatch], *, root: str, max_bytes: int, max_outlinks: int, shingle: int
+) -> Iterator[pa.RecordBatch]:
+    """mapInArrow body: rows sorted by (warc_filename, warc_offset); each WARC file is opened once."""
+    current_name: str | None = None
+    handle: BinaryIO | None = None
+    open_error: str | None = None
+    out: list[dict[str, Any]] = []
+    try:
+        for batch in batches:
+            for row in batch.to_pylist():
+                name = row["warc_filename"]
+                if name != current_name:
+                    if handle is not None:
+                        handle.close()
+                    handle, open_error, current_name = None, None, name
+                    try:
+                        handle = _open_warc(root, name)
+                    except Exception as exc:  # a missing or unreadable file fails its rows, not the job
+                        open_error = _error_text(exc)
+                page = {column: row.get(column) for column in PARSED.names if column in row}
+                page["outlinks"] = []
+                try:
+                    if handle is None:
+                        raise OSError(open_error)
+                    record = read_record_at(handle, row["warc_offset"], max_bytes=max_bytes)
+                    page.update(
+                        analyze_record(
+                            record, row["url"], row["content_type"], max_outlinks=max_outlinks, shingle=shingle
+                        )
+                    )
+                except Exception as exc:  # one bad record never fails the job
+                    page["parse_error"] = _error_text(exc)
+                out.append(page)
+                if len(out) >= _OUTPUT_BATCH_ROWS:
+                    yield pa.RecordBatch.from_pylist(out, schema=PARSED)
+                    out = []
+        if out:
+            yield pa.RecordBatch.from_pylist(out, schema=PARSED)
+    finally:
+        if handle is not None:
+            handle.close()
+
+
+def read_fetched(spark: SparkSession, root: str, segment_id: str) -> DataFrame | None:
+    """The segment's fetched-results rows (all buckets), or None when the segment has none yet."""
+    path = layout.fetched_dir(root, segment_id)
+    try:
+        # recursiveFileLookup: bucket=NNNNN folders must not become a second `bucket` column.
+        return (
+            spark.read.schema(from_arrow_schema(FETCHED))
+            .option("recursiveFileLookup", "true")
+            .option("pathGlobFilter", "*.parquet")
+            .parquet(path)
+        )
+    except AnalysisException as exc:
+        if "PATH_NOT_FOUND" in str(exc) or "Path does not exist" in str(exc):
+            return None
+        raise
+
+
+def _parse(fetched: DataFrame, root: str, segment_id: str, conf: Config) -> DataFrame:
+    ok = fetched.withColumn("segment_id", F.lit(segment_id)).filter(
+        (F.col("outcome") == FetchOutcome.SUCCESS.value)
+        & F.col("warc_filename").isNotNull()
+        & F.col("warc_offset").isNotNull()
+    )
+    # A result written twice (a daemon re-run) must still give one pages row per (url_id, state_version).
+    first = Window.partitionBy("url_id", "state_version").orderBy("fetched_at", "warc_filename", "warc_offset")
+    unique = ok.withColumn("_n", F.row_number().over(first)).filter(F.col("_n") == 1).drop("_n")
+    settings = {
+        "root": root,
+        "max_bytes": conf["parse.max_html_bytes"],
+        "max_outlinks": conf["parse.max_outlinks"],
+        "shingle": conf["parse.simhash_shingle"],
+    }
+    return (
+        unique.repartition("warc_filename")
+        .sortWithinPartitions("warc_filename", "warc_offset")
+        .mapInArrow(lambda batches: parse_partition(batches, **settings), from_arrow_schema(PARSED))
+    )
+
+
+def _merge_pages(spark: SparkSession, root: str, parsed: DataFrame) -> int:
+    from delta.tables import DeltaTable
+
+    target = DeltaTable.forPath(spark, tables.table_path(root, "pages"))
+    metrics = (
+        target.alias("t")
+        .merge(
+            tables.conform(
+                parsed.withColumn("duplicate_of", F.lit(None)).withColumn("near_duplicate_cluster", F.lit(None)),
+                "pages",
+            ).alias("s"),
+            "t.url_id = s.url_id AND t.state_version = s.state_version",
+        )
+        .whenNotMatchedInsertAll()
+        .execute()
+    )
+    row = metrics.first().asDict() if metrics is not None else {}
+    return int(row.get("num_inserted_rows") or 0)
+
+
+def _write_links(root: str, segment_id: str, parsed: DataFrame) -> None:
+    links = (
+        parsed.select(
+            F.col("segment_id"),
+            F.col("url_id").alias("from_url_id"),
+            F.col("state_version").alias("from_state_version"),
+            F.explode("outlinks").alias("link"),
+        )
+        .select("segment_id", "from_url_id", "from_state_version", "link.*")
+    )
+    (
+        tables.conform(links, "links")
+        .write.format("delta")
+        .mode("overwrite")
+        .option("replaceWhere", f"segment_id = '{segment_id}'")
+        .save(tables.table_path(root, "links"))
+    )
+
+
+def _mark_parsed(spark: SparkSession, root: str, segment_id: str, fetched: DataFrame) -> None:
+    """Buckets present in the results move to `parsed`; a bucket already parsed or merged is left alone."""
+    from delta.tables import DeltaTable
+
+    buckets = fetched.select(F.lit(segment_id).alias("segment_id"), F.col("bucket")).distinct()
+    movable = ", ".join(f"'{s.value}'" for s in (SegmentState.GENERATED, SegmentState.FETCHING, SegmentState.FETCHED))
+    (
+        DeltaTable.forPath(spark, tables.table_path(root, "segments"))
+        .alias("t")
+        .merge(buckets.alias("s"), "t.segment_id = s.segment_id AND t.bucket = s.bucket")
+        .whenMatchedUpdate(
+            condition=f"t.state IN ({movable})",
+            set={"state": F.lit(SegmentState.PARSED.value), "updated_at": F.current_timestamp()},
+        )
+        .execute()
+    )
+
+
+def run(spark: SparkSession, conf: Config, root: str, segment_id: str) -> ParseResult:
+    """Parse one segment's fetched WARC records into `pages` and `links`; safe to re-run."""
+    if not _SEGMENT_ID.match(segment_id):
+        raise ValueError(f"invalid segment id {segment_id!r}")
+    root = layout.normalize_root(root)
+    tables.create_all(spark, root)
+    fetched = read_fetched(spark, root, segment_id)
+    if fetched is None:
+        return ParseResult(records=0, pages=0, links=0, errors=0, pages_inserted=0)
+    with step(f"parse {segment_id}"):
+        parsed = _parse(fetched, root, segment_id, conf).persist()
+        try:
+            totals = parsed.agg(
+                F.count(F.lit(1)).alias("pages"),
+                F.count("parse_error").alias("errors"),
+                F.coalesce(F.sum(F.size("outlinks")), F.lit(0)).alias("links"),
+            ).first()
+            inserted = _merge_pages(spark, root, parsed)
+            _write_links(root, segment_id, parsed)
+        finally:
+            parsed.unpersist()
+        _mark_parsed(spark, root, segment_id, fetched)
+    return ParseResult(
+        records=int(totals["pages"]),
+        pages=int(totals["pages"]),
+        links=int(totals["links"]),
+        errors=int(totals["errors"]),
+        pages_inserted=inserted,
+    )

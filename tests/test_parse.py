@@ -1,0 +1,259 @@
+"""parse on real WARC files and real Delta tables: pages, links, errors, idempotence; and the WARC reader."""
+
+from __future__ import annotations
+
+import gzip
+import io
+import json
+import os
+from datetime import datetime, timezone
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from warcio.statusandheaders import StatusAndHeaders
+from warcio.warcwriter import WARCWriter
+
+from crawler import layout
+from crawler.fingerprints import content_hash
+from crawler.records import FETCHED
+from crawler.urls import url_id
+from crawler.warcread import read_record_at
+from delta_tables import tables
+from jobs import parse
+
+SEGMENT = "seg-20240101-000001"
+NOW = datetime(2024, 1, 1, 12, 0, tzinfo=timezone.utc)
+
+HOME_HTML = b"""<!doctype html><html lang="en"><head><title>  Home
+  page </title><link rel="canonical" href="/index.html#top"></head>
+<body><p>Welcome to the home page of a small test site with some words.</p>
+<a href="/p1">First</a> <a href="../p2?b=2&a=1#frag">Second</a> <a href="p1">First again</a>
+<a href="mailto:x@a.test">mail</a> <a href="javascript:void(0)">js</a>
+<a href="http://B.TEST:80/x/./y" rel="nofollow">Other host</a>
+<script>document.write('<a href="/never">')</script></body></html>"""
+
+GZIP_HTML = b"<html><head><title>Gzipped</title></head><body><a href='/back'>back home</a> text</body></html>"
+
+NOFOLLOW_HTML = b"""<html><head><meta name="robots" content="noindex, nofollow"><title>Private</title>
+<base href="http://b.test/base/"></head><body><a href="rel">relative</a></body></html>"""
+
+
+def _write_warc(path: str, pages: list[tuple[str, int, dict[str, str], bytes]]) -> dict[str, tuple[int, int]]:
+    """A gzip-per-record WARC like the daemon's: warcinfo, then request + response per page.
+
+    Returns url -> (offset, length) of each response record.
+    """
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    locations: dict[str, tuple[int, int]] = {}
+    with open(path, "wb") as out:
+        writer = WARCWriter(out, gzip=True, warc_version="WARC/1.1")
+        writer.write_record(writer.create_warcinfo_record(os.path.basename(path), {"software": "test"}))
+        for url, status, headers, body in pages:
+            request = writer.create_warc_record(
+                url, "request", http_headers=StatusAndHeaders(f"GET {url} HTTP/1.1", [], is_http_request=True)
+            )
+            writer.write_record(request)
+            http_headers = StatusAndHeaders(f"{status} OK", list(headers.items()), protocol="HTTP/1.1")
+            response = writer.create_warc_record(url, "response", payload=io.BytesIO(body), http_headers=http_headers)
+            start = out.tell()
+            writer.write_record(response)
+            locations[url] = (start, out.tell() - start)
+    return locations
+
+
+def _fetched_row(url: str, bucket: int, warc: str | None, location: tuple[int, int] | None, **extra) -> dict:
+    row = {name: None for name in FETCHED.names}
+    row.update(
+        segment_id=SEGMENT,
+        bucket=bucket,
+        url_id=url_id(url),
+        state_version=1,
+        url=url,
+        host_key=url.split("/", 3)[0] + "//" + url.split("/", 3)[2],
+        fetched_at=NOW,
+        outcome="success",
+        status_code=200,
+        warc_filename=warc,
+        warc_offset=location[0] if location else None,
+        warc_length=location[1] if location else None,
+    )
+    row.update(extra)
+    return row
+
+
+def _write_fetched(root: str, bucket: int, rows: list[dict]) -> None:
+    folder = layout.fetched_dir(root, SEGMENT, bucket)
+    os.makedirs(folder, exist_ok=True)
+    pq.write_table(pa.Table.from_pylist(rows, schema=FETCHED), f"{folder}/part-00000.parquet")
+    with open(f"{folder}/_DONE.json", "w") as manifest:
+        json.dump({"rows": len(rows)}, manifest)
+
+
+@pytest.fixture
+def segment(root):
+    """Two WARC files (buckets 1 and 2) and their fetched results, plus `segments` rows."""
+    warc_a = f"segments/{SEGMENT}/warc/{layout.bucket_dirname(1)}/a.warc.gz"
+    warc_b = f"segments/{SEGMENT}/warc/{layout.bucket_dirname(2)}/b.warc.gz"
+    loc_a = _write_warc(
+        f"{root}/{warc_a}",
+        [
+            ("http://a.test/", 200, {"Content-Type": "text/html; charset=utf-8"}, HOME_HTML),
+            (
+                "http://a.test/p1",
+                200,
+                {"Content-Type": "text/html", "Content-Encoding": "gzip"},
+                gzip.compress(GZIP_HTML),
+            ),
+        ],
+    )
+    loc_b = _write_warc(
+        f"{root}/{warc_b}",
+        [
+            ("http://b.test/doc.pdf", 200, {"Content-Type": "application/pdf"}, b"%PDF-1.4 binary \x00\xff"),
+            ("http://b.test/private", 200, {"Content-Type": "text/html"}, NOFOLLOW_HTML),
+        ],
+    )
+    bad_offset = (loc_b["http://b.test/private"][0] + 7, 100)
+    _write_fetched(
+        root,
+        1,
+        [
+            _fetched_row("http://a.test/", 1, warc_a, loc_a["http://a.test/"], content_type="text/html; charset=utf-8"),
+            _fetched_row("http://a.test/p1", 1, warc_a, loc_a["http://a.test/p1"], content_type="text/html"),
+            _fetched_row("http://a.test/gone", 1, None, None, outcome="http_error", status_code=404),
+        ],
+    )
+    _write_fetched(
+        root,
+        2,
+        [
+            _fetched_row("http://b.test/doc.pdf", 2, warc_b, loc_b["http://b.test/doc.pdf"], content_type=None),
+            _fetched_row("http://b.test/private", 2, warc_b, loc_b["http://b.test/private"], content_type="text/html"),
+            _fetched_row("http://b.test/bad", 2, warc_b, bad_offset, content_type="text/html"),
+        ],
+    )
+    _write_fetched(root, 3, [_fetched_row("http://c.test/", 3, None, None, outcome="network_error")])
+    return {"a": warc_a, "b": warc_b, "loc_a": loc_a, "loc_b": loc_b}
+
+
+def _seed_segments(spark, root: str) -> None:
+    tables.create_all(spark, root)
+    rows = [(SEGMENT, 1, "fetched"), (SEGMENT, 2, "fetching"), (SEGMENT, 3, "merged"), ("other", 1, "fetched")]
+    df = spark.createDataFrame(rows, "segment_id string, bucket int, state string").selectExpr(
+        "*", "0L as url_count", "0L as host_count", "null as owner", "1L as epoch", "null as results",
+        "null as applied", "null as stale", "null as discovered", "timestamp'2024-01-01 00:00:00' as created_at",
+        "timestamp'2024-01-01 00:00:00' as updated_at", "null as counters",
+    )
+    tables.conform(df, "segments").write.format("delta").mode("append").save(tables.table_path(root, "segments"))
+
+
+def _sorted_rows(spark, root: str, name: str) -> list:
+    df = tables.table_df(spark, root, name)
+    return sorted((tuple(r) for r in df.collect()), key=repr)
+
+
+def test_parse_segment_pages_links_errors_and_rerun(spark, base_conf, root, segment):
+    _seed_segments(spark, root)
+
+    result = parse.run(spark, base_conf, root, SEGMENT)
+
+    assert (result.records, result.pages, result.errors, result.pages_inserted) == (5, 5, 1, 5)
+    pages = {r["url"]: r for r in tables.table_df(spark, root, "pages").collect()}
+    assert set(pages) == {
+        "http://a.test/", "http://a.test/p1", "http://b.test/doc.pdf", "http://b.test/private", "http://b.test/bad"
+    }
+
+    home = pages["http://a.test/"]
+    assert home["title"] == "Home page"
+    assert home["canonical_url"] == "http://a.test/index.html"
+    assert home["language"] == "en"
+    assert home["outlink_count"] == 3
+    assert home["content_hash"] == content_hash(HOME_HTML)
+    assert isinstance(home["simhash"], int) and home["simhash"] != 0
+    assert home["parse_error"] is None and home["duplicate_of"] is None
+    assert (home["warc_filename"], home["warc_offset"]) == (segment["a"], segment["loc_a"]["http://a.test/"][0])
+    assert home["segment_id"] == SEGMENT and home["state_version"] == 1
+
+    gzipped = pages["http://a.test/p1"]
+    assert gzipped["title"] == "Gzipped"
+    assert gzipped["content_hash"] == content_hash(GZIP_HTML)  # hash of the decoded payload
+
+    pdf = pages["http://b.test/doc.pdf"]
+    assert pdf["content_type"] == "application/pdf"  # from the record when the result has none
+    assert pdf["content_hash"] == content_hash(b"%PDF-1.4 binary \x00\xff")
+    assert pdf["title"] is None and pdf["simhash"] is None and pdf["outlink_count"] is None
+
+    private = pages["http://b.test/private"]
+    assert (private["meta_noindex"], private["meta_nofollow"]) == (True, True)
+
+    bad = pages["http://b.test/bad"]
+    assert bad["parse_error"] and bad["content_hash"] is None
+
+    links = {(r["from_url_id"], r["to_url"]): r for r in tables.table_df(spark, root, "links").collect()}
+    home_id = url_id("http://a.test/")
+    assert {to for frm, to in links if frm == home_id} == {
+        "http://a.test/p1", "http://a.test/p2?b=2&a=1", "http://b.test/x/y"
+    }
+    assert links[(home_id, "http://b.test/x/y")]["rel_nofollow"] is True
+    assert links[(home_id, "http://b.test/x/y")]["rel_flags"] == ["nofollow"]
+    first = links[(home_id, "http://a.test/p1")]
+    assert (first["rel_nofollow"], first["anchor_text"]) == (False, "First")
+    assert first["to_url_id"] == url_id("http://a.test/p1")
+    assert links[(url_id("http://a.test/p1"), "http://a.test/back")]["anchor_text"] == "back home"
+    based = links[(url_id("http://b.test/private"), "http://b.test/base/rel")]
+    assert based["rel_nofollow"] is True  # meta nofollow applies to every outlink
+    assert len(links) == result.links == 5
+    assert all(r["segment_id"] == SEGMENT and r["from_state_version"] == 1 for r in links.values())
+
+    states = {(r["segment_id"], r["bucket"]): r["state"] for r in tables.table_df(spark, root, "segments").collect()}
+    assert states == {(SEGMENT, 1): "parsed", (SEGMENT, 2): "parsed", (SEGMENT, 3): "merged", ("other", 1): "fetched"}
+
+    before = {name: _sorted_rows(spark, root, name) for name in ("pages", "links", "segments")}
+    again = parse.run(spark, base_conf, root, SEGMENT)
+    assert again.pages_inserted == 0 and again.errors == 1
+    assert {name: _sorted_rows(spark, root, name) for name in before} == before
+
+
+def test_parse_without_fetched_results_does_nothing(spark, base_conf, root):
+    assert parse.run(spark, base_conf, root, "seg-empty") == parse.ParseResult(0, 0, 0, 0, 0)
+    assert tables.table_df(spark, root, "pages").count() == 0
+
+
+def test_parse_rejects_unsafe_segment_id(spark, base_conf, root):
+    with pytest.raises(ValueError):
+        parse.run(spark, base_conf, root, "x' OR '1'='1")
+
+
+def test_read_record_at_decodes_and_caps(tmp_path):
+    path = str(tmp_path / "x.warc.gz")
+    body = b"<html>" + b"y" * 5000 + b"</html>"
+    locations = _write_warc(
+        path,
+        [
+            ("http://a.test/", 200, {"Content-Type": "text/html", "Content-Encoding": "gzip"}, gzip.compress(body)),
+            ("http://a.test/2", 404, {"Content-Type": "text/plain"}, b"nope"),
+        ],
+    )
+    with open(path, "rb") as stream:
+        record = read_record_at(stream, locations["http://a.test/"][0], max_bytes=100_000)
+        assert (record.record_type, record.target_uri, record.status_code) == ("response", "http://a.test/", 200)
+        assert record.payload == body and not record.truncated
+        assert record.content_type == "text/html"
+        capped = read_record_at(stream, locations["http://a.test/"][0], max_bytes=100)
+        assert capped.payload == body[:100] and capped.truncated
+        second = read_record_at(stream, locations["http://a.test/2"][0], max_bytes=100)
+        assert (second.status_code, second.payload) == (404, b"nope")
+        with pytest.raises(ValueError):
+            read_record_at(stream, locations["http://a.test/2"][0] + 3, max_bytes=100)
+
+
+def test_analyze_record_rejects_a_record_for_another_url(tmp_path):
+    path = str(tmp_path / "x.warc.gz")
+    locations = _write_warc(path, [("http://a.test/", 200, {"Content-Type": "text/html"}, b"<a href=x>x</a>")])
+    with open(path, "rb") as stream:
+        record = read_record_at(stream, locations["http://a.test/"][0], max_bytes=1000)
+    with pytest.raises(ValueError):
+        parse.analyze_record(record, "http://a.test/other", None, max_outlinks=10, shingle=3)
+    fields = parse.analyze_record(record, "http://a.test/", None, max_outlinks=10, shingle=3)
+    assert [link["to_url"] for link in fields["outlinks"]] == ["http://a.test/x"]
