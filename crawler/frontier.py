@@ -1,0 +1,143 @@
+"""Frontier rules shared by inject, generate and update: scope, ranking score, per-host cap, discovery
+keys and priority, index event kinds and host backoff. Pure: no Spark, no network.
+
+Rules that generate evaluates on every due URL also exist as Spark SQL text (`*_sql`), next to their
+Python form; tests/test_inject_generate.py checks that both agree.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+from crawler import politeness, urls
+from crawler.config import Config
+from crawler.status import FetchOutcome, IndexEventKind
+
+# A discovered URL inherits the best priority among the pages linking to it, damped by this factor per hop,
+# so pages near the seeds are fetched first and a deep chain fades out instead of crowding the segment.
+DISCOVERY_PRIORITY_FACTOR = 0.8
+SECONDS_PER_DAY = 86400.0
+GONE_CODES = frozenset({404, 410})
+
+
+@dataclass(frozen=True)
+class Scope:
+    """The `scope.*` settings: which URLs the crawl accepts at injection and discovery."""
+
+    schemes: tuple[str, ...]
+    host_suffixes: tuple[str, ...]
+    max_url_length: int
+    max_depth: int
+
+    @classmethod
+    def from_config(cls, conf: Config) -> Scope:
+        return cls(
+            tuple(conf["scope.schemes"]),
+            tuple(conf["scope.host_suffixes"]),
+            conf["scope.max_url_length"],
+            conf["scope.max_depth"],
+        )
+
+    def reject_reason(self, canonical_url: str) -> str | None:
+        """Why a canonical URL is out of scope, or None if it is in scope."""
+        if len(canonical_url) > self.max_url_length:
+            return f"URL longer than scope.max_url_length ({self.max_url_length})"
+        if not urls.in_scope(canonical_url, list(self.schemes), list(self.host_suffixes), self.max_url_length):
+            return "out of scope (scope.schemes / scope.host_suffixes)"
+        return None
+
+
+@dataclass(frozen=True)
+class UrlKeys:
+    url: str
+    url_id: str
+    host_key: str
+    bucket: int
+
+
+def url_keys(raw_url: str, scope: Scope, buckets: int) -> UrlKeys | None:
+    """Canonical URL and its keys, or None when the URL is invalid or out of scope (discovery drops it)."""
+    try:
+        canonical = urls.canonicalize(raw_url)
+    except ValueError:
+        return None
+    if scope.reject_reason(canonical) is not None:
+        return None
+    host = urls.host_key(canonical)
+    return UrlKeys(canonical, urls.url_id(canonical), host, urls.bucket_of(host, buckets))
+
+
+def score(priority: float, next_fetch_at: datetime, now: datetime, age_boost_per_day: float) -> float:
+    """Generate's ranking score: priority plus a boost per day overdue, so low priorities never starve."""
+    days_overdue = max(0.0, (now - next_fetch_at).total_seconds() / SECONDS_PER_DAY)
+    return priority + age_boost_per_day * days_overdue
+
+
+def score_sql(priority: str, next_fetch_at: str, now: str, age_boost_per_day: float) -> str:
+    overdue = f"greatest(0D, (unix_micros({now}) - unix_micros({next_fetch_at})) / 1000000D / {SECONDS_PER_DAY!r})"
+    return f"({priority} + {float(age_boost_per_day)!r} * {overdue})"
+
+
+def host_delay_s(min_delay_s: float, crawl_delay_s: float | None, max_crawl_delay_s: float,
+                 host_min_delay_s: float | None) -> float:
+    """The host's delay known at generate time: the politeness rule plus the host's own minimum override."""
+    delay = politeness.effective_delay(min_delay_s, crawl_delay_s, max_crawl_delay_s, 0.0)
+    return max(delay, host_min_delay_s or 0.0)
+
+
+def host_delay_sql(min_delay_s: float, crawl_delay: str, max_crawl_delay_s: float, host_min_delay: str) -> str:
+    # Spark's least() skips nulls, so a missing Crawl-delay is handled before it.
+    robots = f"(case when {crawl_delay} is null then 0D else least({crawl_delay}, {float(max_crawl_delay_s)!r}) end)"
+    return f"greatest({float(min_delay_s)!r}, {robots}, coalesce({host_min_delay}, 0D))"
+
+
+def per_host_cap(per_host_max_urls: int, segment_seconds: float, delay_s: float) -> int:
+    """URLs of one host in one segment: the configured cap, and no more than the segment's time allows."""
+    if delay_s <= 0:
+        return per_host_max_urls
+    return max(0, min(per_host_max_urls, math.floor(segment_seconds / delay_s)))
+
+
+def per_host_cap_sql(per_host_max_urls: int, segment_seconds: float, delay: str) -> str:
+    by_time = f"cast(floor({float(segment_seconds)!r} / ({delay})) as bigint)"
+    return (
+        f"(case when ({delay}) <= 0D then {int(per_host_max_urls)}L"
+        f" else greatest(0L, least({int(per_host_max_urls)}L, {by_time})) end)"
+    )
+
+
+def index_event_kind(outcome: str, status_code: int | None, previous_hash: str | None,
+                     new_hash: str | None) -> str | None:
+    """The index event a completing result produces (None: nothing for an indexer to do)."""
+    if outcome == FetchOutcome.SUCCESS and new_hash is not None:
+        if previous_hash is None:
+            return IndexEventKind.FETCHED.value
+        return (IndexEventKind.CHANGED if new_hash != previous_hash else IndexEventKind.NOT_MODIFIED).value
+    if outcome == FetchOutcome.NOT_MODIFIED:
+        return IndexEventKind.NOT_MODIFIED.value
+    if outcome == FetchOutcome.HTTP_ERROR and status_code in GONE_CODES:
+        return IndexEventKind.GONE.value
+    return None
+
+
+@dataclass(frozen=True)
+class HostBackoff:
+    level: int
+    until: datetime | None
+
+
+def host_backoff(level: int, until: datetime | None, throttled: int, responded_ok: int, last_fetch_at: datetime | None,
+                 retry_after_s: float | None, base_s: float, cap_s: float, seed: str) -> HostBackoff:
+    """A host's backoff after a segment: each segment with 429/503 answers raises the level and keeps the host
+    out of generate for Retry-After (or base * 2^(level-1) with seeded jitter, so a re-run agrees), capped;
+    a segment with successful answers and no throttling resets the level."""
+    if throttled > 0 and last_fetch_at is not None:
+        new_level = level + 1
+        wait = politeness.backoff_seconds(new_level, base_s, cap_s, retry_after_s, random.Random(seed))
+        return HostBackoff(new_level, last_fetch_at + timedelta(seconds=wait))
+    if responded_ok > 0:
+        return HostBackoff(0, until)
+    return HostBackoff(level, until)

@@ -1,0 +1,124 @@
+"""Revisit policy: what a fetch result does to a URL's status, interval, next fetch time and failure count.
+
+One function, `RevisitPolicy.decide`, maps (outcome, status code, previous state) to the new state; the
+update job calls it for every completed URL, so the rule is written once. Pure: time is passed in.
+
+* success: first content -> default interval; changed -> interval * changed_factor; unchanged ->
+  interval * unchanged_factor; clamped to [min_interval_s, max_interval_s].
+* 304: status not_modified, interval * unchanged_factor (clamped).
+* 3xx: status redirect, default interval (the target is a URL of its own).
+* 404/410: tombstone `gone`, revisited after gone_interval_s. Other 4xx (but 429): `excluded`, failed_interval_s.
+* 5xx, 429, network error: transient. The n-th failure in a row retries after retry_base_s * 2^(n-1) with
+  status retry; the max_failures-th marks the URL failed, revisited after failed_interval_s.
+* robots_denied: status robots_denied, rechecked after robots_denied_interval_s (no failure counted).
+* blocked (SSRF guard): excluded, failed_interval_s (no failure counted).
+* deferred: not attempted this segment; due again at once, status, interval and failures unchanged.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+from crawler.config import Config
+from crawler.status import FetchOutcome, UrlStatus
+
+GONE_CODES = frozenset({404, 410})
+
+
+@dataclass(frozen=True)
+class PreviousState:
+    """The URL's row before this result: what the policy adapts from."""
+
+    status: str
+    fetch_interval_s: int
+    failure_count: int
+    content_hash: str | None       # hash of the last content seen (None: never had content)
+
+
+@dataclass(frozen=True)
+class Decision:
+    status: str
+    fetch_interval_s: int
+    next_fetch_at: datetime
+    failure_count: int
+
+
+def is_transient(outcome: str, status_code: int | None) -> bool:
+    """Failures worth retrying soon: no response, 429, or a 5xx."""
+    if outcome == FetchOutcome.NETWORK_ERROR:
+        return True
+    return outcome == FetchOutcome.HTTP_ERROR and status_code is not None and (status_code == 429 or status_code >= 500)
+
+
+@dataclass(frozen=True)
+class RevisitPolicy:
+    default_interval_s: int
+    min_interval_s: int
+    max_interval_s: int
+    changed_factor: float
+    unchanged_factor: float
+    retry_base_s: int
+    max_failures: int
+    failed_interval_s: int
+    gone_interval_s: int
+    robots_denied_interval_s: int
+
+    @classmethod
+    def from_config(cls, conf: Config) -> RevisitPolicy:
+        return cls(**{name: conf[f"revisit.{name}"] for name in cls.__dataclass_fields__})
+
+    def clamp(self, seconds: float) -> int:
+        return int(min(max(seconds, self.min_interval_s), self.max_interval_s))
+
+    def decide(
+        self,
+        outcome: str,
+        status_code: int | None,
+        previous: PreviousState,
+        fetched_at: datetime,
+        new_content_hash: str | None = None,
+    ) -> Decision:
+        """The URL's new (status, interval, next fetch time, failure count) after one result."""
+        interval = previous.fetch_interval_s
+
+        def after(status: str, stored_interval: int, wait_s: float, failures: int = 0) -> Decision:
+            return Decision(status, int(stored_interval), fetched_at + timedelta(seconds=wait_s), failures)
+
+        if outcome == FetchOutcome.SUCCESS:
+            if previous.content_hash is None:
+                new_interval = self.default_interval_s
+            elif new_content_hash is None:
+                new_interval = self.clamp(interval)
+            elif new_content_hash != previous.content_hash:
+                new_interval = self.clamp(interval * self.changed_factor)
+            else:
+                new_interval = self.clamp(interval * self.unchanged_factor)
+            return after(UrlStatus.FETCHED.value, new_interval, new_interval)
+        if outcome == FetchOutcome.NOT_MODIFIED:
+            new_interval = self.clamp(interval * self.unchanged_factor)
+            return after(UrlStatus.NOT_MODIFIED.value, new_interval, new_interval)
+        if outcome == FetchOutcome.REDIRECT:
+            return after(UrlStatus.REDIRECT.value, self.default_interval_s, self.default_interval_s)
+        if is_transient(outcome, status_code):
+            failures = previous.failure_count + 1
+            if failures >= self.max_failures:
+                return after(UrlStatus.FAILED.value, self.failed_interval_s, self.failed_interval_s, failures)
+            return after(UrlStatus.RETRY.value, interval, self.retry_base_s * 2 ** (failures - 1), failures)
+        if outcome == FetchOutcome.HTTP_ERROR and status_code in GONE_CODES:
+            return after(UrlStatus.GONE.value, self.gone_interval_s, self.gone_interval_s)
+        if outcome == FetchOutcome.HTTP_ERROR:
+            return after(UrlStatus.EXCLUDED.value, self.failed_interval_s, self.failed_interval_s)
+        if outcome == FetchOutcome.ROBOTS_DENIED:
+            return after(
+                UrlStatus.ROBOTS_DENIED.value,
+                self.robots_denied_interval_s,
+                self.robots_denied_interval_s,
+                previous.failure_count,
+            )
+        if outcome == FetchOutcome.BLOCKED:
+            failures = previous.failure_count
+            return after(UrlStatus.EXCLUDED.value, self.failed_interval_s, self.failed_interval_s, failures)
+        if outcome == FetchOutcome.DEFERRED:
+            return after(previous.status, interval, 0, previous.failure_count)
+        raise ValueError(f"unknown fetch outcome {outcome!r}")

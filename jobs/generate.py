@@ -1,0 +1,221 @@
+"""generate: due URLs -> a host-bucketed, priority-ordered fetch list, then lease them (DESIGN §5).
+
+Due = next_fetch_at <= now, no live lease (or a lease by this very segment: a re-run), host not in backoff.
+Rank per host by score (priority + age boost), cut per host at min(per_host_max_urls, segment_seconds /
+delay), then keep the lowest ranks across hosts up to the segment budget (round-robin over hosts).
+The fetch list goes to segments/<id>/fetchlist/bucket=NNNNN, each bucket's file sorted by host then rank.
+Leasing bumps state_version, so only a result carrying the new version can complete the URL.
+
+The whole job reads `urls` and `hosts` at one pinned Delta version, so every evaluation of the selection
+(counts, fetch list, lease) sees the same rows; a re-run for the same segment selects the same URLs, writes
+the same fetch list and changes no table.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+
+from pyspark.sql import DataFrame, SparkSession, Window
+from pyspark.sql import functions as F
+
+from crawler import layout
+from crawler.config import Config
+from crawler.frontier import host_delay_sql, per_host_cap_sql, score_sql
+from crawler.status import SegmentState
+from delta_tables import tables
+from jobs.base import step
+from jobs.inject import merge_counts
+
+log = logging.getLogger("jobs.generate")
+
+
+@dataclass
+class GenerateResult:
+    segment_id: str
+    url_count: int = 0
+    host_count: int = 0
+    buckets: list[int] = field(default_factory=list)
+
+    @property
+    def empty(self) -> bool:
+        """Nothing was due: no fetch list and no segment rows were written."""
+        return self.url_count == 0
+
+
+def as_utc(moment: datetime) -> datetime:
+    """An aware UTC datetime (a naive one is taken as UTC)."""
+    return moment.replace(tzinfo=UTC) if moment.tzinfo is None else moment.astimezone(UTC)
+
+
+def default_segment_id(now: datetime) -> str:
+    return as_utc(now).strftime("seg-%Y%m%dT%H%M%SZ")
+
+
+def pinned_table(spark: SparkSession, root: str, name: str) -> DataFrame:
+    """A table at its current Delta version, so repeated evaluations of a plan read the same snapshot."""
+    from delta.tables import DeltaTable
+
+    path = tables.table_path(root, name)
+    version = DeltaTable.forPath(spark, path).history(1).select("version").first()[0]
+    return spark.read.format("delta").option("versionAsOf", version).load(path)
+
+
+def select_due(spark: SparkSession, conf: Config, root: str, segment_id: str, now: datetime) -> DataFrame:
+    """The fetch-list rows of this segment (FETCHLIST columns + bucket int + old_state_version), set-based."""
+    urls = pinned_table(spark, root, "urls")
+    hosts = pinned_table(spark, root, "hosts").select(
+        "host_key",
+        F.col("crawl_delay_s").alias("h_crawl_delay_s"),
+        F.col("min_delay_s").alias("h_min_delay_s"),
+        F.col("backoff_until").alias("h_backoff_until"),
+    )
+    now_col = F.lit(now)
+    leased_here = F.col("lease_segment").eqNullSafe(F.lit(segment_id))
+    due = urls.where(
+        (F.col("next_fetch_at") <= now_col)
+        & (F.col("lease_segment").isNull() | (F.col("lease_expires_at") < now_col) | leased_here)
+    )
+    delay = host_delay_sql(conf["politeness.min_delay_s"], "h_crawl_delay_s", conf["politeness.max_crawl_delay_s"],
+                           "h_min_delay_s")
+    ranked = (
+        due.join(hosts, "host_key", "left")
+        .where(F.col("h_backoff_until").isNull() | (F.col("h_backoff_until") < now_col))
+        .withColumn("gen_now", now_col)
+        .withColumn("delay_s", F.expr(delay))
+        .withColumn("host_cap", F.expr(per_host_cap_sql(conf["generate.per_host_max_urls"],
+                                                        conf["generate.segment_seconds"], "delay_s")))
+        .withColumn("score", F.expr(score_sql("priority", "next_fetch_at", "gen_now",
+                                              conf["generate.age_boost_per_day"])))
+        .withColumn("rank", F.row_number().over(
+            Window.partitionBy("host_key").orderBy(F.desc("score"), F.asc("url_id"))))
+        .where(F.col("rank") <= F.col("host_cap"))
+    )
+    chosen = ranked.orderBy("rank", F.desc("score"), "url_id").limit(conf["generate.segment_max_urls"])
+    return chosen.select(
+        F.lit(segment_id).alias("segment_id"),
+        "url_id",
+        "url",
+        "host_key",
+        F.when(leased_here, F.col("state_version")).otherwise(F.col("state_version") + 1).alias("state_version"),
+        F.col("rank").cast("int").alias("rank"),
+        "priority",
+        "depth",
+        "etag",
+        "last_modified",
+        "delay_s",
+        "bucket",
+        F.col("state_version").alias("old_state_version"),
+    )
+
+
+def write_fetchlist(selected: DataFrame, path: str) -> None:
+    """One directory per bucket (bucket=NNNNN), its rows sorted by host then rank."""
+    from crawler.records import FETCHLIST
+
+    columns = [name for name in FETCHLIST.names]
+    (
+        selected.select(*columns, F.format_string("%05d", "bucket").alias("bucket"))
+        .repartition("bucket")
+        .sortWithinPartitions("bucket", "host_key", "rank")
+        .write.mode("overwrite")
+        .partitionBy("bucket")
+        .parquet(path)
+    )
+
+
+def lease(spark: SparkSession, root: str, selected: DataFrame, segment_id: str, now: datetime, lease_s: int) -> int:
+    """Bump state_version and lease each selected URL to this segment; rows already leased here are skipped."""
+    from delta.tables import DeltaTable
+
+    t, s = F.col, F.col
+    condition = (
+        (t("t.bucket") == s("s.bucket"))
+        & (t("t.url_id") == s("s.url_id"))
+        & (t("t.url") == s("s.url"))
+        & (t("t.state_version") == s("s.old_state_version"))
+        & ~t("t.lease_segment").eqNullSafe(F.lit(segment_id))
+    )
+    metrics = (
+        DeltaTable.forPath(spark, tables.table_path(root, "urls"))
+        .alias("t")
+        .merge(selected.alias("s"), condition)
+        .whenMatchedUpdate(set={
+            "state_version": F.col("s.state_version"),
+            "lease_segment": F.lit(segment_id),
+            "lease_expires_at": F.lit(now + timedelta(seconds=lease_s)),
+            "updated_at": F.lit(now),
+        })
+        .execute()
+    )
+    return merge_counts(metrics).get("num_updated_rows", 0)
+
+
+def record_segment(spark: SparkSession, root: str, segment_id: str, per_bucket: list, now: datetime) -> None:
+    """One `segments` row per bucket, state generated; insert-if-absent so a re-run changes nothing."""
+    from delta.tables import DeltaTable
+
+    state = SegmentState.GENERATED.value
+    rows = [(segment_id, r["bucket"], state, r["url_count"], r["host_count"]) for r in per_bucket]
+    counts = spark.createDataFrame(rows, "segment_id string, bucket int, state string, url_count bigint, "
+                                         "host_count bigint")
+    source = tables.conform(
+        counts.select(
+            "*",
+            F.lit(None).alias("owner"),
+            F.lit(0).alias("epoch"),
+            *[F.lit(None).alias(c) for c in ("results", "applied", "stale", "discovered", "counters")],
+            F.lit(now).alias("created_at"),
+            F.lit(now).alias("updated_at"),
+        ),
+        "segments",
+    )
+    (
+        DeltaTable.forPath(spark, tables.table_path(root, "segments"))
+        .alias("t")
+        .merge(source.alias("s"), "t.segment_id = s.segment_id AND t.bucket = s.bucket")
+        .whenNotMatchedInsertAll()
+        .execute()
+    )
+
+
+def run(spark: SparkSession, conf: Config, root: str, segment_id: str | None = None,
+        now: datetime | None = None) -> GenerateResult:
+    """Select, write and lease the next segment's fetch list."""
+    tables.create_all(spark, root)
+    now = as_utc(now or datetime.now(UTC))
+    segment_id = segment_id or default_segment_id(now)
+    progressed = (
+        tables.table_df(spark, root, "segments")
+        .where((F.col("segment_id") == segment_id) & (F.col("state") != SegmentState.GENERATED.value))
+        .limit(1)
+        .count()
+    )
+    if progressed:
+        raise ValueError(f"segment {segment_id} is past the generated state; generate a new segment instead")
+    result = GenerateResult(segment_id)
+    with step(f"generate {segment_id}: select"):
+        selected = select_due(spark, conf, root, segment_id, now)
+        per_bucket = (
+            selected.groupBy("bucket")
+            .agg(F.count("*").alias("url_count"), F.countDistinct("host_key").alias("host_count"))
+            .orderBy("bucket")
+            .collect()
+        )
+    if not per_bucket:
+        log.info("generate %s: nothing due at %s; no segment written", segment_id, now.isoformat())
+        return result
+    with step(f"generate {segment_id}: write fetch list"):
+        write_fetchlist(selected, layout.fetchlist_dir(root, segment_id))
+    with step(f"generate {segment_id}: lease"):
+        leased = lease(spark, root, selected, segment_id, now, conf["generate.lease_seconds"])
+    record_segment(spark, root, segment_id, per_bucket, now)
+    result.url_count = sum(r["url_count"] for r in per_bucket)
+    result.host_count = sum(r["host_count"] for r in per_bucket)
+    result.buckets = [r["bucket"] for r in per_bucket]
+    log.info(
+        "generate %s: %d URLs from %d hosts in %d buckets (%d newly leased)",
+        segment_id, result.url_count, result.host_count, len(result.buckets), leased,
+    )
+    return result

@@ -1,0 +1,131 @@
+"""inject: a seeds file -> `urls` and `hosts`, insert-if-absent (DESIGN §5).
+
+The seeds file is a config input, small enough to read on the driver; the upsert itself is a set-based Delta
+MERGE on (url_id AND url), so a hash collision never merges two URLs and a re-run inserts nothing.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+
+from crawler import urls
+from crawler.config import Config
+from crawler.frontier import Scope
+from crawler.seeds import is_skipped, read_seeds
+from crawler.status import UrlSource, UrlStatus
+from delta_tables import tables
+from jobs.base import step
+
+log = logging.getLogger("jobs.inject")
+
+
+@dataclass
+class InjectResult:
+    lines: int                    # seed lines (blank lines and comments not counted)
+    injected: int                 # new rows in `urls`
+    already_known: int            # valid seeds whose URL was already in `urls`
+    rejected: int                 # bad lines, reported in `errors` and skipped
+    duplicates: int = 0           # lines repeating a URL seen earlier in the same file
+    errors: list[tuple[int, str, str]] = field(default_factory=list)  # (line_no, text, reason)
+
+
+def merge_counts(metrics: DataFrame) -> dict[str, int]:
+    """The one-row metrics DataFrame a Delta MERGE returns, as a dict (num_inserted_rows, ...)."""
+    row = metrics.first()
+    return {key: int(value or 0) for key, value in row.asDict().items()} if row else {}
+
+
+def insert_hosts_if_absent(spark: SparkSession, root: str, host_rows: DataFrame, now: datetime) -> int:
+    """Insert-if-absent `hosts` rows (host_key, bucket) with zero counters; returns rows inserted."""
+    from delta.tables import DeltaTable
+
+    zero = F.lit(0).cast("bigint")
+    source = tables.conform(
+        host_rows.select("host_key", "bucket").dropDuplicates(["host_key"]).select(
+            "host_key",
+            "bucket",
+            *[F.lit(None).alias(c) for c in ("robots_state", "robots_body", "robots_status_code", "robots_fetched_at",
+                                             "robots_expires_at", "crawl_delay_s", "min_delay_s", "max_concurrency",
+                                             "backoff_until", "last_fetch_at", "last_segment")],
+            F.lit(0).alias("backoff_level"),
+            zero.alias("policy_version"),
+            *[zero.alias(c) for c in ("known_urls", "fetches", "status_2xx", "status_3xx", "status_4xx", "status_5xx",
+                                      "status_429", "network_errors", "robots_denied")],
+            F.lit(now).alias("updated_at"),
+        ),
+        "hosts",
+    )
+    target = DeltaTable.forPath(spark, tables.table_path(root, "hosts"))
+    metrics = (
+        target.alias("t")
+        .merge(source.alias("s"), "t.bucket = s.bucket AND t.host_key = s.host_key")
+        .whenNotMatchedInsertAll()
+        .execute()
+    )
+    return merge_counts(metrics).get("num_inserted_rows", 0)
+
+
+def run(spark: SparkSession, conf: Config, root: str, seeds_path: str) -> InjectResult:
+    """Inject the seeds file at `seeds_path` into the tables under `root`."""
+    from delta.tables import DeltaTable
+
+    tables.create_all(spark, root)
+    with open(seeds_path, encoding="utf-8") as handle:
+        lines = handle.read().splitlines()
+    seed_lines = sum(1 for line in lines if not is_skipped(line))
+    entries, errors = read_seeds(lines, Scope.from_config(conf))
+    for line_no, text, reason in errors:
+        log.warning("inject: %s line %d rejected: %s (%r)", seeds_path, line_no, reason, text[:200])
+    duplicates = seed_lines - len(errors) - len(entries)
+    result = InjectResult(seed_lines, 0, 0, len(errors), duplicates, errors)
+    if entries:
+        now = datetime.now(UTC)
+        buckets = conf["crawl.buckets"]
+        default_interval = conf["revisit.default_interval_s"]
+        rows = []
+        for entry in entries:
+            host = urls.host_key(entry.url)
+            rows.append((urls.url_id(entry.url), entry.url, host, urls.bucket_of(host, buckets), float(entry.priority),
+                         int(entry.interval_s or default_interval)))
+        seeds = spark.createDataFrame(
+            rows, "url_id string, url string, host_key string, bucket int, priority double, fetch_interval_s bigint"
+        )
+        nulls = ("discovered_in", "last_fetch_at", "last_status_code", "etag", "last_modified", "content_hash",
+                 "simhash", "last_changed_at", "redirect_to", "lease_segment", "lease_expires_at", "last_segment")
+        source = tables.conform(
+            seeds.select(
+                "*",
+                F.lit(UrlStatus.UNFETCHED.value).alias("status"),
+                F.lit(0).alias("state_version"),
+                F.lit(0).alias("depth"),
+                F.lit(UrlSource.SEED.value).alias("source"),
+                F.lit(now).alias("discovered_at"),
+                F.lit(now).alias("next_fetch_at"),
+                F.lit(0).alias("failure_count"),
+                F.lit(now).alias("updated_at"),
+                *[F.lit(None).alias(c) for c in nulls],
+            ),
+            "urls",
+        )
+        with step("inject: merge urls"):
+            target = DeltaTable.forPath(spark, tables.table_path(root, "urls"))
+            metrics = (
+                target.alias("t")
+                .merge(source.alias("s"), "t.bucket = s.bucket AND t.url_id = s.url_id AND t.url = s.url")
+                .whenNotMatchedInsertAll()
+                .execute()
+            )
+        result.injected = merge_counts(metrics).get("num_inserted_rows", 0)
+        result.already_known = len(entries) - result.injected
+        with step("inject: merge hosts"):
+            insert_hosts_if_absent(spark, root, seeds, now)
+    log.info(
+        "inject: %s: %d seed lines, %d injected, %d already known, %d duplicates, %d rejected",
+        seeds_path, result.lines, result.injected, result.already_known, result.duplicates, result.rejected,
+    )
+    return result

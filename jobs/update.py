@@ -1,0 +1,452 @@
+"""update: fold a segment's fetch results, robots observations, pages and links into the tables (DESIGN §5).
+
+Every step is a Delta MERGE and idempotent, so re-running update for a segment changes no table:
+1. `fetches`       insert-if-absent on (segment_id, url_id, state_version)
+2. `index_events`  insert-if-absent on (url_id, state_version), from the pre-completion `urls` row
+3. `hosts`         counters, robots and backoff, applied only where last_segment is not this segment
+4. `urls`          completion, only where (url_id, url, state_version) match and the lease is this segment's
+5. discoveries     outlinks (not rel=nofollow) and redirect targets, insert-if-absent into `urls` and `hosts`
+6. `segments`      per bucket -> merged with counts, only if not merged yet
+
+All reads of `urls`, `hosts`, `pages` and `links` are pinned to the Delta version at the start of the job, so
+every step sees the same pre-update state however often Spark evaluates a plan. Per-record rules come from
+crawler.revisit (status, interval, next fetch, failures) and crawler.frontier (index event kind, scope and
+keys of discovered URLs, host backoff), applied as Python UDFs so the rules exist once.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+
+from pyspark.sql import Column, DataFrame, SparkSession, Window
+from pyspark.sql import functions as F
+from pyspark.sql.pandas.types import from_arrow_schema
+
+from crawler import layout
+from crawler.config import Config
+from crawler.frontier import DISCOVERY_PRIORITY_FACTOR, Scope, host_backoff, index_event_kind, url_keys
+from crawler.records import FETCHED, ROBOTS
+from crawler.revisit import PreviousState, RevisitPolicy
+from crawler.status import FetchOutcome, SegmentState, UrlSource, UrlStatus
+from delta_tables import tables
+from jobs.base import step
+from jobs.generate import pinned_table
+from jobs.inject import insert_hosts_if_absent, merge_counts
+
+log = logging.getLogger("jobs.update")
+
+EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+# Outcomes where a request actually reached the server (others were decided without a request).
+REQUESTED = [o.value for o in (FetchOutcome.SUCCESS, FetchOutcome.NOT_MODIFIED, FetchOutcome.REDIRECT,
+                               FetchOutcome.HTTP_ERROR, FetchOutcome.NETWORK_ERROR)]
+THROTTLE_CODES = [429, 503]
+
+
+@dataclass
+class UpdateResult:
+    segment_id: str
+    results: int = 0          # distinct (url_id, state_version) results read
+    applied: int = 0          # results that completed their URL
+    stale: int = 0            # results ignored: version no longer current or lease not this segment's
+    discovered: int = 0       # new rows in `urls`
+    index_events: int = 0     # new rows in `index_events`
+    hosts_updated: int = 0    # `hosts` rows updated or inserted from this segment's results
+
+
+def _micros(moment: datetime | None) -> int | None:
+    return None if moment is None else (moment - EPOCH) // timedelta(microseconds=1)
+
+
+def _moment(micros: int | None) -> datetime | None:
+    return None if micros is None else EPOCH + timedelta(microseconds=micros)
+
+
+def _exists(spark: SparkSession, path: str) -> bool:
+    jvm_path = spark._jvm.org.apache.hadoop.fs.Path(path)
+    return jvm_path.getFileSystem(spark._jsc.hadoopConfiguration()).exists(jvm_path)
+
+
+def read_segment_files(spark: SparkSession, path: str, arrow_schema) -> DataFrame | None:
+    """All Parquet files under every bucket directory (names starting with `_` or `.` are ignored)."""
+    if not _exists(spark, path):
+        return None
+    return (
+        spark.read.schema(from_arrow_schema(arrow_schema))
+        .option("recursiveFileLookup", "true")
+        .option("pathGlobFilter", "*.parquet")
+        .parquet(path)
+    )
+
+
+def _latest(df: DataFrame, keys: list[str], order: list[Column]) -> DataFrame:
+    return df.withColumn("_rn", F.row_number().over(Window.partitionBy(*keys).orderBy(*order))).where("_rn = 1").drop(
+        "_rn")
+
+
+def _merge(spark: SparkSession, root: str, name: str, source: DataFrame, condition: Column | str):
+    from delta.tables import DeltaTable
+
+    return DeltaTable.forPath(spark, tables.table_path(root, name)).alias("t").merge(source.alias("s"), condition)
+
+
+def _bucket_counts(df: DataFrame, bucket_col: str = "bucket") -> dict[int, int]:
+    return {r[0]: r[1] for r in df.groupBy(bucket_col).count().collect()}
+
+
+def completion_udfs(policy: RevisitPolicy):
+    """The revisit decision and index event kind as Spark UDFs over the pre-completion row."""
+
+    @F.udf("struct<status:string, fetch_interval_s:bigint, wait_us:bigint, failure_count:int>")
+    def decide(outcome, status_code, prev_status, prev_interval, prev_failures, prev_hash, new_hash):
+        previous = PreviousState(prev_status, prev_interval, prev_failures, prev_hash)
+        decision = policy.decide(outcome, status_code, previous, EPOCH, new_hash)
+        return (decision.status, decision.fetch_interval_s, _micros(decision.next_fetch_at), decision.failure_count)
+
+    @F.udf("string")
+    def event_kind(outcome, status_code, previous_hash, new_hash):
+        return index_event_kind(outcome, status_code, previous_hash, new_hash)
+
+    return decide, event_kind
+
+
+def run(spark: SparkSession, conf: Config, root: str, segment_id: str) -> UpdateResult:
+    """Fold segment `segment_id` into the tables under `root`."""
+    tables.create_all(spark, root)
+    result = UpdateResult(segment_id)
+    fetched = read_segment_files(spark, layout.fetched_dir(root, segment_id), FETCHED)
+    if fetched is None:
+        log.info("update %s: no fetched results; nothing to do", segment_id)
+        return result
+    now = datetime.now(UTC)
+    seg = F.lit(segment_id)
+    results = _latest(fetched.withColumn("segment_id", seg), ["url_id", "state_version"],
+                      [F.desc("fetched_at"), F.asc("outcome")])
+    result_buckets = _bucket_counts(results)
+    result.results = sum(result_buckets.values())
+    if not result.results:
+        log.info("update %s: fetched results are empty; nothing to do", segment_id)
+        return result
+
+    urls_snap = pinned_table(spark, root, "urls")
+    hosts_snap = pinned_table(spark, root, "hosts")
+    pages = _latest(pinned_table(spark, root, "pages").where(F.col("segment_id") == seg),
+                    ["url_id", "state_version"], [F.desc("fetched_at")])
+    links = pinned_table(spark, root, "links").where(F.col("segment_id") == seg)
+    previous = urls_snap.select(
+        "url_id", "url", F.col("bucket").alias("u_bucket"), F.col("status").alias("prev_status"),
+        F.col("state_version").alias("prev_version"), F.col("lease_segment").alias("prev_lease"),
+        F.col("fetch_interval_s").alias("prev_interval"), F.col("failure_count").alias("prev_failures"),
+        F.col("content_hash").alias("prev_hash"), F.col("simhash").alias("prev_simhash"),
+        F.col("etag").alias("prev_etag"), F.col("last_modified").alias("prev_last_modified"),
+        F.col("last_changed_at").alias("prev_changed_at"), F.col("redirect_to").alias("prev_redirect_to"),
+        F.col("last_fetch_at").alias("prev_last_fetch_at"), F.col("last_status_code").alias("prev_status_code"),
+        F.col("depth").alias("prev_depth"), F.col("priority").alias("prev_priority"),
+    )
+    live = (
+        results.join(previous, ["url_id", "url"])
+        .where((F.col("prev_version") == F.col("state_version")) & (F.col("prev_lease") == seg))
+        .join(pages.select("url_id", "state_version", F.col("content_hash").alias("new_hash"),
+                           F.col("simhash").alias("new_simhash"), "duplicate_of"),
+              ["url_id", "state_version"], "left")
+    )
+    applied_buckets = _bucket_counts(live)
+    result.applied = sum(applied_buckets.values())
+    result.stale = result.results - result.applied
+
+    with step(f"update {segment_id}: fetches"):
+        _merge(spark, root, "fetches", tables.conform(results, "fetches"),
+               "t.segment_id = s.segment_id AND t.url_id = s.url_id AND t.state_version = s.state_version"
+               ).whenNotMatchedInsertAll().execute()
+
+    decide, event_kind = completion_udfs(RevisitPolicy.from_config(conf))
+    live = live.withColumn("kind", event_kind("outcome", "status_code", "prev_hash", "new_hash"))
+    with step(f"update {segment_id}: index events"):
+        events = live.where(F.col("kind").isNotNull()).select(
+            "url_id", "state_version", "url", "kind", "segment_id", "status_code", "warc_filename", "warc_offset",
+            "warc_length", F.coalesce("new_hash", "prev_hash").alias("content_hash"), "duplicate_of",
+            F.col("fetched_at").alias("created_at"),
+        )
+        metrics = _merge(spark, root, "index_events", tables.conform(events, "index_events"),
+                         "t.url_id = s.url_id AND t.state_version = s.state_version")
+        metrics = metrics.whenNotMatchedInsertAll().execute()
+        result.index_events = merge_counts(metrics).get("num_inserted_rows", 0)
+
+    with step(f"update {segment_id}: hosts"):
+        result.hosts_updated = update_hosts(spark, conf, root, segment_id, results, hosts_snap, now)
+
+    with step(f"update {segment_id}: complete urls"):
+        complete_urls(spark, root, segment_id, live, decide, now)
+
+    with step(f"update {segment_id}: discoveries"):
+        discovered_buckets = insert_discoveries(spark, conf, root, segment_id, results, links, urls_snap, now)
+        result.discovered = sum(discovered_buckets.values())
+
+    with step(f"update {segment_id}: segments"):
+        record_merged(spark, root, segment_id, results, applied_buckets, discovered_buckets, now)
+    log.info(
+        "update %s: %d results, %d applied, %d stale, %d discovered, %d index events, %d hosts updated",
+        segment_id, result.results, result.applied, result.stale, result.discovered, result.index_events,
+        result.hosts_updated,
+    )
+    return result
+
+
+def update_hosts(spark: SparkSession, conf: Config, root: str, segment_id: str, results: DataFrame,
+                 hosts_snap: DataFrame, now: datetime) -> int:
+    """Counters, robots and backoff per host; applied once per segment (guarded by hosts.last_segment)."""
+    code = F.col("status_code")
+    requested = F.col("outcome").isin(REQUESTED)
+
+    def count_if(condition: Column) -> Column:
+        return F.count(F.when(condition, 1))
+
+    counters = results.groupBy("host_key").agg(
+        F.min("bucket").alias("bucket"),
+        count_if(requested).alias("fetches"),
+        count_if(requested & code.between(200, 299)).alias("status_2xx"),
+        count_if(requested & code.between(300, 399)).alias("status_3xx"),
+        count_if(requested & code.between(400, 499)).alias("status_4xx"),
+        count_if(requested & code.between(500, 599)).alias("status_5xx"),
+        count_if(code == 429).alias("status_429"),
+        count_if(F.col("outcome") == FetchOutcome.NETWORK_ERROR.value).alias("network_errors"),
+        count_if(F.col("outcome") == FetchOutcome.ROBOTS_DENIED.value).alias("robots_denied"),
+        F.max(F.when(requested, F.col("fetched_at"))).alias("last_fetch_at"),
+        count_if(requested & code.isin(THROTTLE_CODES)).alias("throttled"),
+        count_if(requested & code.between(200, 399)).alias("responded_ok"),
+        F.max(F.when(code.isin(THROTTLE_CODES), F.col("retry_after_s"))).alias("retry_after_s"),
+    )
+    robots_files = read_segment_files(spark, layout.robots_dir(root, segment_id), ROBOTS)
+    robots_cols = ["robots_state", "robots_body", "robots_status_code", "robots_fetched_at", "robots_expires_at",
+                   "robots_crawl_delay_s"]
+    if robots_files is None:
+        robots = spark.createDataFrame([], "host_key string, r_bucket int, " + ", ".join(
+            f"{c} {t}" for c, t in zip(robots_cols, ("string", "string", "int", "timestamp", "timestamp", "double"),
+                                       strict=True)))
+    else:
+        robots = _latest(robots_files, ["host_key"], [F.desc("fetched_at")]).select(
+            "host_key", F.col("bucket").alias("r_bucket"), F.col("state").alias("robots_state"),
+            F.col("body").alias("robots_body"), F.col("status_code").alias("robots_status_code"),
+            F.col("fetched_at").alias("robots_fetched_at"), F.col("expires_at").alias("robots_expires_at"),
+            F.col("crawl_delay_s").alias("robots_crawl_delay_s"),
+        )
+    robots = robots.withColumn("has_robots", F.lit(True))
+    counter_cols = ["fetches", "status_2xx", "status_3xx", "status_4xx", "status_5xx", "status_429", "network_errors",
+                    "robots_denied", "throttled", "responded_ok"]
+    base_s, cap_s = conf["politeness.backoff_base_s"], conf["politeness.max_backoff_s"]
+
+    @F.udf("struct<level:int, until_us:bigint>")
+    def backoff(host, level, until_us, throttled, responded_ok, last_fetch_us, retry_after_s):
+        decided = host_backoff(level, _moment(until_us), throttled, responded_ok, _moment(last_fetch_us),
+                               retry_after_s, base_s, cap_s, f"{host}|{segment_id}")
+        return (decided.level, _micros(decided.until))
+
+    snap = hosts_snap.select("host_key", F.col("backoff_level").alias("h_level"),
+                             F.col("backoff_until").alias("h_until"))
+    source = (
+        counters.join(robots, "host_key", "full_outer")
+        .withColumn("bucket", F.coalesce("bucket", "r_bucket"))
+        .withColumn("has_robots", F.coalesce("has_robots", F.lit(False)))
+        .fillna(0, subset=counter_cols)
+        .join(snap, "host_key", "left")
+        .withColumn("bo", backoff("host_key", F.coalesce("h_level", F.lit(0)), F.unix_micros("h_until"),
+                                  "throttled", "responded_ok", F.unix_micros("last_fetch_at"), "retry_after_s"))
+        .withColumn("backoff_level", F.col("bo.level"))
+        .withColumn("backoff_until", F.timestamp_micros("bo.until_us"))
+    )
+    counted = counter_cols[:8]
+    robots_changed = F.col("s.has_robots") & ~F.col("t.robots_body").eqNullSafe(F.col("s.robots_body"))
+
+    def from_robots(name: str, source_name: str | None = None) -> Column:
+        return F.when(F.col("s.has_robots"), F.col(f"s.{source_name or name}")).otherwise(F.col(f"t.{name}"))
+
+    updates = {
+        **{c: F.col(f"t.{c}") + F.col(f"s.{c}") for c in counted},
+        "last_fetch_at": F.greatest("t.last_fetch_at", "s.last_fetch_at"),
+        **{c: from_robots(c) for c in robots_cols[:5]},
+        "crawl_delay_s": from_robots("crawl_delay_s", "robots_crawl_delay_s"),
+        "policy_version": F.col("t.policy_version") + F.when(robots_changed, 1).otherwise(0),
+        "backoff_level": F.col("s.backoff_level"),
+        "backoff_until": F.col("s.backoff_until"),
+        "last_segment": F.lit(segment_id),
+        "updated_at": F.lit(now),
+    }
+    inserts = {
+        "host_key": F.col("s.host_key"),
+        "bucket": F.col("s.bucket"),
+        **{c: F.col(f"s.{c}") for c in counted},
+        **{c: F.col(f"s.{c}") for c in robots_cols[:5]},
+        "crawl_delay_s": F.col("s.robots_crawl_delay_s"),
+        "last_fetch_at": F.col("s.last_fetch_at"),
+        "policy_version": F.when(F.col("s.has_robots"), 1).otherwise(0).cast("bigint"),
+        "known_urls": F.lit(0).cast("bigint"),
+        "backoff_level": F.col("s.backoff_level"),
+        "backoff_until": F.col("s.backoff_until"),
+        "last_segment": F.lit(segment_id),
+        "updated_at": F.lit(now),
+    }
+    metrics = (
+        _merge(spark, root, "hosts", source, "t.bucket = s.bucket AND t.host_key = s.host_key")
+        .whenMatchedUpdate(condition=~F.col("t.last_segment").eqNullSafe(F.lit(segment_id)), set=updates)
+        .whenNotMatchedInsert(values=inserts)
+        .execute()
+    )
+    counts = merge_counts(metrics)
+    return counts.get("num_updated_rows", 0) + counts.get("num_inserted_rows", 0)
+
+
+def complete_urls(spark: SparkSession, root: str, segment_id: str, live: DataFrame, decide, now: datetime) -> None:
+    """Apply each live result to its URL row: only the current version under this segment's lease completes."""
+    outcome = F.col("outcome")
+    success, not_modified = outcome == FetchOutcome.SUCCESS.value, outcome == FetchOutcome.NOT_MODIFIED.value
+    requested = outcome.isin(REQUESTED)
+    has_new = success & F.col("new_hash").isNotNull()
+    changed = has_new & ~F.col("prev_hash").eqNullSafe(F.col("new_hash"))
+    d = decide("outcome", "status_code", "prev_status", "prev_interval", "prev_failures", "prev_hash", "new_hash")
+    source = live.withColumn("d", d).select(
+        "url_id", "url", "state_version", F.col("u_bucket").alias("bucket"),
+        F.col("d.status").alias("n_status"),
+        F.col("d.fetch_interval_s").alias("n_interval"),
+        F.timestamp_micros(F.unix_micros("fetched_at") + F.col("d.wait_us")).alias("n_next_fetch_at"),
+        F.col("d.failure_count").alias("n_failures"),
+        F.when(requested, F.col("fetched_at")).otherwise(F.col("prev_last_fetch_at")).alias("n_last_fetch_at"),
+        F.when(requested, F.col("status_code")).otherwise(F.col("prev_status_code")).alias("n_status_code"),
+        F.when(success, F.col("etag")).when(not_modified, F.coalesce("etag", "prev_etag"))
+        .otherwise(F.col("prev_etag")).alias("n_etag"),
+        F.when(success, F.col("last_modified")).when(not_modified, F.coalesce("last_modified", "prev_last_modified"))
+        .otherwise(F.col("prev_last_modified")).alias("n_last_modified"),
+        F.when(has_new, F.col("new_hash")).otherwise(F.col("prev_hash")).alias("n_hash"),
+        F.when(has_new, F.col("new_simhash")).otherwise(F.col("prev_simhash")).alias("n_simhash"),
+        F.when(changed, F.col("fetched_at")).otherwise(F.col("prev_changed_at")).alias("n_changed_at"),
+        F.when(outcome == FetchOutcome.REDIRECT.value, F.col("redirect_to"))
+        .when(success | not_modified, F.lit(None)).otherwise(F.col("prev_redirect_to")).alias("n_redirect_to"),
+    )
+    condition = (
+        (F.col("t.bucket") == F.col("s.bucket"))
+        & (F.col("t.url_id") == F.col("s.url_id"))
+        & (F.col("t.url") == F.col("s.url"))
+        & (F.col("t.state_version") == F.col("s.state_version"))
+        & (F.col("t.lease_segment") == F.lit(segment_id))
+    )
+    updates = {
+        "status": "s.n_status",
+        "fetch_interval_s": "s.n_interval",
+        "next_fetch_at": "s.n_next_fetch_at",
+        "failure_count": "s.n_failures",
+        "last_fetch_at": "s.n_last_fetch_at",
+        "last_status_code": "s.n_status_code",
+        "etag": "s.n_etag",
+        "last_modified": "s.n_last_modified",
+        "content_hash": "s.n_hash",
+        "simhash": "s.n_simhash",
+        "last_changed_at": "s.n_changed_at",
+        "redirect_to": "s.n_redirect_to",
+        "lease_segment": "null",
+        "lease_expires_at": "null",
+    }
+    (
+        _merge(spark, root, "urls", source, condition)
+        .whenMatchedUpdate(set={**{k: F.expr(v) for k, v in updates.items()},
+                                "last_segment": F.lit(segment_id), "updated_at": F.lit(now)})
+        .execute()
+    )
+
+
+def insert_discoveries(spark: SparkSession, conf: Config, root: str, segment_id: str, results: DataFrame,
+                       links: DataFrame, urls_snap: DataFrame, now: datetime) -> dict[int, int]:
+    """Outlinks and redirect targets -> new `urls` rows (and their hosts), insert-if-absent.
+
+    depth = min(parent depth) + 1 (dropped beyond scope.max_depth); priority = best parent priority *
+    DISCOVERY_PRIORITY_FACTOR; discovered_at = next_fetch_at = the parent's fetch time, so a re-run computes
+    identical rows. Returns new URLs per bucket of the discovering page (for the `segments` counts)."""
+    parents = results.select(
+        F.col("url_id").alias("from_url_id"), F.col("state_version").alias("from_state_version"),
+        F.col("url").alias("from_url"), "fetched_at", F.col("bucket").alias("parent_bucket"), "outcome",
+        "redirect_to",
+    )
+    from_links = links.where(~F.col("rel_nofollow")).select("from_url_id", "from_state_version", "to_url").join(
+        parents, ["from_url_id", "from_state_version"]).withColumn("source", F.lit(UrlSource.LINK.value))
+    from_redirects = parents.where(
+        (F.col("outcome") == FetchOutcome.REDIRECT.value) & F.col("redirect_to").isNotNull()
+    ).withColumn("to_url", F.col("redirect_to")).withColumn("source", F.lit(UrlSource.REDIRECT.value))
+    columns = ["to_url", "from_url_id", "from_url", "fetched_at", "parent_bucket", "source"]
+    parent_state = urls_snap.select(F.col("url_id").alias("from_url_id"), F.col("url").alias("from_url"),
+                                    F.col("depth").alias("parent_depth"), F.col("priority").alias("parent_priority"))
+    candidates = from_links.select(columns).unionByName(from_redirects.select(columns)).join(
+        parent_state, ["from_url_id", "from_url"])
+
+    scope, buckets = Scope.from_config(conf), conf["crawl.buckets"]
+
+    @F.udf("struct<url:string, url_id:string, host_key:string, bucket:int>")
+    def keys(raw_url):
+        found = url_keys(raw_url, scope, buckets)
+        return None if found is None else (found.url, found.url_id, found.host_key, found.bucket)
+
+    keyed = candidates.select("to_url").distinct().withColumn("k", keys("to_url")).where(F.col("k").isNotNull())
+    discovered = (
+        candidates.join(keyed, "to_url")
+        .groupBy("k.url_id", "k.url", "k.host_key", "k.bucket")
+        .agg(
+            (F.min("parent_depth") + 1).alias("depth"),
+            (F.max("parent_priority") * DISCOVERY_PRIORITY_FACTOR).alias("priority"),
+            F.min("fetched_at").alias("discovered_at"),
+            F.min("parent_bucket").alias("parent_bucket"),
+            F.max((F.col("source") == UrlSource.REDIRECT.value).cast("int")).alias("via_redirect"),
+        )
+        .where(F.col("depth") <= conf["scope.max_depth"])
+    )
+    nulls = ("last_fetch_at", "last_status_code", "etag", "last_modified", "content_hash", "simhash",
+             "last_changed_at", "redirect_to", "lease_segment", "lease_expires_at", "last_segment")
+    rows = tables.conform(
+        discovered.select(
+            "url_id", "url", "host_key", "bucket", "depth", "priority", "discovered_at",
+            F.lit(UrlStatus.UNFETCHED.value).alias("status"),
+            F.lit(0).alias("state_version"),
+            F.when(F.col("via_redirect") == 1, UrlSource.REDIRECT.value).otherwise(UrlSource.LINK.value).alias(
+                "source"),
+            F.lit(segment_id).alias("discovered_in"),
+            F.col("discovered_at").alias("next_fetch_at"),
+            F.lit(conf["revisit.default_interval_s"]).alias("fetch_interval_s"),
+            F.lit(0).alias("failure_count"),
+            F.col("discovered_at").alias("updated_at"),
+            *[F.lit(None).alias(c) for c in nulls],
+        ),
+        "urls",
+    )
+    new_rows = discovered.join(urls_snap.select("url_id", "url"), ["url_id", "url"], "left_anti")
+    per_bucket = _bucket_counts(new_rows, "parent_bucket")
+    _merge(spark, root, "urls", rows, "t.bucket = s.bucket AND t.url_id = s.url_id AND t.url = s.url"
+           ).whenNotMatchedInsertAll().execute()
+    insert_hosts_if_absent(spark, root, discovered, now)
+    return per_bucket
+
+
+def record_merged(spark: SparkSession, root: str, segment_id: str, results: DataFrame, applied: dict[int, int],
+                  discovered: dict[int, int], now: datetime) -> None:
+    """Each bucket of the segment -> state merged with its counts, unless it is merged already."""
+    per_bucket = {r["bucket"]: (r["n"], r["hosts"]) for r in results.groupBy("bucket").agg(
+        F.count("*").alias("n"), F.countDistinct("host_key").alias("hosts")).collect()}
+    known = [r["bucket"] for r in tables.table_df(spark, root, "segments").where(
+        F.col("segment_id") == segment_id).select("bucket").collect()]
+    rows = []
+    for bucket in sorted(set(per_bucket) | set(known) | set(discovered)):
+        count, hosts = per_bucket.get(bucket, (0, 0))
+        done = applied.get(bucket, 0)
+        rows.append((segment_id, bucket, SegmentState.MERGED.value, count, hosts, count, done, count - done,
+                     discovered.get(bucket, 0)))
+    source = spark.createDataFrame(
+        rows, "segment_id string, bucket int, state string, url_count bigint, host_count bigint, results bigint, "
+              "applied bigint, stale bigint, discovered bigint")
+    source = tables.conform(source.select("*", F.lit(None).alias("owner"), F.lit(0).alias("epoch"),
+                                          F.lit(None).alias("counters"), F.lit(now).alias("created_at"),
+                                          F.lit(now).alias("updated_at")), "segments")
+    (
+        _merge(spark, root, "segments", source, "t.segment_id = s.segment_id AND t.bucket = s.bucket")
+        .whenMatchedUpdate(
+            condition=F.col("t.state") != SegmentState.MERGED.value,
+            set={c: F.col(f"s.{c}") for c in ("state", "results", "applied", "stale", "discovered", "updated_at")},
+        )
+        .whenNotMatchedInsertAll()
+        .execute()
+    )

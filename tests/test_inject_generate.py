@@ -1,0 +1,162 @@
+"""inject and generate on real Delta tables: bad seed lines, idempotent re-inject, due selection, per-host and
+global caps, bucketed sorted fetch lists, leases with state_version + 1, lease expiry, idempotent re-run."""
+
+from __future__ import annotations
+
+import os
+from datetime import UTC, datetime, timedelta
+
+import pyarrow.parquet as pq
+import pytest
+
+from crawler import frontier, layout, urls
+from crawler.records import FETCHLIST
+from delta_tables import tables
+from jobs import generate, inject
+
+SEEDS = """# test seeds
+http://a.test/1\tpriority=5
+http://a.test/2\tpriority=4
+http://a.test/3\t3
+http://a.test/4\tpriority=2\tinterval=3600
+http://a.test/5\tpriority=1
+ftp://a.test/nope
+http://b.test/1\tpriority=2
+http://b.test/2\tpriority=1
+http://a.test/1
+http://c.test/only\tpriority=oops
+http://c.test/
+
+"""
+
+
+def table_rows(spark, root, name) -> list[str]:
+    return sorted(str(r) for r in tables.table_df(spark, root, name).collect())
+
+
+def snapshot(spark, root) -> dict[str, list[str]]:
+    return {name: table_rows(spark, root, name) for name in ("urls", "hosts", "segments")}
+
+
+def fetchlist_rows(root: str, segment_id: str) -> dict[int, list[dict]]:
+    """Each bucket directory's rows, in file order, read with pyarrow (as the daemon does)."""
+    base = layout.fetchlist_dir(root, segment_id)
+    found = {}
+    for name in sorted(os.listdir(base)):
+        bucket = layout.parse_bucket_dirname(name)
+        if bucket is None:
+            continue
+        files = sorted(f for f in os.listdir(os.path.join(base, name)) if f.endswith(".parquet"))
+        rows = []
+        for f in files:
+            table = pq.read_table(os.path.join(base, name, f))
+            assert set(FETCHLIST.names) <= set(table.column_names)
+            rows.extend(table.to_pylist())
+        found[bucket] = rows
+    return found
+
+
+@pytest.fixture
+def seeded(spark, base_conf, root, tmp_path):
+    seeds = tmp_path / "seeds.txt"
+    seeds.write_text(SEEDS)
+    result = inject.run(spark, base_conf, root, str(seeds))
+    return result, str(seeds)
+
+
+def test_inject_reports_bad_lines_injects_the_rest_and_is_idempotent(spark, base_conf, root, seeded):
+    result, seeds = seeded
+    assert (result.lines, result.injected, result.already_known, result.rejected, result.duplicates) == (11, 8, 0, 2, 1)
+    assert [line_no for line_no, _, _ in result.errors] == [7, 11]
+    assert "scheme" in result.errors[0][2] and "priority" in result.errors[1][2]
+    rows = {r["url"]: r for r in tables.table_df(spark, root, "urls").collect()}
+    assert len(rows) == 8
+    a4 = rows["http://a.test/4"]
+    assert (a4.status, a4.source, a4.depth, a4.state_version, a4.priority, a4.fetch_interval_s) == (
+        "unfetched", "seed", 0, 0, 2.0, 3600)
+    assert a4.url_id == urls.url_id("http://a.test/4") and a4.bucket == urls.bucket_of("http://a.test", 4)
+    assert rows["http://c.test/"].fetch_interval_s == base_conf["revisit.default_interval_s"]
+    hosts = {r["host_key"]: r for r in tables.table_df(spark, root, "hosts").collect()}
+    assert set(hosts) == {"http://a.test", "http://b.test", "http://c.test"}
+    assert hosts["http://b.test"].fetches == 0 and hosts["http://b.test"].policy_version == 0
+
+    before = snapshot(spark, root)
+    again = inject.run(spark, base_conf, root, seeds)
+    assert (again.injected, again.already_known, again.rejected) == (0, 8, 2)
+    assert snapshot(spark, root) == before
+
+
+def test_generate_caps_sorts_leases_and_reruns_idempotently(spark, base_conf, root, seeded):
+    # delay 10 s, 30 s segment: at most 3 URLs per host.
+    conf = base_conf.with_overrides({"politeness.min_delay_s": 10.0, "generate.segment_seconds": 30})
+    now = datetime.now(UTC) + timedelta(minutes=1)
+    first = generate.run(spark, conf, root, "seg-1", now)
+    assert (first.url_count, first.host_count) == (6, 3)
+    expected_buckets = sorted({urls.bucket_of(h, 4) for h in ("http://a.test", "http://b.test", "http://c.test")})
+    assert first.buckets == expected_buckets
+    listed = fetchlist_rows(root, "seg-1")
+    assert sorted(listed) == expected_buckets
+    for rows in listed.values():
+        assert [(r["host_key"], r["rank"]) for r in rows] == sorted((r["host_key"], r["rank"]) for r in rows)
+    by_url = {r["url"]: r for rows in listed.values() for r in rows}
+    assert {u for u in by_url if u.startswith("http://a.test")} == {"http://a.test/1", "http://a.test/2",
+                                                                     "http://a.test/3"}
+    assert [by_url[f"http://a.test/{i}"]["rank"] for i in (1, 2, 3)] == [1, 2, 3]
+    assert all(r["state_version"] == 1 and r["segment_id"] == "seg-1" and r["delay_s"] == 10.0
+               for r in by_url.values())
+    leased = {r["url"]: r for r in tables.table_df(spark, root, "urls").collect() if r["lease_segment"] == "seg-1"}
+    assert set(leased) == set(by_url) and all(r.state_version == 1 for r in leased.values())
+    assert all(r.lease_expires_at.replace(tzinfo=None) > now.replace(tzinfo=None) for r in leased.values())
+    segments = {r["bucket"]: r for r in tables.table_df(spark, root, "segments").collect()}
+    assert sorted(segments) == expected_buckets and sum(r.url_count for r in segments.values()) == 6
+    assert {r.state for r in segments.values()} == {"generated"}
+
+    before = snapshot(spark, root)
+    rerun = generate.run(spark, conf, root, "seg-1", now)
+    assert (rerun.url_count, rerun.buckets) == (6, expected_buckets)
+    assert snapshot(spark, root) == before
+    assert fetchlist_rows(root, "seg-1") == listed
+
+    second = generate.run(spark, conf, root, "seg-2", now)
+    assert second.url_count == 2
+    assert {r["url"] for rows in fetchlist_rows(root, "seg-2").values() for r in rows} == {
+        "http://a.test/4", "http://a.test/5"}
+    third = generate.run(spark, conf, root, "seg-3", now)
+    assert third.empty and not os.path.exists(layout.fetchlist_dir(root, "seg-3"))
+
+    later = now + timedelta(seconds=conf["generate.lease_seconds"] + 1)
+    generate.run(spark, conf, root, "seg-4", later)
+    versions = {r["url"]: r["state_version"] for rows in fetchlist_rows(root, "seg-4").values() for r in rows}
+    assert len(versions) == 6 and set(versions.values()) == {2}
+
+
+def test_backoff_host_skipped_and_global_cap_keeps_lowest_ranks(spark, base_conf, root, seeded):
+    from delta.tables import DeltaTable
+
+    now = datetime.now(UTC) + timedelta(minutes=1)
+    DeltaTable.forPath(spark, tables.table_path(root, "hosts")).update(
+        "host_key = 'http://a.test'", {"backoff_until": f"timestamp'{(now + timedelta(hours=1)).isoformat()}'"})
+    conf = base_conf.with_overrides({"generate.segment_max_urls": 2})
+    result = generate.run(spark, conf, root, "seg-cap", now)
+    rows = [r for rows in fetchlist_rows(root, "seg-cap").values() for r in rows]
+    assert result.url_count == 2
+    assert {(r["host_key"], r["rank"]) for r in rows} == {("http://b.test", 1), ("http://c.test", 1)}
+
+
+def test_sql_rules_agree_with_python(spark):
+    cases = [(0.2, None, 60.0, None), (5.0, 12.0, 60.0, None), (5.0, 600.0, 60.0, None), (1.0, 2.0, 60.0, 9.0),
+             (0.0, None, 60.0, None), (0.0, 0.0, 60.0, 7000.0)]
+    frame = spark.createDataFrame([(i, crawl, host_min) for i, (_, crawl, _, host_min) in enumerate(cases)],
+                                  "i int, cd double, hm double")
+    for i, (min_delay, crawl, max_crawl, host_min) in enumerate(cases):
+        sql_delay = frontier.host_delay_sql(min_delay, "cd", max_crawl, "hm")
+        sql_cap = frontier.per_host_cap_sql(1000, 3600, sql_delay)
+        row = frame.where(f"i = {i}").selectExpr(f"{sql_delay} as d", f"{sql_cap} as c").first()
+        delay = frontier.host_delay_s(min_delay, crawl, max_crawl, host_min)
+        assert row.d == pytest.approx(delay)
+        assert row.c == frontier.per_host_cap(1000, 3600, delay)
+    now = datetime(2024, 5, 10, tzinfo=UTC)
+    due = datetime(2024, 5, 1, 6, tzinfo=UTC)
+    times = spark.createDataFrame([(1.5, due, now), (1.5, now, due)], "p double, due timestamp, now timestamp")
+    got = [r.s for r in times.selectExpr(f"{frontier.score_sql('p', 'due', 'now', 0.1)} as s").collect()]
+    assert got == pytest.approx([frontier.score(1.5, due, now, 0.1), 1.5])

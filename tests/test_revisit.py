@@ -1,0 +1,116 @@
+"""Revisit policy: adaptive intervals, clamps, retries with backoff, tombstones, deferred results."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+from crawler import config as config_mod
+from crawler.frontier import host_backoff, index_event_kind
+from crawler.revisit import PreviousState, RevisitPolicy
+
+T0 = datetime(2024, 5, 1, 12, 0, tzinfo=UTC)
+DAY = 86400
+
+
+@pytest.fixture(scope="module")
+def policy() -> RevisitPolicy:
+    return RevisitPolicy.from_config(config_mod.load())
+
+
+def prev(status="fetched", interval=4 * DAY, failures=0, content_hash="h1") -> PreviousState:
+    return PreviousState(status, interval, failures, content_hash)
+
+
+def test_from_config_reads_every_revisit_key(policy):
+    assert policy.default_interval_s == 604800
+    assert (policy.min_interval_s, policy.max_interval_s) == (86400, 2592000)
+    assert policy.max_failures == 4
+
+
+def test_first_fetch_gets_default_interval(policy):
+    d = policy.decide("success", 200, prev("unfetched", 604800, 0, None), T0, "h1")
+    assert (d.status, d.fetch_interval_s, d.failure_count) == ("fetched", 604800, 0)
+    assert d.next_fetch_at == T0 + timedelta(seconds=604800)
+
+
+def test_changed_shortens_unchanged_lengthens(policy):
+    changed = policy.decide("success", 200, prev(), T0, "h2")
+    same = policy.decide("success", 200, prev(), T0, "h1")
+    not_modified = policy.decide("not_modified", 304, prev(), T0)
+    assert changed.fetch_interval_s == 2 * DAY
+    assert same.fetch_interval_s == 6 * DAY
+    assert (not_modified.status, not_modified.fetch_interval_s) == ("not_modified", 6 * DAY)
+
+
+def test_intervals_are_clamped(policy):
+    assert policy.decide("success", 200, prev(interval=DAY), T0, "other").fetch_interval_s == DAY
+    assert policy.decide("not_modified", 304, prev(interval=29 * DAY), T0).fetch_interval_s == 30 * DAY
+
+
+def test_transient_failures_back_off_then_fail(policy):
+    state = prev("fetched", 4 * DAY, 0)
+    waits = []
+    for code in (503, 429, None):
+        outcome = "network_error" if code is None else "http_error"
+        d = policy.decide(outcome, code, state, T0)
+        assert d.status == "retry" and d.fetch_interval_s == 4 * DAY
+        waits.append((d.next_fetch_at - T0).total_seconds())
+        state = PreviousState(d.status, d.fetch_interval_s, d.failure_count, "h1")
+    assert waits == [3600, 7200, 14400]
+    final = policy.decide("http_error", 500, state, T0)
+    assert (final.status, final.failure_count, final.fetch_interval_s) == ("failed", 4, 2592000)
+
+
+def test_success_resets_failures(policy):
+    assert policy.decide("success", 200, prev("retry", 4 * DAY, 3), T0, "h1").failure_count == 0
+
+
+@pytest.mark.parametrize(
+    ("outcome", "code", "status", "interval"),
+    [
+        ("http_error", 404, "gone", 7776000),
+        ("http_error", 410, "gone", 7776000),
+        ("http_error", 403, "excluded", 2592000),
+        ("redirect", 301, "redirect", 604800),
+        ("robots_denied", None, "robots_denied", 86400),
+        ("blocked", None, "excluded", 2592000),
+    ],
+)
+def test_terminal_outcomes(policy, outcome, code, status, interval):
+    d = policy.decide(outcome, code, prev(failures=2), T0)
+    assert (d.status, d.fetch_interval_s) == (status, interval)
+    assert d.next_fetch_at == T0 + timedelta(seconds=interval)
+
+
+def test_deferred_is_due_again_without_a_failure(policy):
+    d = policy.decide("deferred", None, prev("unfetched", 604800, 1, None), T0)
+    assert (d.status, d.fetch_interval_s, d.failure_count, d.next_fetch_at) == ("unfetched", 604800, 1, T0)
+
+
+def test_unknown_outcome_is_an_error(policy):
+    with pytest.raises(ValueError):
+        policy.decide("teleported", None, prev(), T0)
+
+
+def test_index_event_kinds():
+    assert index_event_kind("success", 200, None, "a") == "fetched"
+    assert index_event_kind("success", 200, "a", "b") == "changed"
+    assert index_event_kind("success", 200, "a", "a") == "not_modified"
+    assert index_event_kind("success", 200, "a", None) is None
+    assert index_event_kind("not_modified", 304, "a", None) == "not_modified"
+    assert index_event_kind("http_error", 404, "a", None) == "gone"
+    assert index_event_kind("http_error", 500, "a", None) is None
+    assert index_event_kind("deferred", None, None, None) is None
+
+
+def test_host_backoff_rises_with_throttling_and_resets_on_success():
+    first = host_backoff(0, None, 1, 0, T0, None, 30.0, 900.0, "seed")
+    assert first.level == 1 and T0 + timedelta(seconds=30) <= first.until < T0 + timedelta(seconds=38)
+    assert first == host_backoff(0, None, 1, 0, T0, None, 30.0, 900.0, "seed")  # deterministic per seed
+    directed = host_backoff(1, first.until, 2, 5, T0, 120.0, 30.0, 900.0, "seed")
+    assert directed == type(first)(2, T0 + timedelta(seconds=120))
+    assert host_backoff(3, None, 1, 0, T0, 5000.0, 30.0, 900.0, "s").until == T0 + timedelta(seconds=900)
+    assert host_backoff(2, first.until, 0, 3, T0, None, 30.0, 900.0, "s") == type(first)(0, first.until)
+    assert host_backoff(2, first.until, 0, 0, T0, None, 30.0, 900.0, "s") == type(first)(2, first.until)

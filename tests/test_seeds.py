@@ -1,0 +1,63 @@
+"""Seeds file parsing: metadata forms, bad lines reported with a reason, dedup within the file."""
+
+from __future__ import annotations
+
+import pytest
+
+from crawler.frontier import Scope
+from crawler.seeds import SeedEntry, parse_seed_line, read_seeds
+
+SCOPE = Scope(schemes=("http", "https"), host_suffixes=(), max_url_length=60, max_depth=16)
+
+
+def test_plain_url_is_canonicalized_with_defaults():
+    assert parse_seed_line("HTTP://Example.COM:80/a/../b#frag") == SeedEntry("http://example.com/b", 1.0, None)
+
+
+def test_named_and_positional_metadata():
+    assert parse_seed_line("http://a.test/\tpriority=2.5\tinterval=3600") == SeedEntry("http://a.test/", 2.5, 3600)
+    assert parse_seed_line("http://a.test/\tinterval=60\tpriority=0") == SeedEntry("http://a.test/", 0.0, 60)
+    assert parse_seed_line("http://a.test/\t3\t120") == SeedEntry("http://a.test/", 3.0, 120)
+
+
+@pytest.mark.parametrize(
+    ("line", "reason"),
+    [
+        ("ftp://a.test/file", "scheme"),
+        ("not a url", "not a valid URL"),
+        ("http://a.test/\tpriority=high", "priority is not a number"),
+        ("http://a.test/\tpriority=-1", "priority must be"),
+        ("http://a.test/\tinterval=0", "interval must be"),
+        ("http://a.test/\tinterval=1.5", "interval must be"),
+        ("http://a.test/\tcolour=red", "unknown metadata key"),
+        ("http://a.test/\t1\t2\t3", "unexpected metadata field"),
+        ("http://a.test/\tpriority=1\tpriority=2", "given twice"),
+        ("http://a.test/" + "x" * 80, "longer than scope.max_url_length"),
+    ],
+)
+def test_bad_lines_raise_with_a_reason(line, reason):
+    with pytest.raises(ValueError, match=reason):
+        parse_seed_line(line, SCOPE)
+
+
+def test_host_suffix_scope():
+    scope = Scope(("http", "https"), ("farm.test",), 2048, 16)
+    assert parse_seed_line("http://site-1.farm.test/", scope).url == "http://site-1.farm.test/"
+    with pytest.raises(ValueError, match="out of scope"):
+        parse_seed_line("http://elsewhere.test/", scope)
+
+
+def test_read_seeds_skips_comments_reports_errors_and_dedups():
+    lines = [
+        "# seeds",
+        "",
+        "http://a.test/\tpriority=2",
+        "   ",
+        "gopher://a.test/",
+        "http://A.test/#x",
+        "http://b.test/\t\t",
+    ]
+    entries, errors = read_seeds(lines, SCOPE)
+    assert entries == [SeedEntry("http://a.test/", 2.0, None), SeedEntry("http://b.test/", 1.0, None)]
+    assert [(no, text) for no, text, _ in errors] == [(5, "gopher://a.test/")]
+    assert "scheme" in errors[0][2]

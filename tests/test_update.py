@@ -1,0 +1,154 @@
+"""update on real Delta tables: completion conditional on (url_id, state_version) and the lease, stale results
+counted not applied, deferred back to due without a failure, discoveries inserted once, one index event per
+version, host counters and robots folded once, and a re-run that leaves every table unchanged."""
+
+from __future__ import annotations
+
+import os
+from datetime import UTC, datetime, timedelta
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from crawler import layout, urls
+from crawler.records import FETCHED, ROBOTS
+from delta_tables import tables
+from jobs import generate, inject, update
+
+BUCKETS = 4
+SEG = "seg-u1"
+SEEDS = "\n".join([
+    "http://a.test/1\tpriority=2",
+    "http://a.test/2",
+    "http://a.test/3",
+    "http://a.test/4",
+    "http://a.test/5",
+    "http://b.test/1",
+])
+
+
+def uid(url: str) -> str:
+    return urls.url_id(url)
+
+
+def bucket(url: str) -> int:
+    return urls.bucket_of(urls.host_key(url), BUCKETS)
+
+
+def write_parquet(path: str, rows: list[dict], schema: pa.Schema) -> None:
+    os.makedirs(path, exist_ok=True)
+    pq.write_table(pa.Table.from_pylist(rows, schema=schema), os.path.join(path, "part-00000.parquet"))
+
+
+def append_rows(spark, root: str, name: str, rows: list[dict]) -> None:
+    schema = tables.TABLES[name].schema
+    df = spark.createDataFrame([tuple(r.get(f.name) for f in schema.fields) for r in rows], schema)
+    df.write.format("delta").mode("append").save(tables.table_path(root, name))
+
+
+def all_tables(spark, root: str) -> dict[str, list[str]]:
+    return {name: sorted(str(r) for r in tables.table_df(spark, root, name).collect()) for name in layout.TABLES}
+
+
+def fetched(url: str, at: datetime, outcome: str, code: int | None, version: int = 1, **extra) -> dict:
+    return {"segment_id": SEG, "bucket": bucket(url), "url_id": uid(url), "state_version": version, "url": url,
+            "host_key": urls.host_key(url), "fetched_at": at, "outcome": outcome, "status_code": code,
+            "warc_filename": f"segments/{SEG}/warc/x.warc.gz", "warc_offset": 100, "warc_length": 50, **extra}
+
+
+def test_update_completes_discovers_and_reruns_idempotently(spark, base_conf, root, tmp_path):
+    seeds = tmp_path / "seeds.txt"
+    seeds.write_text(SEEDS)
+    inject.run(spark, base_conf, root, str(seeds))
+    now = datetime.now(UTC).replace(microsecond=0) + timedelta(minutes=1)
+    assert generate.run(spark, base_conf, root, SEG, now).url_count == 6
+    at = now + timedelta(seconds=10)
+
+    results = [
+        fetched("http://a.test/1", at, "success", 200, etag='"e1"'),
+        fetched("http://a.test/2", at + timedelta(seconds=1), "success", 200),
+        fetched("http://a.test/3", at + timedelta(seconds=2), "deferred", None),
+        fetched("http://a.test/4", at + timedelta(seconds=3), "redirect", 301, redirect_to="http://c.test/landing"),
+        fetched("http://a.test/5", at + timedelta(seconds=4), "http_error", 404),
+        fetched("http://b.test/1", at + timedelta(seconds=5), "http_error", 503, version=0, retry_after_s=120.0),
+    ]
+    for b in {bucket(r["url"]) for r in results}:
+        write_parquet(layout.fetched_dir(root, SEG, b), [r for r in results if r["bucket"] == b], FETCHED)
+        with open(layout.done_manifest(root, SEG, b), "w") as handle:
+            handle.write("{}")
+    write_parquet(layout.robots_dir(root, SEG, bucket("http://a.test/")), [{
+        "segment_id": SEG, "bucket": bucket("http://a.test/"), "host_key": "http://a.test", "fetched_at": now,
+        "status_code": 200, "state": "rules", "body": "User-agent: *\nDisallow: /private\n", "crawl_delay_s": 2.0,
+        "expires_at": now + timedelta(days=1)}], ROBOTS)
+    append_rows(spark, root, "pages", [
+        {"url_id": uid("http://a.test/1"), "state_version": 1, "url": "http://a.test/1", "segment_id": SEG,
+         "fetched_at": at, "content_hash": "h1", "simhash": 11},
+        {"url_id": uid("http://a.test/2"), "state_version": 1, "url": "http://a.test/2", "segment_id": SEG,
+         "fetched_at": at, "content_hash": "h2", "simhash": 22},
+    ])
+    link_targets = [
+        ("http://a.test/1", "http://a.test/new", False),
+        ("http://a.test/1", "http://b.test/1", False),
+        ("http://a.test/1", "http://a.test/nofollow", True),
+        ("http://a.test/2", "http://a.test/new", False),
+        ("http://a.test/2", "http://a.test/1", False),
+    ]
+    append_rows(spark, root, "links", [
+        {"segment_id": SEG, "from_url_id": uid(src), "from_state_version": 1, "to_url_id": uid(dst), "to_url": dst,
+         "rel_nofollow": nofollow} for src, dst, nofollow in link_targets])
+
+    result = update.run(spark, base_conf, root, SEG)
+    assert (result.results, result.applied, result.stale, result.discovered, result.index_events) == (6, 5, 1, 2, 3)
+    assert result.hosts_updated == 2
+
+    rows = {r["url"]: r for r in tables.table_df(spark, root, "urls").collect()}
+    assert len(rows) == 8 and "http://a.test/nofollow" not in rows
+    a1, a3, a4, a5, b1 = (rows[u] for u in ("http://a.test/1", "http://a.test/3", "http://a.test/4",
+                                            "http://a.test/5", "http://b.test/1"))
+    default = base_conf["revisit.default_interval_s"]
+    assert (a1.status, a1.content_hash, a1.simhash, a1.etag, a1.lease_segment, a1.last_segment) == (
+        "fetched", "h1", 11, '"e1"', None, SEG)
+    assert a1.next_fetch_at == (at + timedelta(seconds=default)).replace(tzinfo=None) and a1.last_status_code == 200
+    assert (a3.status, a3.failure_count, a3.lease_segment, a3.last_fetch_at) == ("unfetched", 0, None, None)
+    assert a3.next_fetch_at == (at + timedelta(seconds=2)).replace(tzinfo=None)
+    assert (a4.status, a4.redirect_to) == ("redirect", "http://c.test/landing")
+    assert (a5.status, a5.fetch_interval_s) == ("gone", base_conf["revisit.gone_interval_s"])
+    assert (b1.status, b1.state_version, b1.lease_segment) == ("unfetched", 1, SEG)  # stale result not applied
+
+    new = rows["http://a.test/new"]
+    assert (new.status, new.source, new.depth, new.state_version, new.discovered_in) == ("unfetched", "link", 1, 0, SEG)
+    assert new.priority == 2 * 0.8 and new.next_fetch_at == at.replace(tzinfo=None)
+    landing = rows["http://c.test/landing"]
+    assert (landing.source, landing.depth, landing.url_id) == ("redirect", 1, uid("http://c.test/landing"))
+
+    events = {(r["url"], r["state_version"]): r for r in tables.table_df(spark, root, "index_events").collect()}
+    assert {k: e.kind for k, e in events.items()} == {
+        ("http://a.test/1", 1): "fetched", ("http://a.test/2", 1): "fetched", ("http://a.test/5", 1): "gone"}
+    assert events[("http://a.test/1", 1)].created_at == at.replace(tzinfo=None)
+    assert events[("http://a.test/1", 1)].content_hash == "h1"
+
+    hosts = {r["host_key"]: r for r in tables.table_df(spark, root, "hosts").collect()}
+    a, b = hosts["http://a.test"], hosts["http://b.test"]
+    assert (a.fetches, a.status_2xx, a.status_3xx, a.status_4xx, a.status_5xx) == (4, 2, 1, 1, 0)
+    assert (a.policy_version, a.crawl_delay_s, a.robots_state, a.backoff_level) == (1, 2.0, "rules", 0)
+    assert (b.fetches, b.status_5xx, b.backoff_level) == (1, 1, 1)
+    assert b.backoff_until == (at + timedelta(seconds=125)).replace(tzinfo=None)
+    assert "http://c.test" in hosts
+
+    segments = tables.table_df(spark, root, "segments").collect()
+    assert {r.state for r in segments} == {"merged"}
+    assert sum(r.results for r in segments) == 6 and sum(r.applied for r in segments) == 5
+    assert sum(r.stale for r in segments) == 1 and sum(r.discovered for r in segments) == 2
+    fetch_rows = tables.table_df(spark, root, "fetches").collect()
+    assert len(fetch_rows) == 6 and {r.segment_id for r in fetch_rows} == {SEG}
+
+    before = all_tables(spark, root)
+    again = update.run(spark, base_conf, root, SEG)
+    assert (again.results, again.applied, again.stale, again.discovered, again.index_events) == (6, 0, 6, 0, 0)
+    assert all_tables(spark, root) == before
+
+
+def test_update_without_fetched_results_does_nothing(spark, base_conf, root):
+    result = update.run(spark, base_conf, root, "seg-none")
+    assert (result.results, result.applied, result.discovered) == (0, 0, 0)
+    assert tables.table_df(spark, root, "urls").count() == 0
