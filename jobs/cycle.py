@@ -25,10 +25,23 @@ class CycleReport:
     seconds: dict[str, float] = field(default_factory=dict)
 
     def render(self, number: int) -> str:
-        lines = [f"cycle {number}: segment {self.segment_id or '(nothing due)'}"]
+        """A few lines a person reads at a glance: one per step with its time and figures."""
+        total = sum(self.seconds.values())
+        lines = [f"cycle {number}: segment {self.segment_id or '(nothing due)'} in {total:.1f}s"]
         for name, result in self.steps.items():
-            lines.append(f"  {name:<9} {self.seconds.get(name, 0.0):7.1f}s  {result}")
+            lines.append(f"  {name:<9}{self.seconds.get(name, 0.0):7.1f}s  {describe(result)}")
         return "\n".join(lines)
+
+
+def describe(result: Any) -> str:
+    """One line for a step's result: its `summary()`, or the daemon's summary dict."""
+    if hasattr(result, "summary"):
+        return result.summary()
+    if isinstance(result, dict) and "outcomes" in result:
+        outcomes = ", ".join(f"{k}={v}" for k, v in sorted(result["outcomes"].items())) or "-"
+        return (f"{result['urls']} URLs ({outcomes}); {result['warc_files']} WARC files, "
+                f"{result['warc_bytes'] / 1e6:.2f} MB")
+    return str(result)
 
 
 def _timed(report: CycleReport, name: str, func, *args, **kwargs):
@@ -43,7 +56,6 @@ def _timed(report: CycleReport, name: str, func, *args, **kwargs):
 
 def run_cycle(spark: SparkSession, conf: Config, root: str, seeds: str | None = None) -> CycleReport:
     from fetchd.daemon import fetch_segment
-
     from jobs import generate, inject, parse, update
 
     report = CycleReport(segment_id=None)

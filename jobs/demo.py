@@ -101,10 +101,10 @@ def demo_config(conf: Config, root: str, farm) -> Config:
 
 
 def measure(spark, conf: Config, root: str, farm, cycles: int, farm_log: Path) -> DemoFigures:
-    from fetchd.sitefarm import politeness_violations, read_request_log
     from pyspark.sql import functions as F
 
     from delta_tables import table_df
+    from fetchd.sitefarm import politeness_violations, read_request_log
 
     token = conf["crawl.robots_token"]
     min_delay = conf["politeness.min_delay_s"]
@@ -146,7 +146,6 @@ def measure(spark, conf: Config, root: str, farm, cycles: int, farm_log: Path) -
 
 def run_demo(conf: Config, root: str, cycles: int | None = None) -> int:
     from fetchd.sitefarm import FarmSpec, SiteFarm
-
     from jobs.base import spark_session
     from jobs.cycle import run_cycle
 

@@ -43,6 +43,9 @@ class GenerateResult:
         """Nothing was due: no fetch list and no segment rows were written."""
         return self.url_count == 0
 
+    def summary(self) -> str:
+        return f"{self.url_count} URLs from {self.host_count} hosts in {len(self.buckets)} buckets"
+
 
 def as_utc(moment: datetime) -> datetime:
     """An aware UTC datetime (a naive one is taken as UTC)."""

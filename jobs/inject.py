@@ -33,6 +33,10 @@ class InjectResult:
     duplicates: int = 0           # lines repeating a URL seen earlier in the same file
     errors: list[tuple[int, str, str]] = field(default_factory=list)  # (line_no, text, reason)
 
+    def summary(self) -> str:
+        return (f"{self.lines} seed lines: {self.injected} injected, {self.already_known} already known, "
+                f"{self.duplicates} duplicates, {self.rejected} rejected")
+
 
 def merge_counts(metrics: DataFrame) -> dict[str, int]:
     """The one-row metrics DataFrame a Delta MERGE returns, as a dict (num_inserted_rows, ...)."""

@@ -82,6 +82,9 @@ class ParseResult:
     errors: int           # records that could not be parsed (pages rows with parse_error)
     pages_inserted: int   # pages rows new to the table (0 on a re-run)
 
+    def summary(self) -> str:
+        return f"{self.records} records: {self.pages} pages, {self.links} links, {self.errors} errors"
+
 
 def analyze_record(
     record: WarcHttpRecord,

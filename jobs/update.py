@@ -54,6 +54,10 @@ class UpdateResult:
     index_events: int = 0     # new rows in `index_events`
     hosts_updated: int = 0    # `hosts` rows updated or inserted from this segment's results
 
+    def summary(self) -> str:
+        return (f"{self.results} results: {self.applied} applied, {self.stale} stale, {self.discovered} new URLs, "
+                f"{self.index_events} index events, {self.hosts_updated} hosts")
+
 
 def _micros(moment: datetime | None) -> int | None:
     return None if moment is None else (moment - EPOCH) // timedelta(microseconds=1)
@@ -395,6 +399,7 @@ def insert_discoveries(spark: SparkSession, conf: Config, root: str, segment_id:
             F.max((F.col("source") == UrlSource.REDIRECT.value).cast("int")).alias("via_redirect"),
         )
         .where(F.col("depth") <= conf["scope.max_depth"])
+        .persist()  # read three times below (counts, urls MERGE, hosts MERGE); the UDF runs once
     )
     nulls = ("last_fetch_at", "last_status_code", "etag", "last_modified", "content_hash", "simhash",
              "last_changed_at", "redirect_to", "lease_segment", "lease_expires_at", "last_segment")
@@ -419,6 +424,7 @@ def insert_discoveries(spark: SparkSession, conf: Config, root: str, segment_id:
     _merge(spark, root, "urls", rows, "t.bucket = s.bucket AND t.url_id = s.url_id AND t.url = s.url"
            ).whenNotMatchedInsertAll().execute()
     insert_hosts_if_absent(spark, root, discovered, now)
+    discovered.unpersist()
     return per_bucket
 
 

@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 from fastwarc.warc import ArchiveIterator
-from fetchd.sitefarm import FarmSpec, SiteFarm, politeness_violations, read_request_log
 
 from crawler.urls import canonicalize
 from delta_tables import TABLES, table_df
+from fetchd.sitefarm import FarmSpec, SiteFarm, politeness_violations, read_request_log
 from jobs import cycle, demo, inject, update
 
 pytestmark = pytest.mark.slow
@@ -162,3 +162,16 @@ def test_demo_command_end_to_end(tmp_path):
     assert set(fields) == {"fetched", "hosts", "warc_files", "delay", "violations"}
     assert int(fields["fetched"]) > 3 and int(fields["hosts"]) == 3 and fields["violations"] == "0"
     assert (root / "sitefarm" / "requests.jsonl").exists()
+
+
+def test_stats_counts_every_table_by_status(spark, crawled):
+    from jobs.stats import render_stats, table_counts
+
+    counts = table_counts(spark, crawled["root"])
+    assert set(counts) == set(TABLES)
+    total, by_status = counts["urls"]
+    assert total == table_df(spark, crawled["root"], "urls").count()
+    assert dict(by_status)["fetched"] > 0
+    text = render_stats(spark, crawled["root"])
+    for name in TABLES:
+        assert name in text

@@ -1,0 +1,52 @@
+"""The `crawl` command line and the cycle report, without Spark."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+from jobs.cycle import CycleReport, describe
+from jobs.generate import GenerateResult
+from jobs.update import UpdateResult
+
+COMMANDS = ("init", "inject", "generate", "fetch", "parse", "update", "cycle", "demo", "stats", "fetchd")
+
+
+def test_help_lists_every_command():
+    result = subprocess.run([sys.executable, "-m", "jobs.cli", "--help"], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0
+    for command in COMMANDS:
+        assert command in result.stdout
+
+
+def test_every_command_takes_root_config_and_set():
+    for command in COMMANDS:
+        result = subprocess.run(
+            [sys.executable, "-m", "jobs.cli", command, "--help"], capture_output=True, text=True, timeout=60
+        )
+        assert result.returncode == 0, command
+        for option in ("--root", "--config", "--set"):
+            assert option in result.stdout, (command, option)
+
+
+def test_missing_required_argument_is_a_usage_error():
+    result = subprocess.run([sys.executable, "-m", "jobs.cli", "parse"], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 2
+    assert "--segment" in result.stderr
+
+
+def test_cycle_report_reads_at_a_glance():
+    report = CycleReport("seg-1")
+    report.steps["generate"] = GenerateResult("seg-1", url_count=10, host_count=2, buckets=[1, 2])
+    report.seconds["generate"] = 1.5
+    report.steps["fetch"] = {"urls": 10, "outcomes": {"success": 9, "robots_denied": 1}, "warc_files": 2,
+                             "warc_bytes": 2_000_000}
+    report.seconds["fetch"] = 2.0
+    report.steps["update"] = UpdateResult("seg-1", results=10, applied=9, stale=1, discovered=4)
+    report.seconds["update"] = 3.0
+    text = report.render(1)
+    assert text.splitlines()[0] == "cycle 1: segment seg-1 in 6.5s"
+    assert "10 URLs from 2 hosts in 2 buckets" in text
+    assert "robots_denied=1, success=9" in text and "2.00 MB" in text
+    assert "9 applied, 1 stale, 4 new URLs" in text
+    assert describe("plain") == "plain"
