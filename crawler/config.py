@@ -7,6 +7,7 @@ with a message a person can act on.
 
 from __future__ import annotations
 
+import argparse
 import copy
 import ipaddress
 import os
@@ -245,3 +246,22 @@ def load(path: str | Path | None = None, assignments: Iterable[str] = ()) -> Con
             raise ConfigError(key, "unknown key (every key is listed in conf/crawler.yaml)")
         head[parts[-1]] = value
     return validated(data)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The options every command line of the engine takes: --root, --config, --set, -v."""
+    parser.add_argument("--root", help="storage root (default: storage.root from config)")
+    parser.add_argument("--config", help="YAML file overriding any subset of conf/crawler.yaml")
+    parser.add_argument(
+        "--set", dest="assignments", action="append", default=[], metavar="KEY=VALUE",
+        help="override one config key, e.g. --set politeness.min_delay_s=2 (repeatable)",
+    )
+    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+
+
+def from_arguments(args: argparse.Namespace) -> Config:
+    """The validated config for parsed `add_arguments` options; raises ConfigError naming a bad key."""
+    conf = load(args.config, args.assignments)
+    if args.root:
+        conf = conf.with_overrides({"storage.root": args.root})
+    return conf

@@ -21,11 +21,7 @@ EXIT_CONFIG = 2
 
 def _parser() -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("--root", help="storage root (default: storage.root from config)")
-    common.add_argument("--config", help="YAML file overriding any subset of conf/crawler.yaml")
-    common.add_argument("--set", dest="assignments", action="append", default=[], metavar="KEY=VALUE",
-                        help="override one config key (repeatable)")
-    common.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    config_mod.add_arguments(common)
     parser = argparse.ArgumentParser(prog="fetchd", description="cyclecrawl fetch daemon (politeness owner).")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     sub.add_parser("serve", parents=[common], help="watch ROOT/segments and fetch every bucket without _DONE.json")
@@ -42,9 +38,7 @@ def main(argv: list[str] | None = None) -> int:
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
     logging.getLogger("asyncio").setLevel(logging.WARNING)
     try:
-        conf = config_mod.load(args.config, args.assignments)
-        if args.root:
-            conf = conf.with_overrides({"storage.root": args.root})
+        conf = config_mod.from_arguments(args)
     except config_mod.ConfigError as exc:
         print(f"fetchd: {exc}", file=sys.stderr)
         return EXIT_CONFIG

@@ -18,13 +18,7 @@ EXIT_CONFIG = 2
 
 def _common() -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("--root", help="storage root (default: storage.root from config)")
-    common.add_argument("--config", help="YAML file overriding any subset of conf/crawler.yaml")
-    common.add_argument(
-        "--set", dest="assignments", action="append", default=[], metavar="KEY=VALUE",
-        help="override one config key, e.g. --set politeness.min_delay_s=2 (repeatable)",
-    )
-    common.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    config_mod.add_arguments(common)
     return common
 
 
@@ -55,13 +49,6 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _load_config(args: argparse.Namespace) -> config_mod.Config:
-    conf = config_mod.load(args.config, args.assignments)
-    if args.root:
-        conf = conf.with_overrides({"storage.root": args.root})
-    return conf
-
-
 def _setup_logging(verbose: bool) -> None:
     logging.basicConfig(
         level=logging.DEBUG if verbose else logging.INFO,
@@ -84,17 +71,19 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     _setup_logging(args.verbose)
     try:
-        conf = _load_config(args)
+        conf = config_mod.from_arguments(args)
     except config_mod.ConfigError as exc:
         print(f"crawl: {exc}", file=sys.stderr)
         return EXIT_CONFIG
     root = layout.normalize_root(conf["storage.root"])
 
+    from jobs.cycle import describe
+
     if args.command == "fetch":
         from fetchd.daemon import fetch_segment
 
         summary = fetch_segment(conf, root, args.segment)
-        print(f"fetch: {summary}")
+        print(f"fetch: {describe(summary)}")
         return 0
     if args.command == "fetchd":
         from fetchd.daemon import serve
@@ -118,19 +107,23 @@ def main(argv: list[str] | None = None) -> int:
     elif args.command == "inject":
         from jobs import inject
 
-        print(f"inject: {inject.run(spark, conf, root, args.seeds)}")
+        result = inject.run(spark, conf, root, args.seeds)
+        for line_no, text, reason in result.errors:
+            print(f"inject: {args.seeds}:{line_no}: skipped: {reason}: {text[:200]!r}")
+        print(f"inject: {describe(result)}")
     elif args.command == "generate":
         from jobs import generate
 
-        print(f"generate: {generate.run(spark, conf, root, segment_id=args.segment, now=_parse_now(args.now))}")
+        result = generate.run(spark, conf, root, segment_id=args.segment, now=_parse_now(args.now))
+        print(f"generate: segment {result.segment_id}: {describe(result)}")
     elif args.command == "parse":
         from jobs import parse
 
-        print(f"parse: {parse.run(spark, conf, root, args.segment)}")
+        print(f"parse: {describe(parse.run(spark, conf, root, args.segment))}")
     elif args.command == "update":
         from jobs import update
 
-        print(f"update: {update.run(spark, conf, root, args.segment)}")
+        print(f"update: {describe(update.run(spark, conf, root, args.segment))}")
     elif args.command == "cycle":
         for number in range(1, args.cycles + 1):
             report = cycle.run_cycle(spark, conf, root, seeds=args.seeds if number == 1 else None)

@@ -18,7 +18,7 @@ from delta_tables import TABLES, table_df
 from fetchd.sitefarm import FarmSpec, SiteFarm, politeness_violations, read_request_log
 from jobs import cycle, demo, inject, update
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
 
 CYCLES = 3
 
