@@ -9,6 +9,7 @@ and repeats. These functions are the single entry points; nothing else in the en
 from __future__ import annotations
 
 import re
+import unicodedata
 
 import ada_url
 import mmh3
@@ -32,37 +33,101 @@ def normalize_percent_encoding(text: str) -> str:
 
 
 def canonicalize(url: str) -> str:
-    """The canonical form of an absolute http(s) URL; raises ValueError on anything else."""
-    if not isinstance(url, str) or not url.strip():
-        raise ValueError("empty URL")
+    """The canonical form of an absolute http(s) URL; raises ValueError (with the reject reason) on anything else."""
+    canonical, reason = _canonical_or_reason(url)
+    if canonical is None:
+        raise ValueError(f"{reason}: {str(url)[:200]!r}")
+    return canonical
+
+
+def reject_reason(url: object, max_length: int | None = None) -> str | None:
+    """Why a URL cannot enter the crawl (a short reason), or None when it canonicalizes (within max_length, if
+    given). Never raises, whatever the input, so a job can record the reason instead of failing."""
+    canonical, reason = _canonical_or_reason(url)
+    if canonical is None:
+        return reason
+    if max_length is not None and len(canonical) > max_length:
+        return "too long"
+    return None
+
+
+_SCHEME = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*):")
+_PORT = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*:[/\\]*(?:[^/\\?#]*@)?(?:\[[^\]]*\]|[^/\\?#:]*):([^/\\?#]*)")
+_C0_OR_SPACE = "".join(chr(c) for c in range(0x21))
+_CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
+
+
+def _canonical_or_reason(url: object) -> tuple[str | None, str]:
+    """The one place that decides whether a URL canonicalizes: (canonical, "") or (None, reason)."""
+    if not isinstance(url, str):
+        return None, f"not a string ({type(url).__name__})"
+    if not url.strip(_C0_OR_SPACE):
+        return None, "empty URL"
     try:
-        parsed = ada_url.URL(url)
+        parsed = ada_url.URL(_usv(url))
     except ValueError:
-        raise ValueError(f"not a valid URL: {url[:200]!r}") from None
+        return None, _why_unparsable(url)
     scheme = parsed.protocol[:-1]
     if scheme not in HTTP_SCHEMES:
-        raise ValueError(f"unsupported scheme {scheme!r}: {url[:200]!r}")
+        return None, f"unsupported scheme {scheme[:20]!r}"
     if not parsed.hostname:
-        raise ValueError(f"URL has no host: {url[:200]!r}")
-    parsed.hash = ""
-    parsed.pathname = normalize_percent_encoding(parsed.pathname) or "/"
-    if parsed.search:
-        parsed.search = normalize_percent_encoding(parsed.search)
-    return parsed.href
+        return None, "no host"
+    if not all(_valid_ace_label(label) for label in parsed.hostname.split(".") if label.startswith("xn--")):
+        return None, "invalid IDNA host"
+    try:
+        parsed.hash = ""
+        parsed.pathname = normalize_percent_encoding(parsed.pathname) or "/"
+        if parsed.search:
+            parsed.search = normalize_percent_encoding(parsed.search)
+        return parsed.href, ""
+    except ValueError:
+        return None, "not a valid URL"
+
+
+def _usv(text: str) -> str:
+    """Lone surrogates become U+FFFD, as the standard's USVString conversion does (a valid pair stays one
+    character); without this, such text cannot even be encoded for the parser."""
+    if text.isascii():
+        return text
+    return text.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
+
+
+def _valid_ace_label(label: str) -> bool:
+    """An xn-- label must be real Punycode for a non-ASCII label already in mapped (NFKC, lowercase) form with
+    no control, unassigned or private-use code points (UTS #46 validity, which ada does not check here)."""
+    try:
+        decoded = label[4:].encode("ascii").decode("punycode")
+    except (UnicodeError, ValueError):
+        return False
+    if not decoded or decoded.isascii() or unicodedata.normalize("NFKC", decoded).lower() != decoded:
+        return False
+    return not any(unicodedata.category(ch) in ("Cc", "Cn", "Co", "Cs") for ch in decoded)
+
+
+def _why_unparsable(url: str) -> str:
+    """The most specific reason ada rejected a URL (scheme, control characters, port) for reports."""
+    text = url.strip(_C0_OR_SPACE)
+    scheme = _SCHEME.match(text)
+    if scheme and scheme.group(1).lower() not in HTTP_SCHEMES:
+        return f"unsupported scheme {scheme.group(1).lower()[:20]!r}"
+    if _CONTROL.search(text):
+        return "control characters"
+    port = _PORT.match(text.replace("\t", "").replace("\n", "").replace("\r", ""))
+    if port and port.group(1).isdigit() and int(port.group(1)) > 65535:
+        return "port out of range"
+    return "not a valid URL"
 
 
 def resolve(base: str, href: str) -> str | None:
     """Resolve a link against its page URL; the canonical http(s) result, or None if there is none."""
-    if href is None:
+    if not isinstance(base, str) or not isinstance(href, str):
         return None
     try:
-        joined = ada_url.join_url(base, href)
+        joined = ada_url.join_url(_usv(base), _usv(href))
     except ValueError:
         return None
-    try:
-        return canonicalize(joined)
-    except ValueError:
-        return None
+    canonical, _ = _canonical_or_reason(joined)
+    return canonical
 
 
 def url_id(canonical_url: str) -> str:
