@@ -44,6 +44,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--cycles", type=int, default=1, help="how many cycles to run (default 1)")
     p = sub.add_parser("demo", parents=[common], help="crawl the bundled demo site farm on loopback")
     p.add_argument("--cycles", type=int, help="cycles to run (default: demo.cycles)")
+    p = sub.add_parser("maintain", parents=[common], help="compact (OPTIMIZE), VACUUM and report every table")
+    p.add_argument("--table", action="append", dest="tables", help="only this table (repeatable)")
+    p.add_argument("--no-vacuum", action="store_true", help="compact only")
     sub.add_parser("stats", parents=[common], help="row counts by status for each table")
     sub.add_parser("fetchd", parents=[common], help="run a long-lived fetch daemon watching ROOT/segments")
     return parser
@@ -128,6 +131,10 @@ def main(argv: list[str] | None = None) -> int:
         for number in range(1, args.cycles + 1):
             report = cycle.run_cycle(spark, conf, root, seeds=args.seeds if number == 1 else None)
             print(report.render(number))
+    elif args.command == "maintain":
+        from jobs import maintain
+
+        print(maintain.run(spark, conf, root, tables=args.tables, vacuum=not args.no_vacuum).render())
     elif args.command == "stats":
         from jobs.stats import render_stats
 

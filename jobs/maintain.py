@@ -1,0 +1,189 @@
+"""`crawl maintain`: compact small files (OPTIMIZE), delete unreferenced ones (VACUUM), report table figures.
+
+Every MERGE and append of a cycle adds small files (and deletion vectors); left alone, reads slow down with the
+file count. OPTIMIZE here is plain bin-packing compaction, which Delta does per partition: `urls`/`hosts` stay
+bucketed and `fetches`/`links` stay per segment, so generate and update keep pruning by partition. ZORDER is
+not used: the keys worth clustering inside a bucket are `url_id` (a uniform hash, looked up by MERGE through a
+join that OSS Delta does not prune by file statistics) and `next_fetch_at` (rewritten by every update, so the
+clustering decays in one cycle), while ZORDER rewrites every file of a partition on every run. Compaction only
+rewrites the small files, so a second run costs next to nothing.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+from pyspark.sql import SparkSession
+
+from crawler.config import Config
+from delta_tables.tables import TABLES, table_path
+
+log = logging.getLogger("jobs.maintain")
+
+# Delta refuses VACUUM below the tables' default deleted-file retention (7 days) unless this check is off.
+DELTA_SAFE_RETENTION_HOURS = 168.0
+RETENTION_CHECK_CONF = "spark.databricks.delta.retentionDurationCheck.enabled"
+VACUUM_LOGGING_CONF = "spark.databricks.delta.vacuum.logging.enabled"
+MAX_FILE_SIZE_CONF = "spark.databricks.delta.optimize.maxFileSize"
+
+
+@dataclass
+class TableMaintenance:
+    """Figures for one table; `*_before` are read before OPTIMIZE, the rest after VACUUM."""
+
+    name: str
+    files_before: int
+    bytes_before: int
+    files_after: int = 0
+    bytes_after: int = 0
+    rows: int = 0
+    version: int = 0
+    files_compacted: int = 0      # files OPTIMIZE replaced
+    files_written: int = 0        # files OPTIMIZE wrote in their place
+    vacuum_removed: int = 0       # files VACUUM deleted from storage
+    seconds: float = 0.0
+
+
+@dataclass
+class MaintainResult:
+    retention_hours: float
+    vacuumed: bool
+    tables: list[TableMaintenance] = field(default_factory=list)
+    missing: list[str] = field(default_factory=list)   # asked for but not created yet under the root
+
+    def summary(self) -> str:
+        files_before = sum(t.files_before for t in self.tables)
+        files_after = sum(t.files_after for t in self.tables)
+        vacuum = (f"vacuum removed {sum(t.vacuum_removed for t in self.tables)} files "
+                  f"(retention {self.retention_hours:g} h)" if self.vacuumed else "no vacuum")
+        missing = f", missing: {', '.join(self.missing)}" if self.missing else ""
+        return (f"{len(self.tables)} tables: files {files_before} -> {files_after}, "
+                f"{_size(sum(t.bytes_after for t in self.tables))}, "
+                f"{sum(t.rows for t in self.tables)} rows, {vacuum}{missing}")
+
+    def render(self) -> str:
+        header = (f"{'table':<14}{'files':>14}{'size':>20}{'rows':>12}{'compacted':>11}"
+                  f"{'vacuumed':>10}{'version':>9}{'secs':>7}")
+        lines = [header]
+        for t in self.tables:
+            lines.append(
+                f"{t.name:<14}{f'{t.files_before} -> {t.files_after}':>14}"
+                f"{f'{_size(t.bytes_before)} -> {_size(t.bytes_after)}':>20}{t.rows:>12}"
+                f"{f'{t.files_compacted}->{t.files_written}':>11}{t.vacuum_removed:>10}{t.version:>9}{t.seconds:>7.1f}"
+            )
+        lines.extend(f"{name:<14}{'missing':>14}" for name in self.missing)
+        lines.append(self.summary())
+        return "\n".join(lines)
+
+
+def _size(num_bytes: int) -> str:
+    value = float(num_bytes)
+    for unit in ("B", "KB", "MB", "GB"):
+        if value < 1024 or unit == "GB":
+            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    raise AssertionError("unreachable")
+
+
+@contextmanager
+def session_conf(spark: SparkSession, settings: dict[str, str]) -> Iterator[None]:
+    """Set Spark SQL confs for the duration of a call and restore what was there before."""
+    previous = {key: spark.conf.get(key, None) for key in settings}
+    for key, value in settings.items():
+        spark.conf.set(key, value)
+    try:
+        yield
+    finally:
+        for key, value in previous.items():
+            if value is None:
+                spark.conf.unset(key)
+            else:
+                spark.conf.set(key, value)
+
+
+def vacuum_settings(retention_hours: float) -> dict[str, str]:
+    """Session confs VACUUM needs: its metrics in the table history, and the safety check off only when asked for."""
+    settings = {VACUUM_LOGGING_CONF: "true"}
+    if retention_hours < DELTA_SAFE_RETENTION_HOURS:
+        log.warning("maintain.vacuum_retention_hours=%g is below Delta's safe %g h: turning off %s for VACUUM; "
+                    "readers of versions older than that may fail", retention_hours, DELTA_SAFE_RETENTION_HOURS,
+                    RETENTION_CHECK_CONF)
+        settings[RETENTION_CHECK_CONF] = "false"
+    return settings
+
+
+def _detail(spark: SparkSession, path: str) -> tuple[int, int]:
+    """(files, bytes) of the current snapshot, from the log (DESCRIBE DETAIL), without reading data."""
+    row = spark.sql(f"DESCRIBE DETAIL delta.`{path}`").first()
+    return int(row["numFiles"] or 0), int(row["sizeInBytes"] or 0)
+
+
+def _vacuum_removed(delta_table, after_version: int) -> int:
+    """Files deleted by the VACUUM committed after `after_version` (its VACUUM END history metrics)."""
+    rows = (delta_table.history(4).where(f"version > {after_version} AND operation = 'VACUUM END'")
+            .select("operationMetrics").collect())
+    return sum(int((row["operationMetrics"] or {}).get("numDeletedFiles", 0)) for row in rows)
+
+
+def _latest_version(delta_table) -> int:
+    return int(delta_table.history(1).select("version").first()["version"])
+
+
+def maintain_table(spark: SparkSession, root: str, name: str, retention_hours: float | None) -> TableMaintenance:
+    """OPTIMIZE one table, then VACUUM it unless `retention_hours` is None, then read its figures."""
+    from delta.tables import DeltaTable
+
+    started = time.monotonic()
+    path = table_path(root, name)
+    delta_table = DeltaTable.forPath(spark, path)
+    files, size = _detail(spark, path)
+    figures = TableMaintenance(name, files_before=files, bytes_before=size)
+
+    metrics = delta_table.optimize().executeCompaction().select("metrics.numFilesRemoved", "metrics.numFilesAdded")
+    compacted = metrics.first()
+    figures.files_compacted = int(compacted["numFilesRemoved"] or 0)
+    figures.files_written = int(compacted["numFilesAdded"] or 0)
+
+    if retention_hours is not None:
+        version = _latest_version(delta_table)
+        delta_table.vacuum(float(retention_hours))
+        figures.vacuum_removed = _vacuum_removed(delta_table, version)
+
+    figures.files_after, figures.bytes_after = _detail(spark, path)
+    # COUNT(*) on a Delta table is answered from the per-file statistics in the log, not by a scan.
+    figures.rows = spark.read.format("delta").load(path).count()
+    figures.version = _latest_version(delta_table)
+    figures.seconds = time.monotonic() - started
+    log.info("maintain %s: files %d -> %d (compacted %d into %d), vacuum removed %d, %d rows, version %d, %.1fs",
+             name, figures.files_before, figures.files_after, figures.files_compacted, figures.files_written,
+             figures.vacuum_removed, figures.rows, figures.version, figures.seconds)
+    return figures
+
+
+def run(spark: SparkSession, conf: Config, root: str, tables: list[str] | None = None,
+        vacuum: bool = True) -> MaintainResult:
+    """Compact, vacuum and measure `tables` (default: every table); tables not created yet are listed as missing."""
+    from delta.tables import DeltaTable
+
+    names = list(TABLES) if tables is None else list(tables)
+    unknown = [name for name in names if name not in TABLES]
+    if unknown:
+        raise ValueError(f"unknown tables {unknown}; known: {', '.join(TABLES)}")
+    retention_hours = float(conf["maintain.vacuum_retention_hours"])
+    result = MaintainResult(retention_hours=retention_hours, vacuumed=vacuum)
+    settings = {MAX_FILE_SIZE_CONF: str(conf["maintain.target_file_mb"] * 1024 * 1024)}
+    if vacuum:
+        settings.update(vacuum_settings(retention_hours))
+    with session_conf(spark, settings):
+        for name in names:
+            if not DeltaTable.isDeltaTable(spark, table_path(root, name)):
+                log.warning("maintain %s: no table under %s (run `crawl init`)", name, root)
+                result.missing.append(name)
+                continue
+            result.tables.append(maintain_table(spark, root, name, retention_hours if vacuum else None))
+    log.info("maintain: %s", result.summary())
+    return result

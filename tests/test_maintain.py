@@ -1,0 +1,147 @@
+"""`crawl maintain` on real Delta tables: compaction keeps contents, VACUUM deletes old files, figures add up."""
+
+from __future__ import annotations
+
+import logging
+import os
+from datetime import datetime, timezone
+
+import pytest
+from pyspark.sql import functions as F
+from pyspark.sql.types import StringType, StructType, TimestampType
+
+from crawler.config import ConfigError
+from delta_tables.tables import TABLES, conform, create_all, table_df, table_path
+from jobs import maintain
+
+APPENDS = 5
+WHEN = datetime(2026, 1, 2, 3, 4, 5, tzinfo=timezone.utc)
+
+
+def _row(schema: StructType, values: dict) -> dict:
+    """A full row: the given values, zero/empty for other required columns, null for optional ones."""
+    row = {}
+    for f in schema.fields:
+        if f.name in values:
+            row[f.name] = values[f.name]
+        elif f.nullable:
+            row[f.name] = None
+        elif isinstance(f.dataType, TimestampType):
+            row[f.name] = WHEN
+        elif isinstance(f.dataType, StringType):
+            row[f.name] = ""
+        else:
+            row[f.name] = 0
+    return row
+
+
+def _append(spark, root: str, name: str, rows: list[dict]) -> None:
+    schema = TABLES[name].schema
+    df = spark.createDataFrame([_row(schema, r) for r in rows], schema)
+    conform(df, name).write.format("delta").mode("append").save(table_path(root, name))
+
+
+def _fill(spark, root: str) -> None:
+    """Five small appends to `segments` (unpartitioned) and `hosts` (4 bucket partitions)."""
+    for i in range(APPENDS):
+        _append(spark, root, "segments", [
+            {"segment_id": f"seg-{i}", "bucket": b, "state": "generated", "url_count": 10 * i + b,
+             "counters": {"x": i}} for b in range(3)
+        ])
+        _append(spark, root, "hosts", [
+            {"host_key": f"http://h{i}-{b}.test", "bucket": b, "known_urls": i * b} for b in range(4)
+        ])
+
+
+def _snapshot(spark, root: str, name: str) -> list:
+    return sorted(table_df(spark, root, name).collect(), key=lambda r: (r["bucket"], str(r[0])))
+
+
+def _files_per_partition(spark, root: str, name: str) -> dict[int, int]:
+    rows = (table_df(spark, root, name).groupBy("bucket")
+            .agg(F.countDistinct("_metadata.file_path").alias("files")).collect())
+    return {r["bucket"]: r["files"] for r in rows}
+
+
+def _parquet_on_disk(root: str, name: str) -> int:
+    count = 0
+    for _folder, dirs, files in os.walk(table_path(root, name)):
+        dirs[:] = [d for d in dirs if d != "_delta_log"]
+        count += sum(1 for f in files if f.endswith(".parquet"))
+    return count
+
+
+def test_optimize_compacts_to_one_file_per_partition_and_keeps_contents(spark, base_conf, root):
+    create_all(spark, root)
+    _fill(spark, root)
+    before = {name: _snapshot(spark, root, name) for name in ("segments", "hosts")}
+    assert sum(_files_per_partition(spark, root, "segments").values()) >= APPENDS
+    assert all(files >= APPENDS for files in _files_per_partition(spark, root, "hosts").values())
+
+    result = maintain.run(spark, base_conf, root, tables=["segments", "hosts"], vacuum=False)
+
+    figures = {t.name: t for t in result.tables}
+    assert set(figures) == {"segments", "hosts"} and result.missing == []
+    assert _files_per_partition(spark, root, "hosts") == {0: 1, 1: 1, 2: 1, 3: 1}
+    assert _files_per_partition(spark, root, "segments") == {0: 1, 1: 1, 2: 1}  # one file holds every bucket
+    assert figures["hosts"].files_after == 4 and figures["segments"].files_after == 1
+    assert figures["hosts"].files_compacted == figures["hosts"].files_before >= 4 * APPENDS
+    assert figures["hosts"].files_written == 4
+    assert figures["segments"].rows == 3 * APPENDS and figures["hosts"].rows == 4 * APPENDS
+    assert figures["hosts"].vacuum_removed == 0
+    for name, rows in before.items():
+        assert _snapshot(spark, root, name) == rows
+
+    on_disk = _parquet_on_disk(root, "hosts")
+    again = maintain.run(spark, base_conf, root, tables=["segments", "hosts"])  # default 168 h retention
+    for t in again.tables:
+        assert (t.files_before, t.files_after) == (figures[t.name].files_after, figures[t.name].files_after)
+        assert (t.files_compacted, t.files_written, t.vacuum_removed) == (0, 0, 0)
+    assert _parquet_on_disk(root, "hosts") == on_disk  # replaced files younger than 7 days stay for time travel
+    for name, rows in before.items():
+        assert _snapshot(spark, root, name) == rows
+    rendered = again.render()
+    assert len(rendered.splitlines()) == 4 and "hosts" in rendered and "segments" in rendered
+    assert again.summary().startswith("2 tables: files 5 -> 5")
+
+
+def test_vacuum_with_zero_retention_deletes_replaced_files(spark, base_conf, root, caplog):
+    create_all(spark, root)
+    _fill(spark, root)
+    before = _snapshot(spark, root, "segments")
+    on_disk = _parquet_on_disk(root, "segments")
+    assert on_disk >= APPENDS
+    conf = base_conf.with_overrides({"maintain.vacuum_retention_hours": 0})
+
+    with caplog.at_level(logging.WARNING, logger="jobs.maintain"):
+        result = maintain.run(spark, conf, root, tables=["segments"])
+
+    assert "maintain.vacuum_retention_hours=0" in caplog.text
+    (segments,) = result.tables
+    assert _parquet_on_disk(root, "segments") == 1
+    assert segments.vacuum_removed == on_disk  # every appended file was replaced by the one compacted file
+    assert segments.files_after == 1 and segments.rows == 3 * APPENDS
+    assert _snapshot(spark, root, "segments") == before
+    # The safety check is back on for everyone else once maintain returns.
+    assert spark.conf.get(maintain.RETENTION_CHECK_CONF, None) in (None, "true")
+    assert "vacuum removed" in result.summary()
+
+
+def test_missing_and_unknown_tables(spark, base_conf, root):
+    result = maintain.run(spark, base_conf, root, tables=["urls"])
+    assert result.tables == [] and result.missing == ["urls"]
+    with pytest.raises(ValueError, match="nope"):
+        maintain.run(spark, base_conf, root, tables=["nope"])
+
+
+@pytest.mark.parametrize("value", [-1, "a week", True])
+def test_bad_retention_is_a_config_error_naming_the_key(base_conf, value):
+    with pytest.raises(ConfigError) as info:
+        base_conf.with_overrides({"maintain.vacuum_retention_hours": value})
+    assert info.value.key == "maintain.vacuum_retention_hours"
+
+
+def test_bad_target_file_size_is_a_config_error(base_conf):
+    with pytest.raises(ConfigError) as info:
+        base_conf.with_overrides({"maintain.target_file_mb": 0})
+    assert info.value.key == "maintain.target_file_mb"
