@@ -11,6 +11,7 @@ import argparse
 import copy
 import ipaddress
 import os
+import re
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
@@ -50,6 +51,15 @@ def _networks(value: Any) -> bool:
     return True
 
 
+def _regexes(value: Any) -> bool:
+    for item in value:
+        try:
+            re.compile(item)
+        except re.error as exc:
+            raise ValueError(str(exc)) from None
+    return True
+
+
 _RULES: dict[str, tuple[Any, str]] = {
     "crawl.buckets": (lambda v: 1 <= v <= 99999, "must be between 1 and 99999"),
     "crawl.user_agent": (lambda v: bool(v.strip()), "must not be empty"),
@@ -57,6 +67,13 @@ _RULES: dict[str, tuple[Any, str]] = {
     "scope.schemes": (lambda v: set(v) <= {"http", "https"} and bool(v), "only http and https are supported"),
     "scope.max_url_length": (_positive, "must be > 0"),
     "scope.max_depth": (_non_negative, "must be >= 0"),
+    "scope.deny_patterns": (_regexes, "must be a list of valid regular expressions"),
+    "traps.max_url_length": (_positive, "must be > 0"),
+    "traps.max_path_depth": (_positive, "must be > 0"),
+    "traps.max_segment_repeats": (_positive, "must be > 0"),
+    "traps.max_query_params": (_non_negative, "must be >= 0"),
+    "traps.max_new_urls_per_host_per_cycle": (_positive, "must be > 0"),
+    "traps.max_new_urls_per_template_per_cycle": (_positive, "must be > 0"),
     "generate.segment_max_urls": (_positive, "must be > 0"),
     "generate.per_host_max_urls": (_positive, "must be > 0"),
     "generate.segment_seconds": (_positive, "must be > 0"),
@@ -94,6 +111,8 @@ _RULES: dict[str, tuple[Any, str]] = {
     "parse.max_html_bytes": (_positive, "must be > 0"),
     "parse.simhash_shingle": (_positive, "must be > 0"),
     "spark.shuffle_partitions": (_positive, "must be > 0"),
+    "maintain.vacuum_retention_hours": (_non_negative, "must be >= 0"),
+    "maintain.target_file_mb": (_positive, "must be > 0"),
     "demo.hosts": (lambda v: 1 <= v <= 10000, "must be between 1 and 10000"),
     "demo.pages_per_host": (lambda v: 1 <= v <= 100000, "must be between 1 and 100000"),
     "demo.cycles": (_positive, "must be > 0"),

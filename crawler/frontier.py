@@ -7,12 +7,17 @@ Python form; tests/test_inject_generate.py checks that both agree.
 
 from __future__ import annotations
 
+import functools
+import ipaddress
 import math
 import random
+import re
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from crawler import politeness, urls
+from publicsuffixlist import PublicSuffixList
+
+from crawler import politeness, traps, urls
 from crawler.config import Config
 from crawler.status import FetchOutcome, IndexEventKind
 
@@ -23,6 +28,34 @@ SECONDS_PER_DAY = 86400.0
 GONE_CODES = frozenset({404, 410})
 
 
+@functools.cache
+def _public_suffixes() -> PublicSuffixList:
+    # The list bundled with the publicsuffixlist package: loaded once per process, never downloaded.
+    return PublicSuffixList()
+
+
+@functools.lru_cache(maxsize=65536)  # a link batch repeats few hosts; bounded for workers seeing millions
+def registered_domain(host: str) -> str:
+    """The registrable domain of a host name, public-suffix aware: "a.b.example.co.uk" -> "example.co.uk".
+    An IP address, a bare public suffix or a single-label name is its own registered domain."""
+    host = host.lower().rstrip(".")
+    try:
+        ipaddress.ip_address(host.strip("[]"))
+        return host
+    except ValueError:
+        pass
+    return _public_suffixes().privatesuffix(host) or host
+
+
+def _domain_listed(domain: str, listed: tuple[str, ...]) -> bool:
+    return domain in {d.lower().lstrip(".").rstrip(".") for d in listed}
+
+
+@functools.cache
+def _compiled(patterns: tuple[str, ...]) -> tuple[re.Pattern[str], ...]:
+    return tuple(re.compile(p) for p in patterns)
+
+
 @dataclass(frozen=True)
 class Scope:
     """The `scope.*` settings: which URLs the crawl accepts at injection and discovery."""
@@ -31,6 +64,9 @@ class Scope:
     host_suffixes: tuple[str, ...]
     max_url_length: int
     max_depth: int
+    allow_domains: tuple[str, ...] = ()
+    deny_domains: tuple[str, ...] = ()
+    deny_patterns: tuple[str, ...] = ()
 
     @classmethod
     def from_config(cls, conf: Config) -> Scope:
@@ -39,6 +75,9 @@ class Scope:
             tuple(conf["scope.host_suffixes"]),
             conf["scope.max_url_length"],
             conf["scope.max_depth"],
+            tuple(conf["scope.allow_domains"]),
+            tuple(conf["scope.deny_domains"]),
+            tuple(conf["scope.deny_patterns"]),
         )
 
     def reject_reason(self, canonical_url: str) -> str | None:
@@ -47,6 +86,14 @@ class Scope:
             return f"URL longer than scope.max_url_length ({self.max_url_length})"
         if not urls.in_scope(canonical_url, list(self.schemes), list(self.host_suffixes), self.max_url_length):
             return "out of scope (scope.schemes / scope.host_suffixes)"
+        if self.allow_domains or self.deny_domains:
+            domain = registered_domain(urls.host_name(canonical_url))
+            if _domain_listed(domain, self.deny_domains):
+                return "denied domain (scope.deny_domains)"
+            if self.allow_domains and not _domain_listed(domain, self.allow_domains):
+                return "domain not allowed (scope.allow_domains)"
+        if any(pattern.search(canonical_url) for pattern in _compiled(self.deny_patterns)):
+            return "denied pattern (scope.deny_patterns)"
         return None
 
 
@@ -58,16 +105,26 @@ class UrlKeys:
     bucket: int
 
 
-def url_keys(raw_url: str, scope: Scope, buckets: int) -> UrlKeys | None:
-    """Canonical URL and its keys, or None when the URL is invalid or out of scope (discovery drops it)."""
+@dataclass(frozen=True)
+class Discovery:
+    """A discovered link's canonical keys, its template, and why it is rejected (None: accepted so far)."""
+
+    keys: UrlKeys
+    template: str
+    reject_reason: str | None
+
+
+def classify_discovery(raw_url: str, scope: Scope, rules: traps.TrapRules, buckets: int) -> Discovery | None:
+    """Keys and verdict of a discovered URL under the scope and per-URL trap rules; None when it is not a
+    valid http(s) URL at all (no host to count it against)."""
     try:
         canonical = urls.canonicalize(raw_url)
     except ValueError:
         return None
-    if scope.reject_reason(canonical) is not None:
-        return None
     host = urls.host_key(canonical)
-    return UrlKeys(canonical, urls.url_id(canonical), host, urls.bucket_of(host, buckets))
+    keys = UrlKeys(canonical, urls.url_id(canonical), host, urls.bucket_of(host, buckets))
+    reason = scope.reject_reason(canonical) or traps.trap_reason(canonical, rules)
+    return Discovery(keys, traps.url_template(canonical), reason)
 
 
 def score(priority: float, next_fetch_at: datetime, now: datetime, age_boost_per_day: float) -> float:

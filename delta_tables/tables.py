@@ -113,6 +113,9 @@ HOSTS = TableDef(
             _f("last_fetch_at", T),
             _f("last_segment", S),            # last segment folded into the counters (idempotence marker)
             _f("updated_at", T, False),
+            _f("trap_rejections", MapType(S, L)),  # discovered URLs rejected: crawler.traps/scope reason -> count
+            _f("trap_sample", ArrayType(S)),  # up to 5 rejected URLs, to see what a trap looks like
+            _f("trap_segment", S),            # last segment folded into trap_rejections (idempotence marker)
         ]
     ),
     partition_by=("bucket",),

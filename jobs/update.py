@@ -5,7 +5,8 @@ Every step is a Delta MERGE and idempotent, so re-running update for a segment c
 2. `index_events`  insert-if-absent on (url_id, state_version), from the pre-completion `urls` row
 3. `hosts`         counters, robots and backoff, applied only where last_segment is not this segment
 4. `urls`          completion, only where (url_id, url, state_version) match and the lease is this segment's
-5. discoveries     outlinks (not rel=nofollow) and redirect targets, insert-if-absent into `urls` and `hosts`
+5. discoveries     outlinks (not rel=nofollow) and redirect targets, insert-if-absent into `urls` and `hosts`;
+                   those scope or trap rules reject -> `hosts.trap_rejections`, guarded by hosts.trap_segment
 6. `segments`      per bucket -> merged with counts, only if not merged yet
 
 All reads of `urls`, `hosts`, `pages` and `links` are pinned to the Delta version at the start of the job, so
@@ -26,10 +27,11 @@ from pyspark.sql.pandas.types import from_arrow_schema
 
 from crawler import layout
 from crawler.config import Config
-from crawler.frontier import DISCOVERY_PRIORITY_FACTOR, Scope, host_backoff, index_event_kind, url_keys
+from crawler.frontier import DISCOVERY_PRIORITY_FACTOR, Scope, classify_discovery, host_backoff, index_event_kind
 from crawler.records import FETCHED, ROBOTS
 from crawler.revisit import PreviousState, RevisitPolicy
 from crawler.status import FetchOutcome, SegmentState, UrlSource, UrlStatus
+from crawler.traps import DEPTH_BEYOND_SCOPE, HOST_NEW_URL_CAP, TEMPLATE_NEW_URL_CAP, TrapRules
 from delta_tables import tables
 from jobs.base import step
 from jobs.generate import pinned_table
@@ -42,6 +44,7 @@ EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 REQUESTED = [o.value for o in (FetchOutcome.SUCCESS, FetchOutcome.NOT_MODIFIED, FetchOutcome.REDIRECT,
                                FetchOutcome.HTTP_ERROR, FetchOutcome.NETWORK_ERROR)]
 THROTTLE_CODES = [429, 503]
+TRAP_SAMPLE_SIZE = 5  # rejected URLs kept per host in hosts.trap_sample
 
 
 @dataclass
@@ -361,9 +364,10 @@ def insert_discoveries(spark: SparkSession, conf: Config, root: str, segment_id:
                        links: DataFrame, urls_snap: DataFrame, now: datetime) -> dict[int, int]:
     """Outlinks and redirect targets -> new `urls` rows (and their hosts), insert-if-absent.
 
-    depth = min(parent depth) + 1 (dropped beyond scope.max_depth); priority = best parent priority *
-    DISCOVERY_PRIORITY_FACTOR; discovered_at = next_fetch_at = the parent's fetch time, so a re-run computes
-    identical rows. Returns new URLs per bucket of the discovering page (for the `segments` counts)."""
+    depth = min(parent depth) + 1; priority = best parent priority * DISCOVERY_PRIORITY_FACTOR;
+    discovered_at = next_fetch_at = the parent's fetch time, so a re-run computes identical rows. URLs that
+    scope or trap rules reject are not stored: they are counted per host and reason in `hosts`. Returns new
+    URLs per bucket of the discovering page (for the `segments` counts)."""
     parents = results.select(
         F.col("url_id").alias("from_url_id"), F.col("state_version").alias("from_state_version"),
         F.col("url").alias("from_url"), "fetched_at", F.col("bucket").alias("parent_bucket"), "outcome",
@@ -380,27 +384,8 @@ def insert_discoveries(spark: SparkSession, conf: Config, root: str, segment_id:
     candidates = from_links.select(columns).unionByName(from_redirects.select(columns)).join(
         parent_state, ["from_url_id", "from_url"])
 
-    scope, buckets = Scope.from_config(conf), conf["crawl.buckets"]
-
-    @F.udf("struct<url:string, url_id:string, host_key:string, bucket:int>")
-    def keys(raw_url):
-        found = url_keys(raw_url, scope, buckets)
-        return None if found is None else (found.url, found.url_id, found.host_key, found.bucket)
-
-    keyed = candidates.select("to_url").distinct().withColumn("k", keys("to_url")).where(F.col("k").isNotNull())
-    discovered = (
-        candidates.join(keyed, "to_url")
-        .groupBy("k.url_id", "k.url", "k.host_key", "k.bucket")
-        .agg(
-            (F.min("parent_depth") + 1).alias("depth"),
-            (F.max("parent_priority") * DISCOVERY_PRIORITY_FACTOR).alias("priority"),
-            F.min("fetched_at").alias("discovered_at"),
-            F.min("parent_bucket").alias("parent_bucket"),
-            F.max((F.col("source") == UrlSource.REDIRECT.value).cast("int")).alias("via_redirect"),
-        )
-        .where(F.col("depth") <= conf["scope.max_depth"])
-        .persist()  # read three times below (counts, urls MERGE, hosts MERGE); the UDF runs once
-    )
+    fresh = _classified_fresh_discoveries(conf, segment_id, candidates, urls_snap).persist()  # the UDF runs once
+    discovered = fresh.where(F.col("reason").isNull())
     nulls = ("last_fetch_at", "last_status_code", "etag", "last_modified", "content_hash", "simhash",
              "last_changed_at", "redirect_to", "lease_segment", "lease_expires_at", "last_segment")
     rows = tables.conform(
@@ -424,8 +409,86 @@ def insert_discoveries(spark: SparkSession, conf: Config, root: str, segment_id:
     _merge(spark, root, "urls", rows, "t.bucket = s.bucket AND t.url_id = s.url_id AND t.url = s.url"
            ).whenNotMatchedInsertAll().execute()
     insert_hosts_if_absent(spark, root, discovered, now)
-    discovered.unpersist()
+    rejected = record_rejections(spark, root, segment_id, fresh.where(F.col("reason").isNotNull()), now)
+    log.info("update %s: %d discovered URLs rejected by scope and trap rules", segment_id, rejected)
+    fresh.unpersist()
     return per_bucket
+
+
+def _classified_fresh_discoveries(conf: Config, segment_id: str, candidates: DataFrame,
+                                  urls_snap: DataFrame) -> DataFrame:
+    """One row per discovered canonical URL not known before this segment, with `reason` null (accepted) or
+    the rule that rejects it: scope, per-URL trap rules, depth, then the per-template and per-host caps on
+    new URLs. "Fresh" includes rows this segment inserted (discovered_in = segment), so a re-run ranks the
+    same set and keeps the same URLs."""
+    scope, rules, buckets = Scope.from_config(conf), TrapRules.from_config(conf), conf["crawl.buckets"]
+
+    @F.udf("struct<url:string, url_id:string, host_key:string, bucket:int, template:string, reason:string>")
+    def classify(raw_url):
+        found = classify_discovery(raw_url, scope, rules, buckets)
+        if found is None:
+            return None
+        k = found.keys
+        return (k.url, k.url_id, k.host_key, k.bucket, found.template, found.reject_reason)
+
+    keyed = candidates.select("to_url").distinct().withColumn("k", classify("to_url")).where(F.col("k").isNotNull())
+    known_before = urls_snap.where(~F.col("discovered_in").eqNullSafe(F.lit(segment_id))).select(
+        "url_id", "url", F.lit(True).alias("known"))
+    fresh = (
+        candidates.join(keyed, "to_url")
+        .groupBy("k.url_id", "k.url", "k.host_key", "k.bucket", "k.template", "k.reason")
+        .agg(
+            (F.min("parent_depth") + 1).alias("depth"),
+            (F.max("parent_priority") * DISCOVERY_PRIORITY_FACTOR).alias("priority"),
+            F.min("fetched_at").alias("discovered_at"),
+            F.min("parent_bucket").alias("parent_bucket"),
+            F.max((F.col("source") == UrlSource.REDIRECT.value).cast("int")).alias("via_redirect"),
+        )
+        .join(known_before, ["url_id", "url"], "left_anti")
+        .withColumn("reason", F.coalesce("reason", F.when(F.col("depth") > conf["scope.max_depth"],
+                                                          F.lit(DEPTH_BEYOND_SCOPE))))
+    )
+    first = [F.col("depth"), F.col("url_id"), F.col("url")]
+    accepted = F.col("reason").isNull()
+    per_template = Window.partitionBy("host_key", "template", accepted).orderBy(*first)
+    fresh = fresh.withColumn("reason", F.when(
+        accepted & (F.row_number().over(per_template) > rules.max_new_urls_per_template_per_cycle),
+        F.lit(TEMPLATE_NEW_URL_CAP)).otherwise(F.col("reason")))
+    per_host = Window.partitionBy("host_key", accepted).orderBy(*first)
+    return fresh.withColumn("reason", F.when(
+        accepted & (F.row_number().over(per_host) > rules.max_new_urls_per_host_per_cycle),
+        F.lit(HOST_NEW_URL_CAP)).otherwise(F.col("reason")))
+
+
+def record_rejections(spark: SparkSession, root: str, segment_id: str, rejected: DataFrame, now: datetime) -> int:
+    """Fold rejected discoveries into `hosts.trap_rejections` (reason -> count) and `hosts.trap_sample` (at most
+    TRAP_SAMPLE_SIZE URLs), once per segment (guarded by hosts.trap_segment). Only hosts with a row are counted:
+    a host the crawl never accepted a URL of gets no row just for being rejected. Returns URLs rejected."""
+    total = rejected.count()
+    if not total:
+        return 0
+    counts = rejected.groupBy("host_key", "bucket", "reason").agg(F.count("*").alias("n")).groupBy(
+        "host_key", "bucket").agg(F.map_from_entries(F.collect_list(F.struct("reason", "n"))).alias("rejections"))
+    sample_rank = F.row_number().over(Window.partitionBy("host_key").orderBy("url"))
+    samples = rejected.withColumn("_r", sample_rank).where(F.col("_r") <= TRAP_SAMPLE_SIZE).groupBy(
+        "host_key").agg(F.array_sort(F.collect_list("url")).alias("sample"))
+    source = counts.join(samples, "host_key")
+    no_counts = F.create_map().cast("map<string,bigint>")
+    no_urls = F.array().cast("array<string>")
+    updates = {
+        "trap_rejections": F.map_zip_with(F.coalesce("t.trap_rejections", no_counts), F.col("s.rejections"),
+                                          lambda _, old, new: F.coalesce(old, F.lit(0)) + F.coalesce(new, F.lit(0))),
+        "trap_sample": F.slice(F.array_distinct(F.concat(F.coalesce("t.trap_sample", no_urls), F.col("s.sample"))),
+                               1, TRAP_SAMPLE_SIZE),
+        "trap_segment": F.lit(segment_id),
+        "updated_at": F.lit(now),
+    }
+    (
+        _merge(spark, root, "hosts", source, "t.bucket = s.bucket AND t.host_key = s.host_key")
+        .whenMatchedUpdate(condition=~F.col("t.trap_segment").eqNullSafe(F.lit(segment_id)), set=updates)
+        .execute()
+    )
+    return total
 
 
 def record_merged(spark: SparkSession, root: str, segment_id: str, results: DataFrame, applied: dict[int, int],

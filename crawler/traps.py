@@ -1,0 +1,93 @@
+"""Crawler-trap rules applied to discovered URLs (issue 3, update: trap rules). Pure: no Spark, no network.
+
+A trap is a site that generates unbounded URLs: calendars with a "next day" link forever, paths that repeat
+(`/a/b/a/b/...` from relative links on a misconfigured 404 page), faceted search with every filter
+combination in the query. The per-URL rules here see one canonical URL at a time; the per-host and
+per-template limits of one cycle are ranked in Spark by jobs/update.py with `url_template` as the key.
+Defaults are generous: they must never cut an ordinary site.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+from dataclasses import dataclass
+
+from crawler import urls
+from crawler.config import Config
+
+# Rejection reasons: they are the keys of `hosts.trap_rejections`, so they are short, stable and name the rule.
+URL_TOO_LONG = "url too long"
+PATH_TOO_DEEP = "path too deep"
+REPEATED_SEGMENT = "repeated path segment"
+TOO_MANY_PARAMS = "too many query parameters"
+HOST_NEW_URL_CAP = "host new-URL cap"
+TEMPLATE_NEW_URL_CAP = "template new-URL cap"
+DEPTH_BEYOND_SCOPE = "depth beyond scope.max_depth"
+
+_UUID = re.compile(r"(?<![0-9A-Za-z])[0-9A-Fa-f]{8}-[0-9A-Fa-f]{4}-[0-9A-Fa-f]{4}-[0-9A-Fa-f]{4}-[0-9A-Fa-f]{12}"
+                   r"(?![0-9A-Za-z])")
+# A hex token of 16+ characters with at least one digit: content hashes, session and object ids.
+_HEX_ID = re.compile(r"(?<![0-9A-Za-z])(?=[A-Fa-f]*[0-9])[0-9A-Fa-f]{16,}(?![0-9A-Za-z])")
+_DIGITS = re.compile(r"[0-9]+")
+
+
+@dataclass(frozen=True)
+class TrapRules:
+    """The `traps.*` settings."""
+
+    max_url_length: int
+    max_path_depth: int
+    max_segment_repeats: int
+    max_query_params: int
+    max_new_urls_per_host_per_cycle: int
+    max_new_urls_per_template_per_cycle: int
+
+    @classmethod
+    def from_config(cls, conf: Config) -> TrapRules:
+        return cls(
+            conf["traps.max_url_length"],
+            conf["traps.max_path_depth"],
+            conf["traps.max_segment_repeats"],
+            conf["traps.max_query_params"],
+            conf["traps.max_new_urls_per_host_per_cycle"],
+            conf["traps.max_new_urls_per_template_per_cycle"],
+        )
+
+
+def _path_segments(canonical_url: str) -> list[str]:
+    path = urls.path_and_query(canonical_url).split("?", 1)[0]
+    return [segment for segment in path.split("/") if segment]
+
+
+def _query_params(canonical_url: str) -> list[str]:
+    query = urls.path_and_query(canonical_url).partition("?")[2]
+    return [param for param in query.split("&") if param]
+
+
+def trap_reason(canonical_url: str, rules: TrapRules) -> str | None:
+    """Which per-URL trap rule a canonical URL breaks, or None if it breaks none."""
+    if len(canonical_url) > rules.max_url_length:
+        return URL_TOO_LONG
+    segments = _path_segments(canonical_url)
+    if len(segments) > rules.max_path_depth:
+        return PATH_TOO_DEEP
+    if segments and max(Counter(segments).values()) > rules.max_segment_repeats:
+        return REPEATED_SEGMENT
+    if len(_query_params(canonical_url)) > rules.max_query_params:
+        return TOO_MANY_PARAMS
+    return None
+
+
+def _mask(text: str) -> str:
+    return _DIGITS.sub("{n}", _HEX_ID.sub("{id}", _UUID.sub("{id}", text)))
+
+
+def url_template(canonical_url: str) -> str:
+    """The URL's shape: host + path with digit runs as `{n}` and uuid/long hex ids as `{id}`, then the sorted
+    distinct query keys without values. `/cal/2026/01/31?view=day` and `/cal/2031/12/01?view=week` share one
+    template, so a calendar's growth shows up as one template growing."""
+    segments = urls.path_and_query(canonical_url).split("?", 1)[0]
+    keys = sorted({param.split("=", 1)[0] for param in _query_params(canonical_url)})
+    query = "?" + "&".join(keys) if keys else ""
+    return urls.host_key(canonical_url) + _mask(segments) + query

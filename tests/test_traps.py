@@ -1,0 +1,177 @@
+"""Trap rules and registered-domain scope at discovery: the pure rules one by one, then update on real Delta
+tables where a page links into a calendar trap, repeated paths, faceted queries and more new URLs than its
+host may add: only the allowed URLs are stored, rejections are counted per host and reason, a re-run
+changes nothing."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+from crawler import config as config_mod
+from crawler import layout, traps, urls
+from crawler.frontier import Scope, classify_discovery, registered_domain
+from crawler.records import FETCHED
+from crawler.traps import TrapRules, trap_reason, url_template
+from delta_tables import tables
+from jobs import generate, inject, update
+from tests.test_update import all_tables, append_rows, bucket, fetched, uid, write_parquet
+
+RULES = TrapRules(max_url_length=120, max_path_depth=12, max_segment_repeats=3, max_query_params=12,
+                  max_new_urls_per_host_per_cycle=100, max_new_urls_per_template_per_cycle=100)
+SCOPE = Scope(schemes=("http", "https"), host_suffixes=(), max_url_length=2048, max_depth=16)
+
+
+def test_defaults_keep_ordinary_farm_urls():
+    rules = TrapRules.from_config(config_mod.load())
+    for url in ("http://farm-3.test/section/3/page-12.html", "http://farm-3.test/section/3/page-12.html?print=1",
+                "http://farm-3.test/", "http://a.test/a/b/a/b/a/b", "http://a.test/cal/2026/01/01/"):
+        assert trap_reason(urls.canonicalize(url), rules) is None, url
+
+
+@pytest.mark.parametrize(("url", "reason"), [
+    ("http://a.test/" + "x" * 120, traps.URL_TOO_LONG),
+    ("http://a.test/" + "/".join(f"d{i}" for i in range(13)), traps.PATH_TOO_DEEP),
+    ("http://a.test/" + "/".join(f"d{i}" for i in range(12)), None),
+    ("http://a.test/a/b/a/b/a/b/a", traps.REPEATED_SEGMENT),
+    ("http://a.test/a//a//a/", None),
+    ("http://a.test/s?" + "&".join(f"f{i}=1" for i in range(13)), traps.TOO_MANY_PARAMS),
+    ("http://a.test/s?" + "&".join(f"f{i}=1" for i in range(12)), None),
+    ("http://a.test/s?a=1&&&b=2", None),
+])
+def test_trap_reason_per_rule(url, reason):
+    assert trap_reason(urls.canonicalize(url), RULES) == reason
+
+
+def test_trap_rules_apply_in_a_fixed_order():
+    deep_and_repeated = "http://a.test/" + "a/" * 13
+    assert trap_reason(deep_and_repeated, RULES) == traps.PATH_TOO_DEEP
+    assert trap_reason(deep_and_repeated, replace(RULES, max_path_depth=20)) == traps.REPEATED_SEGMENT
+
+
+def test_url_template_masks_numbers_and_ids_and_drops_query_values():
+    assert url_template("http://cal.test/cal/2026/01/31/?view=day") == "http://cal.test/cal/{n}/{n}/{n}/?view"
+    assert url_template("http://cal.test/cal/2031/12/01/?view=week") == "http://cal.test/cal/{n}/{n}/{n}/?view"
+    assert url_template("http://farm-3.test:8080/section/3/page-12.html") == (
+        "http://farm-3.test:8080/section/{n}/page-{n}.html")
+    assert url_template("http://s.test/item/3f2504e0-4f89-11d3-9a0c-0305e82c3301/view") == "http://s.test/item/{id}/view"
+    assert url_template("http://s.test/blob/9fceb02d0ae598e95dc970b74767f19372d61af8") == "http://s.test/blob/{id}"
+    assert url_template("http://s.test/about-deadbeefcafebabe") == "http://s.test/about-deadbeefcafebabe"
+    assert url_template("http://s.test/find?size=2&color=red&size=3&brand=") == "http://s.test/find?brand&color&size"
+    assert url_template("http://s.test/find?size=2") != url_template("http://s.test/find?color=2")
+
+
+def test_registered_domain_is_public_suffix_aware():
+    assert registered_domain("a.b.example.co.uk") == "example.co.uk"
+    assert registered_domain("WWW.Example.COM.") == "example.com"
+    assert registered_domain("user.github.io") == "user.github.io"  # private suffix section of the list
+    assert registered_domain("farm-3.test") == "farm-3.test"
+    assert registered_domain("127.0.0.1") == "127.0.0.1"
+    assert registered_domain("localhost") == "localhost"
+    assert registered_domain("co.uk") == "co.uk"
+
+
+def test_scope_domain_and_pattern_rules():
+    deny = replace(SCOPE, deny_domains=("example.co.uk",), deny_patterns=(r"/private/", r"[?&]sessionid="))
+    assert deny.reject_reason("http://shop.example.co.uk/") == "denied domain (scope.deny_domains)"
+    assert deny.reject_reason("http://other.co.uk/") is None
+    assert deny.reject_reason("http://a.test/private/x") == "denied pattern (scope.deny_patterns)"
+    assert deny.reject_reason("http://a.test/p?x=1&sessionid=9") == "denied pattern (scope.deny_patterns)"
+    assert deny.reject_reason("http://a.test/public/x") is None
+    allow = replace(SCOPE, allow_domains=("example.co.uk", "a.test"), deny_domains=("bad.example.co.uk",))
+    assert allow.reject_reason("http://x.y.example.co.uk/") is None
+    assert allow.reject_reason("http://a.test/") is None
+    assert allow.reject_reason("http://b.test/") == "domain not allowed (scope.allow_domains)"
+    assert allow.reject_reason("http://co.uk/") == "domain not allowed (scope.allow_domains)"
+    # deny_domains names registered domains: a listed subdomain matches nothing
+    assert allow.reject_reason("http://bad.example.co.uk/") is None
+
+
+def test_scope_domain_keys_come_from_config():
+    conf = config_mod.load().with_overrides({"scope.allow_domains": ["a.test"], "scope.deny_patterns": ["^https:"]})
+    scope = Scope.from_config(conf)
+    assert scope.reject_reason("http://www.a.test/") is None
+    assert scope.reject_reason("https://www.a.test/") == "denied pattern (scope.deny_patterns)"
+    with pytest.raises(config_mod.ConfigError, match="scope.deny_patterns"):
+        config_mod.load().with_overrides({"scope.deny_patterns": ["(unclosed"]})
+    with pytest.raises(config_mod.ConfigError, match="traps.max_path_depth"):
+        config_mod.load().with_overrides({"traps.max_path_depth": 0})
+
+
+def test_classify_discovery():
+    assert classify_discovery("javascript:alert(1)", SCOPE, RULES, 4) is None
+    assert classify_discovery("http://[bad/", SCOPE, RULES, 4) is None
+    found = classify_discovery("HTTP://A.test:80/cal/2026/01/01/#x", SCOPE, RULES, 4)
+    assert found.keys.url == "http://a.test/cal/2026/01/01/" and found.keys.host_key == "http://a.test"
+    assert (found.keys.url_id, found.keys.bucket) == (uid(found.keys.url), bucket(found.keys.url))
+    assert (found.template, found.reject_reason) == ("http://a.test/cal/{n}/{n}/{n}/", None)
+    assert classify_discovery("http://a.test/a/b/a/b/a/b/a", SCOPE, RULES, 4).reject_reason == traps.REPEATED_SEGMENT
+    denied = replace(SCOPE, deny_domains=("evil.test",))
+    assert classify_discovery("http://www.evil.test/", denied, RULES, 4).reject_reason == (
+        "denied domain (scope.deny_domains)")
+
+
+SEG = "seg-u1"  # the segment id tests.test_update.fetched() writes
+
+
+def by_url_id(found: list[str]) -> list[str]:
+    return sorted(found, key=lambda u: (uid(u), u))
+
+
+def test_update_stores_allowed_discoveries_counts_rejections_and_reruns_unchanged(spark, base_conf, root, tmp_path):
+    conf = base_conf.with_overrides({
+        "traps.max_new_urls_per_host_per_cycle": 6, "traps.max_new_urls_per_template_per_cycle": 4,
+        "scope.deny_domains": ["evil.co.uk"], "scope.deny_patterns": ["/private/"],
+    })
+    seeds = tmp_path / "seeds.txt"
+    seeds.write_text("http://a.test/\nhttp://b.test/\n")
+    inject.run(spark, conf, root, str(seeds))
+    now = datetime.now(UTC).replace(microsecond=0) + timedelta(minutes=1)
+    assert generate.run(spark, conf, root, SEG, now).url_count == 2
+    at = now + timedelta(seconds=10)
+    results = [fetched("http://a.test/", at, "success", 200), fetched("http://b.test/", at, "success", 200)]
+    for b in {r["bucket"] for r in results}:
+        write_parquet(layout.fetched_dir(root, SEG, b), [r for r in results if r["bucket"] == b], FETCHED)
+
+    calendar = [f"http://a.test/cal/2026/01/{day:02d}/" for day in range(1, 11)]
+    pages = [f"http://a.test/{name}.html" for name in ("alpha", "beta", "gamma", "delta", "epsilon")]
+    trapped = {
+        "http://a.test/x/y/x/y/x/y/x/y": traps.REPEATED_SEGMENT,
+        "http://a.test/" + "/".join(f"d{i}" for i in range(13)): traps.PATH_TOO_DEEP,
+        "http://a.test/search?" + "&".join(f"f{i}=v" for i in range(13)): traps.TOO_MANY_PARAMS,
+        "http://a.test/" + "l" * 1100: traps.URL_TOO_LONG,
+        "http://a.test/private/1": "denied pattern (scope.deny_patterns)",
+    }
+    foreign_denied = "http://www.evil.co.uk/x"
+    a_links = calendar + pages + list(trapped) + [foreign_denied, "http://b.test/"]
+    b_links = ["http://b.test/ok", "http://b.test/cal/2026/01/01/"]
+    append_rows(spark, root, "links", [
+        {"segment_id": SEG, "from_url_id": uid(src), "from_state_version": 1, "to_url_id": uid(dst), "to_url": dst,
+         "rel_nofollow": False} for src, targets in (("http://a.test/", a_links), ("http://b.test/", b_links))
+        for dst in targets])
+
+    result = update.run(spark, conf, root, SEG)
+
+    calendar_kept = by_url_id(calendar)[:4]
+    host_ranked = by_url_id(calendar_kept + pages)
+    a_kept, a_capped = host_ranked[:6], host_ranked[6:]
+    stored = {r.url for r in tables.table_df(spark, root, "urls").collect()}
+    assert stored == {"http://a.test/", "http://b.test/", *a_kept, *b_links}
+    assert result.discovered == 6 + 2
+
+    hosts = {r.host_key: r for r in tables.table_df(spark, root, "hosts").collect()}
+    a_host, b_host = hosts["http://a.test"], hosts["http://b.test"]
+    assert a_host.trap_rejections == {
+        traps.TEMPLATE_NEW_URL_CAP: 6, traps.HOST_NEW_URL_CAP: 3, traps.REPEATED_SEGMENT: 1,
+        traps.PATH_TOO_DEEP: 1, traps.TOO_MANY_PARAMS: 1, traps.URL_TOO_LONG: 1,
+        "denied pattern (scope.deny_patterns)": 1}
+    rejected = set(calendar) - set(calendar_kept) | set(a_capped) | set(trapped)
+    assert a_host.trap_sample == sorted(rejected)[:5] and a_host.trap_segment == SEG
+    assert (b_host.trap_rejections, b_host.trap_sample, b_host.trap_segment) == (None, None, None)
+    assert "http://www.evil.co.uk" not in hosts  # rejected for scope, never known: no row
+
+    before = all_tables(spark, root)
+    update.run(spark, conf, root, SEG)
+    assert all_tables(spark, root) == before
