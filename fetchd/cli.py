@@ -10,11 +10,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import logging
 import sys
 
 from crawler import config as config_mod
-from crawler import layout
+from crawler import layout, logs
 
 EXIT_CONFIG = 2
 
@@ -34,9 +33,7 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
-    logging.getLogger("asyncio").setLevel(logging.WARNING)
+    logs.setup(args.verbose)
     try:
         conf = config_mod.from_arguments(args)
     except config_mod.ConfigError as exc:

@@ -6,12 +6,11 @@ A bad config key or value exits with code 2 and a message naming the key.
 from __future__ import annotations
 
 import argparse
-import logging
 import sys
 from datetime import datetime, timezone
 
 from crawler import config as config_mod
-from crawler import layout
+from crawler import layout, logs
 
 EXIT_CONFIG = 2
 
@@ -52,17 +51,6 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _setup_logging(verbose: bool) -> None:
-    logging.basicConfig(
-        level=logging.DEBUG if verbose else logging.INFO,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        datefmt="%H:%M:%S",
-        stream=sys.stderr,
-    )
-    for noisy in ("py4j", "urllib3", "botocore", "asyncio"):
-        logging.getLogger(noisy).setLevel(logging.WARNING)
-
-
 def _parse_now(text: str | None) -> datetime | None:
     if not text:
         return None
@@ -72,7 +60,7 @@ def _parse_now(text: str | None) -> datetime | None:
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    _setup_logging(args.verbose)
+    logs.setup(args.verbose)
     try:
         conf = config_mod.from_arguments(args)
     except config_mod.ConfigError as exc:

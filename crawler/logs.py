@@ -1,0 +1,17 @@
+"""Structured, timestamped log lines for every command line of the engine (one format, one place)."""
+
+from __future__ import annotations
+
+import logging
+import sys
+
+FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+QUIET = ("py4j", "urllib3", "botocore", "asyncio")
+
+
+def setup(verbose: bool = False) -> None:
+    """Progress lines on stderr (stdout stays for results); chatty libraries only from WARNING."""
+    logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO, format=FORMAT, datefmt="%H:%M:%S",
+                        stream=sys.stderr)
+    for name in QUIET:
+        logging.getLogger(name).setLevel(logging.WARNING)
