@@ -199,7 +199,8 @@ def run(spark: SparkSession, conf: Config, root: str, segment_id: str | None = N
         raise ValueError(f"segment {segment_id} is past the generated state; generate a new segment instead")
     result = GenerateResult(segment_id)
     with step(f"generate {segment_id}: select"):
-        selected = select_due(spark, conf, root, segment_id, now)
+        # At most segment_max_urls rows, read three times (counts, fetch list, lease): select once.
+        selected = select_due(spark, conf, root, segment_id, now).persist()
         per_bucket = (
             selected.groupBy("bucket")
             .agg(F.count("*").alias("url_count"), F.countDistinct("host_key").alias("host_count"))
@@ -207,12 +208,14 @@ def run(spark: SparkSession, conf: Config, root: str, segment_id: str | None = N
             .collect()
         )
     if not per_bucket:
+        selected.unpersist()
         log.info("generate %s: nothing due at %s; no segment written", segment_id, now.isoformat())
         return result
     with step(f"generate {segment_id}: write fetch list"):
         write_fetchlist(selected, layout.fetchlist_dir(root, segment_id))
     with step(f"generate {segment_id}: lease"):
         leased = lease(spark, root, selected, segment_id, now, conf["generate.lease_seconds"])
+    selected.unpersist()
     record_segment(spark, root, segment_id, per_bucket, now)
     result.url_count = sum(r["url_count"] for r in per_bucket)
     result.host_count = sum(r["host_count"] for r in per_bucket)
