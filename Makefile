@@ -7,7 +7,7 @@ ROOT ?= ./demo-crawl
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-fast lint bench install clean
+.PHONY: demo test test-fast lint bench-frontier install clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -27,6 +27,10 @@ test: $(STAMP)
 
 test-fast:
 	$(MAKE) test FAST=1
+
+# On-demand frontier benchmark (not a test): synthetic 1 M and 10 M URL tables; prints figures.
+bench-frontier: $(STAMP)
+	$(PY) -m bench.frontier $(BENCH_ARGS)
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
