@@ -84,3 +84,22 @@ def step(name: str) -> Iterator[None]:
         yield
     finally:
         log.info("%s: done in %.1fs", name, time.monotonic() - started)
+
+
+def merge_into(spark: SparkSession, root: str, name: str, source: DataFrame, condition):
+    """A Delta MERGE builder of `source` (alias `s`) into table `name` (alias `t`) on `condition`."""
+    from delta.tables import DeltaTable
+
+    return DeltaTable.forPath(spark, tables.table_path(root, name)).alias("t").merge(source.alias("s"), condition)
+
+
+def merge_counts(metrics: DataFrame | None) -> dict[str, int]:
+    """The one-row metrics DataFrame a Delta MERGE returns, as a dict (num_inserted_rows, ...)."""
+    row = metrics.first() if metrics is not None else None
+    return {key: int(value or 0) for key, value in row.asDict().items()} if row else {}
+
+
+def insert_if_absent(spark: SparkSession, root: str, name: str, source: DataFrame, condition) -> int:
+    """MERGE insert-if-absent (the idempotent append every job uses); returns the rows inserted."""
+    metrics = merge_into(spark, root, name, source, condition).whenNotMatchedInsertAll().execute()
+    return merge_counts(metrics).get("num_inserted_rows", 0)

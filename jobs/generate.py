@@ -25,8 +25,7 @@ from crawler.config import Config
 from crawler.frontier import host_delay_sql, per_host_cap_sql, score_sql
 from crawler.status import SegmentState
 from delta_tables import tables
-from jobs.base import step
-from jobs.inject import merge_counts
+from jobs.base import merge_counts, step
 
 log = logging.getLogger("jobs.generate")
 

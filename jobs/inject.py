@@ -19,7 +19,7 @@ from crawler.frontier import Scope
 from crawler.seeds import is_skipped, read_seeds
 from crawler.status import UrlSource, UrlStatus
 from delta_tables import tables
-from jobs.base import step
+from jobs.base import insert_if_absent, step
 
 log = logging.getLogger("jobs.inject")
 
@@ -38,16 +38,8 @@ class InjectResult:
                 f"{self.duplicates} duplicates, {self.rejected} rejected")
 
 
-def merge_counts(metrics: DataFrame) -> dict[str, int]:
-    """The one-row metrics DataFrame a Delta MERGE returns, as a dict (num_inserted_rows, ...)."""
-    row = metrics.first()
-    return {key: int(value or 0) for key, value in row.asDict().items()} if row else {}
-
-
 def insert_hosts_if_absent(spark: SparkSession, root: str, host_rows: DataFrame, now: datetime) -> int:
     """Insert-if-absent `hosts` rows (host_key, bucket) with zero counters; returns rows inserted."""
-    from delta.tables import DeltaTable
-
     zero = F.lit(0).cast("bigint")
     source = tables.conform(
         host_rows.select("host_key", "bucket").dropDuplicates(["host_key"]).select(
@@ -65,20 +57,11 @@ def insert_hosts_if_absent(spark: SparkSession, root: str, host_rows: DataFrame,
         ),
         "hosts",
     )
-    target = DeltaTable.forPath(spark, tables.table_path(root, "hosts"))
-    metrics = (
-        target.alias("t")
-        .merge(source.alias("s"), "t.bucket = s.bucket AND t.host_key = s.host_key")
-        .whenNotMatchedInsertAll()
-        .execute()
-    )
-    return merge_counts(metrics).get("num_inserted_rows", 0)
+    return insert_if_absent(spark, root, "hosts", source, "t.bucket = s.bucket AND t.host_key = s.host_key")
 
 
 def run(spark: SparkSession, conf: Config, root: str, seeds_path: str) -> InjectResult:
     """Inject the seeds file at `seeds_path` into the tables under `root`."""
-    from delta.tables import DeltaTable
-
     tables.create_all(spark, root)
     with open(seeds_path, encoding="utf-8") as handle:
         lines = handle.read().splitlines()
@@ -118,14 +101,8 @@ def run(spark: SparkSession, conf: Config, root: str, seeds_path: str) -> Inject
             "urls",
         )
         with step("inject: merge urls"):
-            target = DeltaTable.forPath(spark, tables.table_path(root, "urls"))
-            metrics = (
-                target.alias("t")
-                .merge(source.alias("s"), "t.bucket = s.bucket AND t.url_id = s.url_id AND t.url = s.url")
-                .whenNotMatchedInsertAll()
-                .execute()
-            )
-        result.injected = merge_counts(metrics).get("num_inserted_rows", 0)
+            result.injected = insert_if_absent(
+                spark, root, "urls", source, "t.bucket = s.bucket AND t.url_id = s.url_id AND t.url = s.url")
         result.already_known = len(entries) - result.injected
         with step("inject: merge hosts"):
             insert_hosts_if_absent(spark, root, seeds, now)

@@ -31,7 +31,7 @@ from crawler.status import FetchOutcome, SegmentState
 from crawler.urls import canonicalize, url_id
 from crawler.warcread import WarcHttpRecord, read_record_at
 from delta_tables import tables
-from jobs.base import step
+from jobs.base import insert_if_absent, step
 
 _SEGMENT_ID = re.compile(r"^[A-Za-z0-9_.\-]+$")
 _OUTPUT_BATCH_ROWS = 256
@@ -225,23 +225,9 @@ def _parse(fetched: DataFrame, root: str, segment_id: str, conf: Config) -> Data
 
 
 def _merge_pages(spark: SparkSession, root: str, parsed: DataFrame) -> int:
-    from delta.tables import DeltaTable
-
-    target = DeltaTable.forPath(spark, tables.table_path(root, "pages"))
-    metrics = (
-        target.alias("t")
-        .merge(
-            tables.conform(
-                parsed.withColumn("duplicate_of", F.lit(None)).withColumn("near_duplicate_cluster", F.lit(None)),
-                "pages",
-            ).alias("s"),
-            "t.url_id = s.url_id AND t.state_version = s.state_version",
-        )
-        .whenNotMatchedInsertAll()
-        .execute()
-    )
-    row = metrics.first().asDict() if metrics is not None else {}
-    return int(row.get("num_inserted_rows") or 0)
+    pages = parsed.withColumn("duplicate_of", F.lit(None)).withColumn("near_duplicate_cluster", F.lit(None))
+    return insert_if_absent(spark, root, "pages", tables.conform(pages, "pages"),
+                            "t.url_id = s.url_id AND t.state_version = s.state_version")
 
 
 def _write_links(root: str, segment_id: str, parsed: DataFrame) -> None:

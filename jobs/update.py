@@ -33,9 +33,9 @@ from crawler.revisit import PreviousState, RevisitPolicy
 from crawler.status import FetchOutcome, SegmentState, UrlSource, UrlStatus
 from crawler.traps import DEPTH_BEYOND_SCOPE, HOST_NEW_URL_CAP, TEMPLATE_NEW_URL_CAP, TrapRules
 from delta_tables import tables
-from jobs.base import step
+from jobs.base import insert_if_absent, merge_counts, merge_into, step
 from jobs.generate import pinned_table
-from jobs.inject import insert_hosts_if_absent, merge_counts
+from jobs.inject import insert_hosts_if_absent
 
 log = logging.getLogger("jobs.update")
 
@@ -90,12 +90,6 @@ def read_segment_files(spark: SparkSession, path: str, arrow_schema) -> DataFram
 def _latest(df: DataFrame, keys: list[str], order: list[Column]) -> DataFrame:
     return df.withColumn("_rn", F.row_number().over(Window.partitionBy(*keys).orderBy(*order))).where("_rn = 1").drop(
         "_rn")
-
-
-def _merge(spark: SparkSession, root: str, name: str, source: DataFrame, condition: Column | str):
-    from delta.tables import DeltaTable
-
-    return DeltaTable.forPath(spark, tables.table_path(root, name)).alias("t").merge(source.alias("s"), condition)
 
 
 def _bucket_counts(df: DataFrame, bucket_col: str = "bucket") -> dict[int, int]:
@@ -163,9 +157,8 @@ def run(spark: SparkSession, conf: Config, root: str, segment_id: str) -> Update
     result.stale = result.results - result.applied
 
     with step(f"update {segment_id}: fetches"):
-        _merge(spark, root, "fetches", tables.conform(results, "fetches"),
-               "t.segment_id = s.segment_id AND t.url_id = s.url_id AND t.state_version = s.state_version"
-               ).whenNotMatchedInsertAll().execute()
+        insert_if_absent(spark, root, "fetches", tables.conform(results, "fetches"),
+                         "t.segment_id = s.segment_id AND t.url_id = s.url_id AND t.state_version = s.state_version")
 
     decide, event_kind = completion_udfs(RevisitPolicy.from_config(conf))
     live = live.withColumn("kind", event_kind("outcome", "status_code", "prev_hash", "new_hash"))
@@ -175,10 +168,8 @@ def run(spark: SparkSession, conf: Config, root: str, segment_id: str) -> Update
             "warc_length", F.coalesce("new_hash", "prev_hash").alias("content_hash"), "duplicate_of",
             F.col("fetched_at").alias("created_at"),
         )
-        metrics = _merge(spark, root, "index_events", tables.conform(events, "index_events"),
-                         "t.url_id = s.url_id AND t.state_version = s.state_version")
-        metrics = metrics.whenNotMatchedInsertAll().execute()
-        result.index_events = merge_counts(metrics).get("num_inserted_rows", 0)
+        result.index_events = insert_if_absent(spark, root, "index_events", tables.conform(events, "index_events"),
+                                               "t.url_id = s.url_id AND t.state_version = s.state_version")
 
     with step(f"update {segment_id}: hosts"):
         result.hosts_updated = update_hosts(spark, conf, root, segment_id, results, hosts_snap, now)
@@ -294,7 +285,7 @@ def update_hosts(spark: SparkSession, conf: Config, root: str, segment_id: str, 
         "updated_at": F.lit(now),
     }
     metrics = (
-        _merge(spark, root, "hosts", source, "t.bucket = s.bucket AND t.host_key = s.host_key")
+        merge_into(spark, root, "hosts", source, "t.bucket = s.bucket AND t.host_key = s.host_key")
         .whenMatchedUpdate(condition=~F.col("t.last_segment").eqNullSafe(F.lit(segment_id)), set=updates)
         .whenNotMatchedInsert(values=inserts)
         .execute()
@@ -353,7 +344,7 @@ def complete_urls(spark: SparkSession, root: str, segment_id: str, live: DataFra
         "lease_expires_at": "null",
     }
     (
-        _merge(spark, root, "urls", source, condition)
+        merge_into(spark, root, "urls", source, condition)
         .whenMatchedUpdate(set={**{k: F.expr(v) for k, v in updates.items()},
                                 "last_segment": F.lit(segment_id), "updated_at": F.lit(now)})
         .execute()
@@ -406,8 +397,7 @@ def insert_discoveries(spark: SparkSession, conf: Config, root: str, segment_id:
     )
     new_rows = discovered.join(urls_snap.select("url_id", "url"), ["url_id", "url"], "left_anti")
     per_bucket = _bucket_counts(new_rows, "parent_bucket")
-    _merge(spark, root, "urls", rows, "t.bucket = s.bucket AND t.url_id = s.url_id AND t.url = s.url"
-           ).whenNotMatchedInsertAll().execute()
+    insert_if_absent(spark, root, "urls", rows, "t.bucket = s.bucket AND t.url_id = s.url_id AND t.url = s.url")
     insert_hosts_if_absent(spark, root, discovered, now)
     rejected = record_rejections(spark, root, segment_id, fresh.where(F.col("reason").isNotNull()), now)
     log.info("update %s: %d discovered URLs rejected by scope and trap rules", segment_id, rejected)
@@ -484,7 +474,7 @@ def record_rejections(spark: SparkSession, root: str, segment_id: str, rejected:
         "updated_at": F.lit(now),
     }
     (
-        _merge(spark, root, "hosts", source, "t.bucket = s.bucket AND t.host_key = s.host_key")
+        merge_into(spark, root, "hosts", source, "t.bucket = s.bucket AND t.host_key = s.host_key")
         .whenMatchedUpdate(condition=~F.col("t.trap_segment").eqNullSafe(F.lit(segment_id)), set=updates)
         .execute()
     )
@@ -511,7 +501,7 @@ def record_merged(spark: SparkSession, root: str, segment_id: str, results: Data
                                           F.lit(None).alias("counters"), F.lit(now).alias("created_at"),
                                           F.lit(now).alias("updated_at")), "segments")
     (
-        _merge(spark, root, "segments", source, "t.segment_id = s.segment_id AND t.bucket = s.bucket")
+        merge_into(spark, root, "segments", source, "t.segment_id = s.segment_id AND t.bucket = s.bucket")
         .whenMatchedUpdate(
             condition=F.col("t.state") != SegmentState.MERGED.value,
             set={c: F.col(f"s.{c}") for c in ("state", "results", "applied", "stale", "discovered", "updated_at")},
