@@ -24,6 +24,7 @@ FETCHLIST = pa.schema(
         ("etag", pa.string()),           # validators for a conditional GET (null if none)
         ("last_modified", pa.string()),
         ("delay_s", pa.float64()),       # the host's delay known at generate time (the daemon may raise it)
+        ("last_fetch_at", TS),           # the URL's previous fetch (null if none): a 304's WARC-Refers-To-Date
     ]
 )
 
@@ -54,6 +55,7 @@ FETCHED = pa.schema(
         ("remote_ip", pa.string()),
         ("error", pa.string()),
         ("daemon_id", pa.string()),
+        ("truncated_reason", pa.string()), # why the body was cut: length, decoded-length, content-type (null if not)
     ]
 )
 

@@ -31,18 +31,21 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from warcio.timeutils import datetime_to_iso_date
 
-from crawler import layout, records, urls
+from crawler import layout, netpolicy, records, urls
 from crawler.config import Config
 from crawler.politeness import BACKOFF_STATUSES, HostGate, parse_retry_after
 from crawler.robots import ROBOTS_PATH, RobotsPolicy, RobotsState, policy_for_status
 from crawler.status import FetchOutcome
 from fetchd.fetcher import Fetcher, FetchResponse
+from fetchd.metrics import Metrics, MetricsServer, progress_line, snapshot
 from fetchd.resolver import BlockedAddressError, GuardedResolver
 from fetchd.warc import (
+    WARC_SUFFIX,
     WarcFile,
     WrittenRecord,
     http_request_headers,
     http_response_headers,
+    iipc_stem,
     new_record_id,
 )
 
@@ -153,11 +156,15 @@ class BucketOutput:
         return layout.robots_dir(self.root, self.segment_id, self.bucket)
 
     def _stem(self) -> str:
-        return f"{self.segment_id}-{self.bucket:05d}-{self.daemon_id}-{self.seq:05d}"
+        """The current WARC's name without suffix (its result files share it); a new IIPC name when none is open.
+        The daemon id is the host part, so daemons sharing a bucket folder never pick the same name."""
+        if self.current is not None:
+            return os.path.basename(self.current.path).removesuffix(WARC_SUFFIX)
+        return iipc_stem(f"{self.segment_id}-{self.bucket:05d}", time.time(), self.seq, self.daemon_id)
 
     def warc(self) -> WarcFile:
         if self.current is None:
-            self.current = WarcFile(os.path.join(self._warc_dir, self._stem() + ".warc.gz"), self.warcinfo)
+            self.current = WarcFile(os.path.join(self._warc_dir, self._stem() + WARC_SUFFIX), self.warcinfo)
         return self.current
 
     def warc_relpath(self) -> str:
@@ -206,6 +213,7 @@ class HostWork:
     blocked: str | None = None  # why the SSRF guard refused the host, if it did
     policy: RobotsPolicy | None = None
     heap_at: float | None = None  # ready time of the host's live heap entry (older entries are stale)
+    left: int = 0               # URLs not reported yet: queued or in flight (an active host for the metrics)
 
     def wants_dispatch(self) -> bool:
         return not self.preparing and (not self.prepared or bool(self.queue))
@@ -240,10 +248,21 @@ class Daemon:
         self.robots_cache = _PROCESS_MEMORY.robots
         self.rng = random.Random()
         self.total = 0
-        self.outcomes: Counter[str] = Counter()
-        self.started = time.monotonic()
+        self.metrics = Metrics()
+        self.outcomes = self.metrics.outcomes
+        self.segment_id: str | None = None  # the segment being (or last) fetched, for `/status`
+        self.runs: list[BucketRun] = []      # its buckets, kept after they finish so `/status` shows them
+        self.metrics_server: MetricsServer | None = None
+
+    async def open(self) -> None:
+        """Start the `/metrics` + `/status` endpoint when `fetch.metrics_port` asks for one."""
+        if self.conf["fetch.metrics_port"]:
+            self.metrics_server = MetricsServer(self)
+            await self.metrics_server.start(self.conf["fetch.metrics_host"], self.conf["fetch.metrics_port"])
 
     async def close(self) -> None:
+        if self.metrics_server is not None:
+            await self.metrics_server.close()
         await self.fetcher.close()
         await self.resolver.close()
 
@@ -268,7 +287,7 @@ class Daemon:
             "software": SOFTWARE,
             "format": "WARC File Format 1.1",
             "conformsTo": WARC_CONFORMS_TO,
-            "robots": "obey (RFC 9309)",
+            "robots": "obey",
             "http-header-user-agent": self.conf["crawl.user_agent"],
             "isPartOf": "cyclecrawl",
             "hostname": socket.gethostname(),
@@ -281,10 +300,7 @@ class Daemon:
             self.log_progress()
 
     def log_progress(self) -> None:
-        done = sum(self.outcomes.values())
-        elapsed = max(time.monotonic() - self.started, 1e-6)
-        counts = " ".join(f"{k}={v}" for k, v in sorted(self.outcomes.items()))
-        log.info("fetchd progress: %d/%d urls, %s, %.1f urls/s", done, self.total, counts, done / elapsed)
+        log.info("fetchd progress: %s", progress_line(snapshot(self)))
 
     async def fetch_buckets(self, segment_id: str, buckets: list[int]) -> list[dict[str, Any]]:
         """Fetch the given buckets of a segment concurrently; the manifests of those that finished."""
@@ -293,7 +309,9 @@ class Daemon:
             reset_bucket_output(self.root, segment_id, bucket)
             rows = read_fetchlist(self.root, segment_id, bucket)
             self.total += len(rows)
+            self.metrics.urls_listed += len(rows)
             runs.append(BucketRun(self, segment_id, bucket, rows))
+        self.segment_id, self.runs = segment_id, runs
         progress = asyncio.create_task(self.progress_loop())
         try:
             manifests = await asyncio.gather(*(run.run() for run in runs))
@@ -323,11 +341,14 @@ class BucketRun:
                 host = HostWork(row["host_key"], urls.host_name(row["url"]), gate)
                 self.hosts[row["host_key"]] = host
             host.queue.append(row)
+            host.left += 1
+        self.listed = {row["url"] for row in rows}  # a redirect to one of these is not followed: no double fetch
         self.heap: list[tuple[float, int, str]] = []
         self._seq = 0
         self.tasks: set[asyncio.Task[None]] = set()
         self.wake = asyncio.Event()
         self.outcomes: Counter[str] = Counter()
+        self.begun: float | None = None  # monotonic start of the scheduler: ready lag is never counted before it
 
     # --- scheduling -------------------------------------------------------------------------------------
 
@@ -355,6 +376,7 @@ class BucketRun:
 
     async def run(self) -> dict[str, Any] | None:
         started = time.time()
+        self.begun = time.monotonic()
         for host in self.hosts.values():
             self._schedule(host)
         while not self.d.stop.is_set():
@@ -435,9 +457,18 @@ class BucketRun:
             return
         while host.queue and not host.policy.allowed(host.queue[0]["url"]):
             self._emit(self._row(host.queue.popleft(), FetchOutcome.ROBOTS_DENIED))
+            self.d.metrics.robots_denials += 1
+
+    def _count_politeness_wait(self, gate: HostGate) -> None:
+        """A request is due on the host but its gate holds it: count the hold (`fetchd.metrics` says why here)."""
+        now = time.monotonic()
+        if not gate.paused and gate.next_allowed_at > now:
+            self.d.metrics.politeness_wait(gate.next_allowed_at - now)
 
     def _after_request(self, host: HostWork) -> None:
         self._settle(host)
+        if host.queue:
+            self._count_politeness_wait(host.gate)
         self._schedule(host)
         self.wake.set()
 
@@ -457,32 +488,42 @@ class BucketRun:
         self.out.rows.append(row)
         self.outcomes[row["outcome"]] += 1
         self.d.outcomes[row["outcome"]] += 1
+        self.hosts[row["host_key"]].left -= 1
 
     # --- WARC -------------------------------------------------------------------------------------------
 
-    def _write_exchange(self, response: FetchResponse) -> tuple[str, WrittenRecord]:
-        """Request + response (or revisit for a 304) records of one exchange; where the response landed."""
+    def _write_exchange(self, response: FetchResponse, outcome: FetchOutcome | None = None,
+                        last_fetch_at: datetime | None = None) -> tuple[str, WrittenRecord]:
+        """Request + response (or revisit for a 304) records of one exchange, then a metadata record about the
+        fetch; where the response landed. A 304's revisit refers to the URL's previous fetch, `last_fetch_at`."""
+        size_before = self.out.current.size if self.out.current is not None else 0
         warc = self.out.warc()
         date = _warc_date(response.started_at)
         request_id, response_id = new_record_id(), new_record_id()
         request_headers = http_request_headers("GET", response.request_path, response.request_headers)
         warc.write_request(response.url, request_headers, date, response.remote_ip, request_id, response_id)
         http_headers = http_response_headers(response.status or 0, response.reason, response.headers)
+        truncated_reason = (response.truncated_reason or "unspecified") if response.truncated else None
         if response.status == 304:
             written = warc.write_not_modified(
-                response.url, http_headers, date, response.remote_ip, response_id, request_id
+                response.url, http_headers, date, response.remote_ip, response_id, request_id,
+                refers_to_date=_warc_date(last_fetch_at.timestamp()) if last_fetch_at else None,
             )
         else:
             written = warc.write_response(
                 response.url, http_headers, response.body, date, response.remote_ip, response_id, request_id,
-                truncated_reason="length" if response.truncated else None,
+                truncated_reason=truncated_reason,
             )
+        warc.write_fetch_metadata(response.url, date, response_id, response.elapsed_ms, response.remote_ip,
+                                  truncated_reason, outcome.value if outcome else None)
+        self.d.metrics.warc_bytes += warc.size - size_before
         return self.out.warc_relpath(), written
 
     # --- host preparation: SSRF check + robots.txt ------------------------------------------------------
 
     async def _wait_and_start(self, gate: HostGate) -> None:
         """Wait (sleeping, never spinning) until the gate opens, then take it."""
+        self._count_politeness_wait(gate)
         while True:
             now = time.monotonic()
             if gate.can_start(now):
@@ -552,6 +593,8 @@ class BucketRun:
         await self._wait_and_start(gate)
         async with self.d.slots:
             response = await self.d.fetcher.get(url, headers, max_bytes)
+        if response.status is not None:
+            self.d.metrics.response(len(response.body))
         gate.finished(time.monotonic(), response.status, self._retry_after(response), self.d.rng)
         return response
 
@@ -583,37 +626,107 @@ class BucketRun:
         return parse_retry_after(response.header("Retry-After"), time.time())
 
     async def _fetch_url(self, host: HostWork, item: dict[str, Any]) -> None:
-        """Fetch one fetch-list URL (gate already taken, global slot held) and record the result."""
+        """Fetch one fetch-list URL (gate already taken, global slot held), follow its same-host redirects, and
+        record one row: the last response's outcome, with `redirect_to` the URL that answered when a hop was
+        followed, or the unfollowed target of a last 3xx."""
         conditional = {}
         if item.get("etag"):
             conditional["If-None-Match"] = item["etag"]
         if item.get("last_modified"):
             conditional["If-Modified-Since"] = item["last_modified"]
         try:
-            response = await self.d.fetcher.get(item["url"], conditional)
-        except Exception as exc:  # an unexpected library error must not lose the URL or the slot
-            log.exception("fetching %s failed unexpectedly", item["url"])
-            response = FetchResponse(url=item["url"], started_at=time.time(), error=f"{type(exc).__name__}: {exc}")
+            response = await self._page_get(item["url"], conditional)
         finally:
             self.d.slots.release()
-        retry_after = self._retry_after(response)
-        host.gate.finished(time.monotonic(), response.status, retry_after, self.d.rng)
+        retry_after = self._page_finished(host, response)
         try:
-            self._emit(self._page_row(host, item, response, retry_after))
+            chain = [item["url"]]
+            while True:
+                target, note, follow = self._redirect_step(host, response, chain)
+                if not follow:
+                    break
+                assert target is not None
+                if not await self._wait_for_hop(host.gate):
+                    note = "redirect not followed: host paused or daemon stopping"
+                    break
+                self._write_exchange(response, FetchOutcome.REDIRECT)  # the hop's 3xx, before the next request
+                chain.append(target)
+                async with self.d.slots:
+                    response = await self._page_get(target)
+                retry_after = self._page_finished(host, response)
+            if response.status is None or not 300 <= response.status < 400:
+                target = response.url if len(chain) > 1 else None
+            self._emit(self._page_row(host, item, response, retry_after, target, note))
             self.out.rotate_if_full()
         finally:
             self._after_request(host)
 
-    def _page_row(self, host: HostWork, item: dict[str, Any], response: FetchResponse,
-                  retry_after: float | None) -> dict[str, Any]:
+    async def _page_get(self, url: str, headers: dict[str, str] | None = None) -> FetchResponse:
+        """One page request (the caller holds the gate and a slot); an unexpected library error becomes a failed
+        response, so the URL is still reported and the gate released."""
+        try:
+            return await self.d.fetcher.get(url, headers, page=True)
+        except Exception as exc:
+            log.exception("fetching %s failed unexpectedly", url)
+            return FetchResponse(url=url, started_at=time.time(), error=f"{type(exc).__name__}: {exc}")
+
+    def _page_finished(self, host: HostWork, response: FetchResponse) -> float | None:
+        """Close the request on the host's gate (the delay counts from now); the server's Retry-After, if any."""
+        if response.status is not None:
+            self.d.metrics.response(len(response.body))
+        retry_after = self._retry_after(response)
+        host.gate.finished(time.monotonic(), response.status, retry_after, self.d.rng)
+        return retry_after
+
+    async def _wait_for_hop(self, gate: HostGate) -> bool:
+        """Take the gate for a redirect hop once it opens: a hop is a new request to the host. False if the host
+        is paused (a failure elsewhere) or the daemon stops first."""
+        self._count_politeness_wait(gate)
+        while not gate.paused and not self.d.stop.is_set():
+            now = time.monotonic()
+            if gate.can_start(now):
+                gate.started(now)
+                return True
+            await asyncio.sleep(min(max(gate.next_allowed_at - now, 0.01), _STOP_POLL_S))
+        return False
+
+    def _redirect_step(self, host: HostWork, response: FetchResponse,
+                       chain: list[str]) -> tuple[str | None, str | None, bool]:
+        """Where a response redirects and whether to follow: (canonical target, why it stops here, follow). Only a
+        same-host hop is followed, and only if it is new, not in this bucket's fetch list (it is fetched as its
+        own URL), within `fetch.max_redirects` and allowed by robots.txt;
+        another host's URL is left for update to discover, unless it is an IP literal the SSRF guard refuses."""
+        if response.status is None or not 300 <= response.status < 400:
+            return None, None, False
+        location = response.header("Location")
+        target = urls.resolve(response.url, location) if location else None
+        if target is None:
+            return None, "redirect without a usable Location" if location else None, False
+        literal = netpolicy.ip_literal(urls.host_name(target))
+        if literal is not None and not self.d.resolver.allowed(literal):
+            return None, f"redirect to a refused address: {literal}", False
+        if target in chain:
+            return None, f"redirect loop back to {target}"[:500], False
+        if urls.host_key(target) != host.host_key:
+            return target, None, False
+        if target in self.listed:
+            return target, "redirect target is in this fetch list: fetched as its own URL", False
+        limit = self.conf["fetch.max_redirects"]
+        if len(chain) > limit:
+            return target, f"more than {limit} redirects" if limit else None, False
+        if host.policy is not None and not host.policy.allowed(target):
+            return target, "redirect target disallowed by robots.txt", False
+        return target, None, True
+
+    def _page_row(self, host: HostWork, item: dict[str, Any], response: FetchResponse, retry_after: float | None,
+                  redirect_to: str | None = None, note: str | None = None) -> dict[str, Any]:
         common = dict(fetched_at=_utc(response.started_at), elapsed_ms=response.elapsed_ms,
-                      remote_ip=response.remote_ip, error=response.error)
+                      remote_ip=response.remote_ip, error=note or response.error, redirect_to=redirect_to)
         if response.blocked:
             host.blocked = response.error  # the address changed to a refused one: nothing more goes to this host
             return self._row(item, FetchOutcome.BLOCKED, **common)
         if response.status is None:
             return self._row(item, FetchOutcome.NETWORK_ERROR, **common)
-        warc_filename, written = self._write_exchange(response)
         status = response.status
         if status == 304:
             outcome = FetchOutcome.NOT_MODIFIED
@@ -623,23 +736,22 @@ class BucketRun:
             outcome = FetchOutcome.REDIRECT
         else:
             outcome = FetchOutcome.HTTP_ERROR
-        location = response.header("Location")
+        warc_filename, written = self._write_exchange(response, outcome, item.get("last_fetch_at"))
         return self._row(
             item, outcome, **common,
             status_code=status,
-            redirect_to=urls.resolve(item["url"], location) if outcome is FetchOutcome.REDIRECT and location else None,
             etag=response.header("ETag"),
             last_modified=response.header("Last-Modified"),
             content_type=response.header("Content-Type"),
             content_length=len(response.body),
             truncated=response.truncated,
+            truncated_reason=response.truncated_reason,
             payload_digest=written.payload_digest,
             warc_filename=warc_filename,
             warc_offset=written.offset,
             warc_length=written.length,
             retry_after_s=retry_after,
         )
-
 
 def _summary(segment_id: str, manifests: list[dict[str, Any]], skipped: list[int]) -> dict[str, Any]:
     outcomes: Counter[str] = Counter()
@@ -660,6 +772,7 @@ async def _fetch_segment(conf: Config, root: str, segment_id: str, buckets: list
                          stop: threading.Event | None) -> list[dict[str, Any]]:
     daemon = Daemon(conf, root, stop)
     try:
+        await daemon.open()
         return await daemon.fetch_buckets(segment_id, buckets)
     finally:
         await daemon.close()
@@ -680,6 +793,7 @@ def fetch_segment(conf: Config, root: str, segment_id: str, buckets: list[int] |
 async def _serve(conf: Config, root: str, stop: threading.Event) -> None:
     daemon = Daemon(conf, root, stop)
     try:
+        await daemon.open()
         while not stop.is_set():
             segments_root = layout.segments_dir(daemon.root)
             segment_ids = sorted(os.listdir(segments_root)) if os.path.isdir(segments_root) else []

@@ -2,8 +2,12 @@
 
 A single aiohttp ClientSession with one TCPConnector (connection reuse, DNS cache, the SSRF-guarded
 resolver) and `auto_decompress=False`, so the body is stored exactly as the server encoded it. Redirects are
-never followed here; the caller decides. The body is read up to `fetch.max_body_bytes` and flagged
-truncated past it; connect and whole-request timeouts bound the time.
+never followed here; the caller decides. Every response is bounded: header lines, fields and count
+(`fetch.max_header_field_bytes`, `fetch.max_headers`), the raw body (`fetch.max_body_bytes`), the decoded
+body (`fetch.max_decoded_bytes`, measured by inflating as the bytes arrive, so a compression bomb is cut
+without ever being inflated whole), the media type of a page (`fetch.accept_content_types`: other types are
+not read past their headers) and the whole request's time (`fetch.total_timeout_s`, which a slow-drip server
+cannot stretch). A cut body is flagged `truncated` with a `truncated_reason`.
 """
 
 from __future__ import annotations
@@ -11,11 +15,12 @@ from __future__ import annotations
 import asyncio
 import time
 import zlib
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 import ada_url
 import aiohttp
+import brotli
 from yarl import URL
 
 from crawler.config import Config
@@ -24,6 +29,11 @@ from fetchd.resolver import BlockedAddressError, GuardedResolver
 _READ_CHUNK = 65536
 ACCEPT = "text/html,application/xhtml+xml,application/xml;q=0.9,*/*;q=0.8"
 ACCEPT_ENCODING = "gzip, deflate"  # what the WARC readers downstream can decode
+
+# FetchResponse.truncated_reason values
+CUT_LENGTH = "length"                  # raw body longer than the cap
+CUT_DECODED_LENGTH = "decoded-length"  # decoded (Content-Encoding undone) body longer than the cap: a bomb
+CUT_CONTENT_TYPE = "content-type"      # media type not accepted: the body was not read at all
 
 
 @dataclass
@@ -36,8 +46,9 @@ class FetchResponse:
     status: int | None = None              # None: no response (network error or refused)
     reason: str = ""
     headers: list[tuple[str, str]] = field(default_factory=list)
-    body: bytes = b""
+    body: bytes = b""                      # raw, as received (Content-Encoding not undone)
     truncated: bool = False
+    truncated_reason: str | None = None    # CUT_* when truncated
     remote_ip: str | None = None
     request_path: str = "/"
     request_headers: list[tuple[str, str]] = field(default_factory=list)
@@ -60,6 +71,71 @@ class FetchResponse:
             except zlib.error:
                 continue
         return b""
+
+
+class DecodedMeter:
+    """Counts the decoded size of a Content-Encoded body as its raw bytes arrive. It inflates at most
+    `_READ_CHUNK` bytes at a time and keeps none of them, so memory and work stay bounded by the cap."""
+
+    def __init__(self, encoding: str):
+        self.encoding = encoding
+        self.size = 0
+        self.broken = False  # the stream is not valid in its encoding: parse will say so; we stop measuring
+        self._inflater: zlib._Decompress | None = None
+        self._brotli = brotli.Decompressor() if encoding == "br" else None
+
+    @staticmethod
+    def for_header(content_encoding: str | None) -> DecodedMeter | None:
+        """A meter for the encodings we can measure; None for identity (the raw cap is the decoded cap)."""
+        encoding = (content_encoding or "").strip().lower()
+        if encoding == "x-gzip":
+            encoding = "gzip"
+        return DecodedMeter(encoding) if encoding in ("gzip", "deflate", "br") else None
+
+    def feed(self, data: bytes, limit: int) -> bool:
+        """Add raw bytes; False once more than `limit` decoded bytes have come out."""
+        try:
+            if self._brotli is not None:
+                self._feed_brotli(data, limit)
+            else:
+                self._feed_zlib(data, limit)
+        except (zlib.error, brotli.error):
+            self.broken = True
+        return self.size <= limit
+
+    def _feed_zlib(self, data: bytes, limit: int) -> None:
+        while data and not self.broken and self.size <= limit:
+            if self._inflater is None:
+                self._inflater = zlib.decompressobj(self._wbits(data))
+            self.size += len(self._inflater.decompress(data, _READ_CHUNK))
+            if self._inflater.eof:  # another gzip member may follow (a bomb can be many members)
+                data = self._inflater.unused_data if self.encoding == "gzip" else b""
+                self._inflater = None
+            else:
+                data = self._inflater.unconsumed_tail
+
+    def _wbits(self, first: bytes) -> int:
+        if self.encoding == "gzip":
+            return zlib.MAX_WBITS | 16
+        zlib_header = len(first) >= 2 and first[0] & 0x0F == 8 and (first[0] << 8 | first[1]) % 31 == 0
+        return zlib.MAX_WBITS if zlib_header else -zlib.MAX_WBITS  # "deflate" is zlib; some servers send raw
+
+    def _feed_brotli(self, data: bytes, limit: int) -> None:
+        assert self._brotli is not None
+        if self._brotli.is_finished():
+            return
+        self.size += len(self._brotli.process(data, output_buffer_limit=_READ_CHUNK))
+        while self.size <= limit and not self._brotli.is_finished() and not self._brotli.can_accept_more_data():
+            self.size += len(self._brotli.process(b"", output_buffer_limit=_READ_CHUNK))
+
+
+def media_type_accepted(content_type: str | None, accepted: Sequence[str]) -> bool:
+    """Whether a Content-Type starts with one of the accepted prefixes (case-insensitive). No header or an
+    empty list accepts: the type is then decided from the bytes downstream."""
+    if not content_type or not accepted:
+        return True
+    media = content_type.split(";", 1)[0].strip().lower()
+    return any(media.startswith(prefix) for prefix in accepted)
 
 
 def _request_target(url: str) -> str:
@@ -93,6 +169,8 @@ class Fetcher:
 
     def __init__(self, conf: Config, resolver: GuardedResolver):
         self.max_body_bytes = conf["fetch.max_body_bytes"]
+        self.max_decoded_bytes = conf["fetch.max_decoded_bytes"]
+        self.accept_content_types = tuple(t.strip().lower() for t in conf["fetch.accept_content_types"])
         self.resolver = resolver
         connector = aiohttp.TCPConnector(
             resolver=resolver,
@@ -115,16 +193,21 @@ class Fetcher:
                 "Accept-Encoding": ACCEPT_ENCODING,
             },
             skip_auto_headers=("Content-Type",),
+            max_line_size=conf["fetch.max_header_field_bytes"],
+            max_field_size=conf["fetch.max_header_field_bytes"],
+            max_headers=conf["fetch.max_headers"],
         )
 
     async def close(self) -> None:
         await self.session.close()
 
     async def get(
-        self, url: str, extra_headers: Mapping[str, str] | None = None, max_bytes: int | None = None
+        self, url: str, extra_headers: Mapping[str, str] | None = None, max_bytes: int | None = None,
+        *, page: bool = False,
     ) -> FetchResponse:
         """GET `url` once (no redirects), reading at most `max_bytes` (default `fetch.max_body_bytes`) of the
-        body. Never raises for network trouble: the result says what happened."""
+        body. A `page` (not robots.txt) of a media type outside `fetch.accept_content_types` is not read past
+        its headers. Never raises for network trouble: the result says what happened."""
         result = FetchResponse(url=url, started_at=time.time(), request_path=_request_target(url))
         clock = time.monotonic()
         try:
@@ -136,26 +219,42 @@ class Fetcher:
                 result.headers = [(k.decode("latin-1"), v.decode("latin-1")) for k, v in response.raw_headers]
                 result.request_headers = list(response.request_info.headers.items())
                 result.remote_ip = _peer_ip(response)
-                result.body, result.truncated = await self._read_capped(response, max_bytes or self.max_body_bytes)
+                if page and not media_type_accepted(result.header("Content-Type"), self.accept_content_types):
+                    response.close()  # the body is never read: a 2 GB video costs its headers only
+                    result.truncated, result.truncated_reason = True, CUT_CONTENT_TYPE
+                else:
+                    result.body, result.truncated_reason = await self._read_capped(
+                        response, max_bytes or self.max_body_bytes, result.header("Content-Encoding")
+                    )
+                    result.truncated = result.truncated_reason is not None
         except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
             result.blocked = _is_blocked(exc)
             result.status = None
             result.body = b""
+            result.truncated, result.truncated_reason = False, None
             result.error = f"{type(exc).__name__}: {exc}"[:500] or type(exc).__name__
         result.elapsed_ms = int((time.monotonic() - clock) * 1000)
         return result
 
-    @staticmethod
-    async def _read_capped(response: aiohttp.ClientResponse, cap: int) -> tuple[bytes, bool]:
-        """At most `cap` bytes of the body; past the cap the connection is dropped, not drained."""
+    async def _read_capped(
+        self, response: aiohttp.ClientResponse, cap: int, content_encoding: str | None
+    ) -> tuple[bytes, str | None]:
+        """The raw body, cut (and the connection dropped, not drained) once it passes `cap` raw bytes or its
+        decoding passes `fetch.max_decoded_bytes`; with the reason it was cut, if it was."""
+        meter = DecodedMeter.for_header(content_encoding)
         parts: list[bytes] = []
         size = 0
         async for chunk in response.content.iter_chunked(_READ_CHUNK):
             room = cap - size
-            if len(chunk) > room:
-                parts.append(chunk[:room])
-                response.close()
-                return b"".join(parts), True
+            cut = len(chunk) > room
+            if cut:
+                chunk = chunk[:room]
             parts.append(chunk)
             size += len(chunk)
-        return b"".join(parts), False
+            if meter is not None and not meter.feed(chunk, self.max_decoded_bytes):
+                response.close()
+                return b"".join(parts), CUT_DECODED_LENGTH
+            if cut:
+                response.close()
+                return b"".join(parts), CUT_LENGTH
+        return b"".join(parts), None

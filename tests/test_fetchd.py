@@ -49,6 +49,7 @@ def write_fetchlist(root: str, segment_id: str, items: list[dict], buckets: int)
             "segment_id": segment_id, "url_id": urls.url_id(url), "url": url, "host_key": key,
             "state_version": 1, "rank": ranks[key], "priority": 1.0, "depth": 0,
             "etag": item.get("etag"), "last_modified": item.get("last_modified"), "delay_s": MIN_DELAY,
+            "last_fetch_at": item.get("last_fetch_at"),
         }
         by_bucket.setdefault(urls.bucket_of(key, buckets), []).append(row)
     for bucket, rows in by_bucket.items():
@@ -272,7 +273,9 @@ def test_results_point_into_closed_warc_files(farm_crawl):
         assert row["warc_filename"].startswith(f"segments/{SEGMENT}/warc/bucket=")
         record = record_at(root, row["warc_filename"], row["warc_offset"])
         assert record.record_type == WarcRecordType.response
-        assert record.headers["WARC-Target-URI"] == row["url"]
+        # a followed same-host redirect points at the last hop's response; redirect_to names that URL
+        followed = row["outcome"] != "redirect" and row["redirect_to"]
+        assert record.headers["WARC-Target-URI"] == (row["redirect_to"] if followed else row["url"])
         assert record.http_headers.status_code == row["status_code"]
         assert record.headers["WARC-Payload-Digest"] == row["payload_digest"]
         assert record.headers["WARC-IP-Address"] == row["remote_ip"] == "127.0.0.1"
@@ -363,7 +366,7 @@ def test_retry_after_slows_the_host(edge, base_conf, root):
 
 
 def test_body_cap_truncates(edge, base_conf, root):
-    conf = edge_conf(base_conf, edge, **{"fetch.max_body_bytes": 10_000})
+    conf = edge_conf(base_conf, edge, **{"fetch.max_body_bytes": 10_000, "fetch.accept_content_types": []})
     write_fetchlist(root, SEGMENT, [{"url": edge.url("edge.test", "/big")}], conf["crawl.buckets"])
     fetch_segment(conf, root, SEGMENT)
     [row] = read_results(root, SEGMENT)
@@ -374,7 +377,7 @@ def test_body_cap_truncates(edge, base_conf, root):
 
 
 def test_redirect_is_reported_not_followed(edge, base_conf, root):
-    conf = edge_conf(base_conf, edge)
+    conf = edge_conf(base_conf, edge, **{"fetch.max_redirects": 0})  # following: tests/test_fetch_limits.py
     write_fetchlist(root, SEGMENT, [{"url": edge.url("edge.test", "/moved")}], conf["crawl.buckets"])
     fetch_segment(conf, root, SEGMENT)
     [row] = read_results(root, SEGMENT)

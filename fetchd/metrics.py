@@ -1,0 +1,250 @@
+"""Observability of the fetch daemon: counters, scheduler gauges, a Prometheus `/metrics` and a JSON `/status`.
+
+One `snapshot` of a daemon feeds all three views (the exposition text, the status document and the periodic
+progress log line), so they never disagree. Counters live in `Metrics` and only grow while the daemon
+lives; gauges are read from the buckets being fetched at the moment of the snapshot:
+
+* active hosts: hosts with URLs not reported yet (queued, waiting for robots.txt, or in flight);
+* ready hosts: hosts that have something to dispatch and whose politeness gate is open now;
+* ready lag: now - the time a ready host's gate opened (never before its bucket started). Its max and sum
+  grow when the scheduler (slots, event loop) falls behind what politeness would allow.
+
+A politeness wait is counted when a request is due on a host whose gate holds it: after one of its requests
+ended with URLs still queued, or when a robots.txt request or a redirect hop must wait for the gate; its
+seconds are the hold the gate imposed. Time past the gate's opening is ready lag, not a wait. The exposition
+format is Prometheus text 0.0.4, written by hand (prometheus_client is not a dependency).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import time
+from collections import Counter
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from aiohttp import web
+
+if TYPE_CHECKING:
+    from fetchd.daemon import BucketRun, Daemon, HostWork
+
+log = logging.getLogger("fetchd")
+
+CONTENT_TYPE_0_0_4 = "text/plain; version=0.0.4; charset=utf-8"
+
+
+@dataclass
+class Metrics:
+    """Counters of one daemon since it started; updated from the event loop only."""
+
+    outcomes: Counter[str] = field(default_factory=Counter)  # fetch-list URLs finished, by outcome
+    urls_listed: int = 0           # fetch-list URLs taken on
+    responses: int = 0             # HTTP responses received (pages, robots.txt, redirect hops)
+    bytes_downloaded: int = 0      # response body bytes as received (still content-encoded)
+    warc_bytes: int = 0            # bytes written to WARC files (compressed, warcinfo records included)
+    robots_denials: int = 0        # URLs not requested because robots.txt disallows them
+    politeness_waits: int = 0      # times a host with URLs queued was held by its gate
+    politeness_wait_s: float = 0.0  # seconds of those holds
+    started: float = field(default_factory=time.monotonic)
+
+    def response(self, body_bytes: int) -> None:
+        self.responses += 1
+        self.bytes_downloaded += body_bytes
+
+    def politeness_wait(self, seconds: float) -> None:
+        self.politeness_waits += 1
+        self.politeness_wait_s += seconds
+
+
+@dataclass
+class HostFigures:
+    """Scheduler gauges over a set of hosts at one instant."""
+
+    active: int = 0
+    ready: int = 0
+    ready_lag_max_s: float = 0.0
+    ready_lag_sum_s: float = 0.0
+    queued: int = 0
+
+    def add(self, other: HostFigures) -> None:
+        self.active += other.active
+        self.ready += other.ready
+        self.ready_lag_max_s = max(self.ready_lag_max_s, other.ready_lag_max_s)
+        self.ready_lag_sum_s += other.ready_lag_sum_s
+        self.queued += other.queued
+
+
+def host_figures(hosts: Iterable[HostWork], begun: float, now: float) -> HostFigures:
+    """Gauges of one bucket's hosts; `begun` is when the bucket's scheduler started (monotonic)."""
+    figures = HostFigures()
+    for host in hosts:
+        figures.queued += len(host.queue)
+        if host.left:
+            figures.active += 1
+        if host.queue and host.wants_dispatch() and host.gate.can_start(now):
+            lag = now - max(host.gate.next_allowed_at, begun)
+            figures.ready += 1
+            figures.ready_lag_max_s = max(figures.ready_lag_max_s, lag)
+            figures.ready_lag_sum_s += lag
+    return figures
+
+
+def _bucket_status(run: BucketRun, now: float) -> tuple[dict[str, Any], HostFigures]:
+    figures = host_figures(run.hosts.values(), run.begun, now) if run.begun is not None else HostFigures()
+    results = sum(run.outcomes.values())
+    status = {
+        "bucket": run.bucket,
+        "state": "done" if results == run.urls else ("fetching" if run.begun is not None else "waiting"),
+        "urls": run.urls,
+        "results": results,
+        "outcomes": dict(sorted(run.outcomes.items())),
+        "hosts": len(run.hosts),
+        "active_hosts": figures.active,
+        "ready_hosts": figures.ready,
+        "queued": figures.queued,
+        "tasks": len(run.tasks),
+        "warc_files_closed": run.out.warc_files,
+    }
+    return status, figures
+
+
+def snapshot(daemon: Daemon) -> dict[str, Any]:
+    """Every figure the daemon reports, at one instant."""
+    now = time.monotonic()
+    m = daemon.metrics
+    totals = HostFigures()
+    buckets = []
+    for run in daemon.runs:
+        status, figures = _bucket_status(run, now)
+        buckets.append(status)
+        totals.add(figures)
+    done = sum(m.outcomes.values())
+    uptime = max(now - m.started, 1e-9)
+    return {
+        "daemon_id": daemon.daemon_id,
+        "segment_id": daemon.segment_id,
+        "uptime_s": round(uptime, 3),
+        "counters": {
+            "urls_listed": m.urls_listed,
+            "urls_done": done,
+            "outcomes": dict(sorted(m.outcomes.items())),
+            "responses": m.responses,
+            "bytes_downloaded": m.bytes_downloaded,
+            "warc_bytes": m.warc_bytes,
+            "robots_denials": m.robots_denials,
+            "politeness_waits": m.politeness_waits,
+            "politeness_wait_s": round(m.politeness_wait_s, 6),
+        },
+        "gauges": {
+            "active_hosts": totals.active,
+            "ready_hosts": totals.ready,
+            "ready_lag_max_s": round(totals.ready_lag_max_s, 6),
+            "ready_lag_sum_s": round(totals.ready_lag_sum_s, 6),
+            "urls_queued": totals.queued,
+            "urls_per_s": round(done / uptime, 3),
+        },
+        "buckets": buckets,
+    }
+
+
+def progress_line(snap: dict[str, Any]) -> str:
+    """The periodic log line: the same figures as `/metrics` and `/status`."""
+    c, g = snap["counters"], snap["gauges"]
+    outcomes = " ".join(f"{k}={v}" for k, v in c["outcomes"].items()) or "-"
+    return (
+        f"{c['urls_done']}/{c['urls_listed']} urls, {outcomes}, {g['urls_per_s']:.1f} urls/s, "
+        f"hosts active={g['active_hosts']} ready={g['ready_hosts']} lag_max={g['ready_lag_max_s']:.2f}s, "
+        f"queued={g['urls_queued']}, downloaded={c['bytes_downloaded']}B warc={c['warc_bytes']}B, "
+        f"politeness waits={c['politeness_waits']} ({c['politeness_wait_s']:.1f}s), "
+        f"robots denials={c['robots_denials']}"
+    )
+
+
+# --- Prometheus text exposition format 0.0.4 ---------------------------------------------------------------
+
+_FAMILIES: tuple[tuple[str, str, str, str], ...] = (
+    # name, type, help, where the value comes from ("counters.x" / "gauges.x")
+    ("fetchd_urls_listed_total", "counter", "Fetch-list URLs taken on.", "counters.urls_listed"),
+    ("fetchd_responses_total", "counter", "HTTP responses received (pages, robots.txt).", "counters.responses"),
+    ("fetchd_bytes_downloaded_total", "counter", "Response body bytes received, as encoded on the wire.",
+     "counters.bytes_downloaded"),
+    ("fetchd_warc_bytes_written_total", "counter", "Bytes written to WARC files.", "counters.warc_bytes"),
+    ("fetchd_robots_denials_total", "counter", "URLs not requested because robots.txt disallows them.",
+     "counters.robots_denials"),
+    ("fetchd_politeness_waits_total", "counter", "Times a host with URLs queued was held by its politeness gate.",
+     "counters.politeness_waits"),
+    ("fetchd_politeness_wait_seconds_total", "counter", "Seconds hosts with URLs queued were held by their gate.",
+     "counters.politeness_wait_s"),
+    ("fetchd_hosts_active", "gauge", "Hosts with URLs left in the buckets being fetched.", "gauges.active_hosts"),
+    ("fetchd_hosts_ready", "gauge", "Hosts with URLs queued whose politeness gate is open.", "gauges.ready_hosts"),
+    ("fetchd_ready_lag_seconds_max", "gauge", "Largest now - gate opening time over ready hosts.",
+     "gauges.ready_lag_max_s"),
+    ("fetchd_ready_lag_seconds_sum", "gauge", "Sum of now - gate opening time over ready hosts.",
+     "gauges.ready_lag_sum_s"),
+    ("fetchd_urls_queued", "gauge", "URLs queued in the buckets being fetched.", "gauges.urls_queued"),
+)
+
+
+def _escape_label(value: str) -> str:
+    return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
+
+
+def _number(value: float) -> str:
+    if isinstance(value, int):
+        return str(value)
+    if math.isnan(value):
+        return "NaN"
+    if math.isinf(value):
+        return "+Inf" if value > 0 else "-Inf"
+    return repr(float(value))
+
+
+def render_prometheus(snap: dict[str, Any]) -> str:
+    """The snapshot as Prometheus text format 0.0.4."""
+    daemon_label = f'daemon="{_escape_label(snap["daemon_id"])}"'
+    lines = [
+        "# HELP fetchd_fetches_total Fetch-list URLs finished, by outcome (robots_denied, deferred and blocked "
+        "were not requested).",
+        "# TYPE fetchd_fetches_total counter",
+    ]
+    for outcome, count in snap["counters"]["outcomes"].items():
+        lines.append(f'fetchd_fetches_total{{{daemon_label},outcome="{_escape_label(outcome)}"}} {count}')
+    for name, kind, help_text, source in _FAMILIES:
+        section, key = source.split(".")
+        lines.append(f"# HELP {name} {help_text}")
+        lines.append(f"# TYPE {name} {kind}")
+        lines.append(f"{name}{{{daemon_label}}} {_number(snap[section][key])}")
+    return "\n".join(lines) + "\n"
+
+
+class MetricsServer:
+    """`/metrics` and `/status` over HTTP, served from the daemon's own event loop."""
+
+    def __init__(self, daemon: Daemon):
+        self.daemon = daemon
+        app = web.Application()
+        app.router.add_get("/metrics", self._metrics)
+        app.router.add_get("/status", self._status)
+        # a scrape takes milliseconds: a stopping daemon waits at most this long for one in progress
+        self.runner = web.AppRunner(app, access_log=None, shutdown_timeout=1.0)
+        self.port: int | None = None
+
+    async def start(self, host: str, port: int) -> None:
+        await self.runner.setup()
+        site = web.TCPSite(self.runner, host, port)
+        await site.start()
+        self.port = self.runner.addresses[0][1]
+        log.info("fetchd metrics on http://%s:%d/metrics and /status", host, self.port)
+
+    async def close(self) -> None:
+        await self.runner.cleanup()
+
+    async def _metrics(self, _request: web.Request) -> web.Response:
+        body = render_prometheus(snapshot(self.daemon))
+        return web.Response(body=body.encode("utf-8"), headers={"Content-Type": CONTENT_TYPE_0_0_4})
+
+    async def _status(self, _request: web.Request) -> web.Response:
+        return web.Response(text=json.dumps(snapshot(self.daemon), sort_keys=True), content_type="application/json")
