@@ -7,7 +7,7 @@ ROOT ?= ./demo-crawl
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-fast lint bench-frontier install clean
+.PHONY: demo test test-fast lint bench-frontier bench-fetchd install clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -31,6 +31,10 @@ test-fast:
 # On-demand frontier benchmark (not a test): synthetic 1 M and 10 M URL tables; prints figures.
 bench-frontier: $(STAMP)
 	$(PY) -m bench.frontier $(BENCH_ARGS)
+
+# On-demand fetch daemon benchmark (not a test): loopback site farm; CPU vs raw aiohttp, delay-bound rate, RSS.
+bench-fetchd: $(STAMP)
+	$(PY) -m bench.fetchd $(BENCH_ARGS)
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .

@@ -1,0 +1,571 @@
+"""Fetch daemon benchmark (issue 4): CPU cost against raw aiohttp, delay-bound rate, memory with a 1 M URL list.
+
+Run on demand, never as a test:
+
+    .venv/bin/python -m bench.fetchd [--only a,b,c] [--hosts-a 200] [--pages-a 60] [--hosts-b 1000]
+                                     [--pages-b 5] [--rss-urls 100000,1000000] [--root /tmp/cyclecrawl-bench-fetchd]
+
+Everything runs on loopback against the site farm (fetchd/sitefarm.py, latency 0), which runs in its own
+`python -c` subprocess, so the CPU figures are the client's alone. Each client run is a fresh subprocess too
+(the daemon's host memory — gates, robots cache — is per process), measured from inside with getrusage
+(self + waited-for children, every thread included) around the call.
+
+  (a) CPU bound: --hosts-a hosts, politeness.min_delay_s 0 (Crawl-delay capped at 0), the farm URLs robots
+      allows. fetchd (`fetch_segment`, WARC on) next to a minimal aiohttp GET loop over the same URLs with the
+      same connector limits (body read, nothing stored). Pages/s, client CPU seconds per page, the ratios; then a
+      separate cProfile run of fetchd (CPU timer, main thread only) for the top entries.
+  (b) delay bound: --hosts-b hosts, delay --delay-b s, --pages-b pages each. From the farm's own log: per-host
+      request rate ÷ (1 / delay) summed over hosts (= achieved ÷ hosts/delay), the ready lag (start − previous
+      end − delay) and politeness violations; plus the whole-run figure, list loading and start-up included.
+  (c) memory: `fetchd.daemon.serve` in a subprocess on fetch lists of each --rss-urls size over --hosts-c hosts
+      (URLs the farm answers 404, delay 0); SIGTERM --rss-fetch-s seconds after the farm logs its first request.
+      RSS sampled every 0.1 s: before the daemon starts, when the first request arrives (list loaded), the peak.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import cProfile
+import io
+import itertools
+import json
+import os
+import pstats
+import resource
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pyarrow as pa
+import pyarrow.parquet as pq
+from aiohttp.abc import AbstractResolver
+
+from crawler import config as config_mod
+from crawler import layout, records, urls
+from crawler.robots import RobotsPolicy
+from fetchd.sitefarm import FarmSpec, SiteFarm, politeness_violations
+
+REPO = Path(__file__).resolve().parent.parent
+TARGET_RAW_RATIO = 0.70     # (a) fetchd pages/s ÷ raw aiohttp pages/s
+TARGET_RATE_RATIO = 0.95    # (b) achieved pages/s ÷ (hosts ÷ delay)
+TARGET_RSS_BYTES_PER_URL = 64  # (c) our reading of "memory must not grow with list size": peak growth per extra URL
+RSS_SAMPLE_S = 0.1
+
+# The farm's process: serve, publish port + URLs in a JSON file, print "ready", serve until stdin closes.
+FARM_SCRIPT = """
+import json, os, sys
+from fetchd.sitefarm import FarmSpec, SiteFarm
+hosts, pages, log_path, out = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4]
+farm = SiteFarm(FarmSpec(hosts=hosts, pages_per_host=pages, latency_s=0), log_path)
+farm.start()
+with open(out + ".tmp", "w") as fh:
+    json.dump({"port": farm.port, "hosts": farm.host_names(), "urls": sorted(farm.page_urls())}, fh)
+os.replace(out + ".tmp", out)
+print("ready", flush=True)
+sys.stdin.read()
+farm.stop()
+"""
+
+
+def progress(message: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {message}", flush=True)
+
+
+def client_cpu_s() -> float:
+    """CPU seconds of this process (all threads) and of its waited-for children."""
+    own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+
+
+def process_cpu_s(pid: int) -> float:
+    """CPU seconds of another process so far (Linux /proc), to watch the farm's load."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def rss_kb() -> int:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1])
+    return 0
+
+
+# ---- the farm and the fetch lists ----------------------------------------------------------------------
+
+
+class FarmProcess:
+    """The site farm in a subprocess; `urls`, `hosts`, `port` as it published them; its log read by offset."""
+
+    def __init__(self, hosts: int, pages: int, folder: str):
+        os.makedirs(folder, exist_ok=True)
+        self.spec = FarmSpec(hosts=hosts, pages_per_host=pages, latency_s=0)
+        self.log_path = os.path.join(folder, "farm.jsonl")
+        self.info_path = os.path.join(folder, "farm.json")
+        self.proc: subprocess.Popen[str] | None = None
+        self.truth = SiteFarm(self.spec, self.log_path)  # never started: robots files and delays only
+
+    def __enter__(self) -> FarmProcess:
+        self.proc = subprocess.Popen(
+            [sys.executable, "-c", FARM_SCRIPT, str(self.spec.hosts), str(self.spec.pages_per_host),
+             self.log_path, self.info_path],
+            cwd=REPO, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+        )
+        assert self.proc.stdout is not None
+        if self.proc.stdout.readline().strip() != "ready":
+            self.__exit__()
+            raise RuntimeError("the site farm did not start")
+        info = json.loads(Path(self.info_path).read_text())
+        self.port, self.hosts, self.urls = info["port"], info["hosts"], info["urls"]
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.proc is None:
+            return
+        assert self.proc.stdin is not None
+        self.proc.stdin.close()
+        try:
+            self.proc.wait(30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+    def cpu_s(self) -> float:
+        assert self.proc is not None
+        return process_cpu_s(self.proc.pid)
+
+    def static_hosts(self) -> dict[str, str]:
+        return {name: "127.0.0.1" for name in self.hosts}
+
+    def log_size(self) -> int:
+        return os.path.getsize(self.log_path) if os.path.exists(self.log_path) else 0
+
+    def log_since(self, offset: int) -> list[dict[str, Any]]:
+        """Complete request-log lines written after byte `offset`."""
+        with open(self.log_path, "rb") as fh:
+            fh.seek(offset)
+            return [json.loads(line) for line in fh.read().splitlines(keepends=True) if line.endswith(b"\n")]
+
+    def allowed(self, token: str) -> dict[str, list[str]]:
+        """The farm's URLs robots.txt allows for `token`, by host_key, in URL order."""
+        by_host: dict[str, list[str]] = defaultdict(list)
+        for url in self.urls:
+            canonical = urls.canonicalize(url)
+            name = urls.host_name(canonical)
+            robots = self.truth.robots_txt(name)
+            if robots is None or RobotsPolicy.parse(robots, token).allowed(canonical):
+                by_host[urls.host_key(canonical)].append(canonical)
+        return by_host
+
+
+def write_fetchlist(root: str, segment_id: str, by_host: dict[str, list[str]], buckets: int, delay_s: float) -> int:
+    """Fetch-list Parquet per bucket in the FETCHLIST schema, as generate writes it; URLs must be canonical."""
+    keys_of: dict[int, list[str]] = defaultdict(list)
+    for key in sorted(by_host):
+        keys_of[urls.bucket_of(key, buckets)].append(key)
+    total = 0
+    for bucket, keys in keys_of.items():
+        url_col = [u for key in keys for u in by_host[key]]
+        n = len(url_col)
+        columns = {
+            "segment_id": pa.array([segment_id] * n, pa.string()),
+            "url_id": pa.array([urls.url_id(u) for u in url_col], pa.string()),
+            "url": pa.array(url_col, pa.string()),
+            "host_key": pa.array([key for key in keys for _ in by_host[key]], pa.string()),
+            "state_version": pa.array([1] * n, pa.int64()),
+            "rank": pa.array([r for key in keys for r in range(1, len(by_host[key]) + 1)], pa.int32()),
+            "priority": pa.array([1.0] * n, pa.float64()),
+            "depth": pa.array([0] * n, pa.int32()),
+            "delay_s": pa.array([delay_s] * n, pa.float64()),
+        }
+        folder = layout.fetchlist_dir(root, segment_id, bucket)
+        os.makedirs(folder, exist_ok=True)
+        # validators, previous fetch time and any other column: null, as for URLs never fetched
+        table = pa.Table.from_arrays([columns.get(f.name, pa.nulls(n, f.type)) for f in records.FETCHLIST],
+                                     schema=records.FETCHLIST)
+        pq.write_table(table, os.path.join(folder, "part-00000.parquet"))
+        total += n
+    return total
+
+
+def interleaved(by_host: dict[str, list[str]]) -> list[str]:
+    """URLs round-robin over hosts, so a per-host connection limit does not serialise the raw loop."""
+    return [u for group in itertools.zip_longest(*by_host.values()) for u in group if u is not None]
+
+
+def conf_overrides(farm: FarmProcess, **values: Any) -> dict[str, Any]:
+    return {
+        "fetch.static_hosts": farm.static_hosts(),
+        "fetch.allow_networks": ["127.0.0.0/8"],
+        "fetch.progress_interval_s": 3600.0,
+        **values,
+    }
+
+
+# ---- client roles (each runs in its own subprocess, prints one JSON line) ------------------------------
+
+
+def run_role(role: str, job: dict[str, Any]) -> dict[str, Any]:
+    """Run a client role in a fresh subprocess; its result is the last line it prints."""
+    job_path = os.path.join(job["workdir"], f"job-{role}-{time.monotonic_ns()}.json")
+    Path(job_path).write_text(json.dumps(job))
+    done = subprocess.run([sys.executable, "-m", "bench.fetchd", "--role", role, "--job", job_path],
+                          cwd=REPO, stdout=subprocess.PIPE, text=True, check=True)
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def role_fetchd(job: dict[str, Any]) -> dict[str, Any]:
+    """`fetch_segment` once, WARC on; optionally under cProfile (written as text to job["profile"])."""
+    import pyarrow.dataset  # noqa: F401 - imported on a daemon's first list read (~1.5 s once per process): not timed
+
+    from fetchd.daemon import fetch_segment
+
+    conf = config_mod.load().with_overrides(job["overrides"])
+    profiler = cProfile.Profile(time.process_time) if job.get("profile") else None  # CPU, not waits on a busy box
+    cpu, wall = client_cpu_s(), time.perf_counter()
+    if profiler is not None:
+        profiler.enable()
+    summary = fetch_segment(conf, job["root"], job["segment"])
+    if profiler is not None:
+        profiler.disable()
+    result = {"wall_s": time.perf_counter() - wall, "cpu_s": client_cpu_s() - cpu, "summary": summary,
+              "threads": threading.active_count()}
+    if profiler is not None:
+        text = io.StringIO()
+        stats = pstats.Stats(profiler, stream=text).strip_dirs()
+        stats.sort_stats("tottime").print_stats(job.get("profile_top", 25))
+        stats.sort_stats("cumulative").print_stats(job.get("profile_top", 25))
+        Path(job["profile"]).write_text(text.getvalue())
+    return result
+
+
+class LoopbackResolver(AbstractResolver):
+    """Every name is 127.0.0.1: the raw loop needs no SSRF guard or static map."""
+
+    async def resolve(self, host: str, port: int = 0, family: int = socket.AF_INET) -> list[dict[str, Any]]:
+        return [{"hostname": host, "host": "127.0.0.1", "port": port, "family": socket.AF_INET, "proto": 0,
+                 "flags": socket.AI_NUMERICHOST}]
+
+    async def close(self) -> None:
+        return None
+
+
+async def raw_loop(url_list: list[str], concurrency: int, per_host: int) -> int:
+    """The baseline: `concurrency` workers, one session, GET and read each body; nothing stored or parsed."""
+    connector = aiohttp.TCPConnector(resolver=LoopbackResolver(), limit=concurrency, limit_per_host=per_host)
+    pending = iter(url_list)
+    done = 0
+
+    async def worker() -> None:
+        nonlocal done
+        for url in pending:
+            async with session.get(url, allow_redirects=False) as response:
+                await response.read()
+            done += 1
+
+    async with aiohttp.ClientSession(connector=connector) as session:
+        await asyncio.gather(*(worker() for _ in range(concurrency)))
+    return done
+
+
+def role_raw(job: dict[str, Any]) -> dict[str, Any]:
+    url_list = json.loads(Path(job["urls"]).read_text())
+    cpu, wall = client_cpu_s(), time.perf_counter()
+    done = asyncio.run(raw_loop(url_list, job["concurrency"], job["per_host"]))
+    return {"wall_s": time.perf_counter() - wall, "cpu_s": client_cpu_s() - cpu, "pages": done}
+
+
+def role_rss(job: dict[str, Any]) -> dict[str, Any]:
+    """`serve` until SIGTERM, RSS sampled in a thread; the first sample is taken before the daemon starts."""
+    from fetchd.daemon import serve
+
+    conf = config_mod.load().with_overrides(job["overrides"])
+    samples: list[tuple[float, int]] = [(time.time(), rss_kb())]
+    halt = threading.Event()
+
+    def sample() -> None:
+        while not halt.wait(RSS_SAMPLE_S):
+            samples.append((time.time(), rss_kb()))
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    started = time.time()
+    serve(conf, job["root"])
+    halt.set()
+    sampler.join()
+    samples.append((time.time(), rss_kb()))
+    return {"started": started, "samples": samples,
+            "peak_kb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss}
+
+
+ROLES = {"fetchd": role_fetchd, "raw": role_raw, "rss": role_rss}
+
+
+# ---- the three runs ------------------------------------------------------------------------------------
+
+
+def pct(value: float) -> str:
+    return f"{100 * value:.1f} %"
+
+
+def run_a(args: argparse.Namespace, base: config_mod.Config, workdir: str) -> dict[str, Any]:
+    """(a) CPU bound: fetchd vs a raw aiohttp loop over the same URLs, then a profiled fetchd run."""
+    progress(f"(a) starting a farm of {args.hosts_a} hosts x {args.pages_a} pages")
+    with FarmProcess(args.hosts_a, args.pages_a, os.path.join(workdir, "farm-a")) as farm:
+        by_host = farm.allowed(base["crawl.robots_token"])
+        url_list = interleaved(by_host)
+        urls_path = os.path.join(workdir, "urls-a.json")
+        Path(urls_path).write_text(json.dumps(url_list))
+        overrides = conf_overrides(farm, **{
+            "politeness.min_delay_s": 0.0, "politeness.max_crawl_delay_s": 0.0,
+            "fetch.concurrency": args.concurrency, "politeness.max_concurrency_per_host": args.per_host,
+        })
+        figures: dict[str, Any] = {"urls": len(url_list), "hosts": len(by_host)}
+        runs = [("raw", {"urls": urls_path, "concurrency": args.concurrency, "per_host": args.per_host}),
+                ("fetchd", {"overrides": overrides, "segment": "bench-a"})]
+        if args.profile:
+            runs.append(("profile", {"overrides": overrides, "segment": "bench-a-profile",
+                                     "profile": os.path.join(workdir, "profile-a.txt")}))
+        for name, job in runs:
+            root = os.path.join(workdir, f"root-a-{name}")
+            if "segment" in job:
+                job["root"] = root
+                write_fetchlist(root, job["segment"], by_host, base["crawl.buckets"], 0.0)
+            progress(f"(a) {name}: {len(url_list):,} URLs over {len(by_host)} hosts, concurrency {args.concurrency}")
+            offset, farm_cpu = farm.log_size(), farm.cpu_s()
+            result = run_role("raw" if name == "raw" else "fetchd", {**job, "workdir": workdir})
+            result["farm_cpu_s"] = farm.cpu_s() - farm_cpu
+            result["requests"] = len(farm.log_since(offset))
+            result["pages"] = result.get("pages") or result["summary"]["urls"]
+            figures[name] = result
+            progress(f"(a) {name}: {result['pages']:,} pages in {result['wall_s']:.1f}s, client CPU "
+                     f"{result['cpu_s']:.1f}s, farm CPU {result['farm_cpu_s']:.1f}s, {result['requests']:,} requests")
+        if args.profile:
+            figures["profile_text"] = Path(runs[-1][1]["profile"]).read_text()
+    return figures
+
+
+def run_b(args: argparse.Namespace, base: config_mod.Config, workdir: str) -> dict[str, Any]:
+    """(b) delay bound: many hosts, a real delay; the rate is judged from the farm's log."""
+    delay = args.delay_b
+    progress(f"(b) starting a farm of {args.hosts_b} hosts")
+    with FarmProcess(args.hosts_b, max(args.pages_b, 1), os.path.join(workdir, "farm-b")) as farm:
+        by_host = {key: found[: args.pages_b] for key, found in farm.allowed(base["crawl.robots_token"]).items()}
+        root = os.path.join(workdir, "root-b")
+        total = write_fetchlist(root, "bench-b", by_host, base["crawl.buckets"], delay)
+        overrides = conf_overrides(farm, **{"politeness.min_delay_s": delay, "fetch.concurrency": args.concurrency})
+        progress(f"(b) fetchd: {total:,} URLs over {len(by_host)} hosts, delay {delay}s")
+        offset = farm.log_size()
+        result = run_role("fetchd", {"overrides": overrides, "root": root, "segment": "bench-b", "workdir": workdir})
+        log = farm.log_since(offset)
+    by_log_host: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for record in log:
+        by_log_host[record["host"]].append(record)
+    gaps = spans = 0.0
+    lags: list[float] = []
+    for host, requests in by_log_host.items():
+        requests.sort(key=lambda r: r["start"])
+        required = farm.truth.politeness_delay(host, delay)
+        gaps += (len(requests) - 1) * required / delay  # in units of the base delay (a Crawl-delay host counts less)
+        spans += requests[-1]["start"] - requests[0]["start"]
+        lags += [b["start"] - a["end"] - required for a, b in itertools.pairwise(requests)]
+    lags.sort()
+    hosts = len(by_log_host)
+    violations = politeness_violations(log, lambda host: farm.truth.politeness_delay(host, delay))
+    return {
+        "urls": total, "hosts": hosts, "requests": len(log), "delay": delay, "result": result,
+        # Sum over hosts of each host's rate (gaps / its span) ≈ gaps / mean span; ideal hosts / delay.
+        "steady_ratio": (gaps / (spans / hosts)) / (hosts / delay) if spans else 0.0,
+        "whole_ratio": (gaps / result["wall_s"]) / (hosts / delay),
+        "lag_p50": lags[len(lags) // 2] if lags else 0.0,
+        "lag_p99": lags[int(len(lags) * 0.99)] if lags else 0.0,
+        "lag_max": lags[-1] if lags else 0.0,
+        "violations": len(violations),
+    }
+
+
+def run_c(args: argparse.Namespace, base: config_mod.Config, workdir: str) -> list[dict[str, Any]]:
+    """(c) memory: the daemon's RSS with fetch lists of each size, stopped a while after fetching starts."""
+    progress(f"(c) starting a farm of {args.hosts_c} hosts")
+    figures = []
+    with FarmProcess(args.hosts_c, 1, os.path.join(workdir, "farm-c")) as farm:
+        keys = [f"http://{name}:{farm.port}" for name in farm.hosts]
+        for size in args.rss_sizes:
+            per_host, extra = divmod(size, len(keys))
+            by_host = {key: [f"{key}/missing/{i}.html" for i in range(per_host + (h < extra))]
+                       for h, key in enumerate(keys)}
+            assert all(urls.canonicalize(u) == u for u in (by_host[keys[0]][0], by_host[keys[-1]][-1]))
+            root = os.path.join(workdir, f"root-c-{size}")
+            progress(f"(c) writing a fetch list of {size:,} URLs")
+            write_fetchlist(root, "bench-c", by_host, base["crawl.buckets"], 0.0)
+            del by_host
+            overrides = conf_overrides(farm, **{
+                "politeness.min_delay_s": 0.0, "politeness.max_crawl_delay_s": 0.0,
+                "fetch.concurrency": args.concurrency, "fetch.poll_interval_s": 3600.0,
+            })
+            job_path = os.path.join(workdir, f"job-rss-{size}.json")
+            Path(job_path).write_text(json.dumps({"overrides": overrides, "root": root}))
+            offset = farm.log_size()
+            progress(f"(c) serve on {size:,} URLs; SIGTERM {args.rss_fetch_s:.0f}s after the first request")
+            proc = subprocess.Popen([sys.executable, "-m", "bench.fetchd", "--role", "rss", "--job", job_path],
+                                    cwd=REPO, stdout=subprocess.PIPE, text=True)
+            first = None
+            deadline = time.monotonic() + args.rss_load_timeout_s
+            while time.monotonic() < deadline and proc.poll() is None:
+                log = farm.log_since(offset) if first is None else []
+                if log:
+                    first = min(r["start"] for r in log)
+                    deadline = min(deadline, time.monotonic() + args.rss_fetch_s)
+                time.sleep(0.5)
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+            out, _ = proc.communicate(timeout=300)
+            result = json.loads(out.strip().splitlines()[-1])
+            log = farm.log_since(offset)
+            samples = result["samples"]
+            at_first = max((kb for t, kb in samples if first is not None and t <= first), default=samples[0][1])
+            figures.append({
+                "urls": size, "hosts": len(keys), "requests": len(log),
+                "base_kb": samples[0][1], "first_kb": at_first, "peak_kb": result["peak_kb"],
+                "end_kb": samples[-1][1],
+                "load_s": (first - result["started"]) if first is not None else None,
+            })
+            progress(f"(c) {size:,} URLs: RSS before {samples[0][1] / 1024:.0f} MB, at first request "
+                     f"{at_first / 1024:.0f} MB, peak {result['peak_kb'] / 1024:.0f} MB, {len(log):,} requests")
+            if not args.keep:
+                shutil.rmtree(root, ignore_errors=True)
+    return figures
+
+
+# ---- report --------------------------------------------------------------------------------------------
+
+
+def verdict(ok: bool) -> str:
+    return "met" if ok else "NOT met"
+
+
+def report(a: dict[str, Any] | None, b: dict[str, Any] | None, c: list[dict[str, Any]] | None,
+           args: argparse.Namespace) -> None:
+    rows: list[tuple[str, str, str, str]] = []
+    print()
+    if a is not None:
+        print(f"(a) CPU bound: {a['urls']:,} URLs over {a['hosts']} hosts, delay 0, concurrency {args.concurrency}, "
+              f"{args.per_host} per host; client CPU = getrusage self + children; farm in its own process")
+        print(f"    {'':8} {'pages':>7} {'wall s':>7} {'pages/s':>8} {'CPU s':>7} {'CPU ms/page':>12} "
+              f"{'client CPU/wall':>16} {'farm CPU/wall':>14} {'requests':>9}")
+        for name in ("raw", "fetchd"):
+            r = a[name]
+            print(f"    {name:8} {r['pages']:>7,} {r['wall_s']:>7.2f} {r['pages'] / r['wall_s']:>8.0f} "
+                  f"{r['cpu_s']:>7.2f} {1000 * r['cpu_s'] / r['pages']:>12.3f} {r['cpu_s'] / r['wall_s']:>16.2f} "
+                  f"{r['farm_cpu_s'] / r['wall_s']:>14.2f} {r['requests']:>9,}")
+        raw, fetchd = a["raw"], a["fetchd"]
+        rate = (fetchd["pages"] / fetchd["wall_s"]) / (raw["pages"] / raw["wall_s"])
+        cpu = (raw["cpu_s"] / raw["pages"]) / (fetchd["cpu_s"] / fetchd["pages"])
+        summary = fetchd["summary"]
+        print(f"    fetchd outcomes: {summary['outcomes']}, WARC {summary['warc_bytes'] / 1e6:.1f} MB")
+        rows.append(("(a) fetchd pages/s ÷ raw pages/s", pct(rate), f">= {pct(TARGET_RAW_RATIO)}",
+                     verdict(rate >= TARGET_RAW_RATIO)))
+        rows.append(("(a) raw CPU/page ÷ fetchd CPU/page", pct(cpu), f">= {pct(TARGET_RAW_RATIO)}",
+                     verdict(cpu >= TARGET_RAW_RATIO)))
+    if b is not None:
+        r = b["result"]
+        print(f"(b) delay bound: {b['urls']:,} URLs over {b['hosts']:,} hosts, delay {b['delay']}s; "
+              f"{b['requests']:,} requests in the farm log (robots.txt included) in {r['wall_s']:.1f}s; "
+              f"client CPU {r['cpu_s']:.1f}s ({1000 * r['cpu_s'] / b['requests']:.2f} ms/request, "
+              f"{r['cpu_s'] / r['wall_s']:.2f} of a CPU)")
+        print(f"    ready lag (start - previous end - delay, farm log): p50 {1000 * b['lag_p50']:.1f} ms, "
+              f"p99 {1000 * b['lag_p99']:.1f} ms, max {1000 * b['lag_max']:.1f} ms; "
+              f"politeness violations {b['violations']}")
+        rows.append(("(b) achieved ÷ (hosts ÷ delay), per-host steady", pct(b["steady_ratio"]),
+                     f">= {pct(TARGET_RATE_RATIO)}", verdict(b["steady_ratio"] >= TARGET_RATE_RATIO)))
+        rows.append(("(b) same over the whole run (load, start-up)", pct(b["whole_ratio"]), "(info)", ""))
+        rows.append(("(b) politeness violations (farm log)", str(b["violations"]), "0", verdict(b["violations"] == 0)))
+    if c:
+        print(f"(c) memory: serve on fetch lists over {c[0]['hosts']:,} hosts (404 answers, delay 0), "
+              f"stopped {args.rss_fetch_s:.0f}s after the first request")
+        print(f"    {'URLs':>10} {'RSS before MB':>14} {'at 1st request MB':>18} {'peak MB':>8} {'end MB':>7} "
+              f"{'list load s':>12} {'requests':>9}")
+        for f in c:
+            load = f"{f['load_s']:.1f}" if f["load_s"] is not None else "n/a"
+            print(f"    {f['urls']:>10,} {f['base_kb'] / 1024:>14.0f} {f['first_kb'] / 1024:>18.0f} "
+                  f"{f['peak_kb'] / 1024:>8.0f} {f['end_kb'] / 1024:>7.0f} {load:>12} {f['requests']:>9,}")
+        if len(c) > 1:
+            small, large = c[0], c[-1]
+            growth = large["peak_kb"] / small["peak_kb"]
+            per_url = (large["peak_kb"] - small["peak_kb"]) * 1024 / (large["urls"] - small["urls"])
+            rows.append((f"(c) peak RSS growth per URL, {small['urls']:,} -> {large['urls']:,}", f"{per_url:.0f} B",
+                         f"<= {TARGET_RSS_BYTES_PER_URL} B", verdict(per_url <= TARGET_RSS_BYTES_PER_URL)))
+            rows.append((f"(c) peak RSS {large['urls']:,} ÷ {small['urls']:,} URLs", f"{growth:.2f}", "(info)", ""))
+    print()
+    width = max(len(row[0]) for row in rows) if rows else 10
+    print(f"{'Target':<{width}}  {'figure':>9}  {'target':>9}  verdict")
+    for name, figure, target, ok in rows:
+        print(f"{name:<{width}}  {figure:>9}  {target:>9}  {ok}")
+    if a is not None and "profile_text" in a:
+        print("\ncProfile (CPU time, main thread) of a separate fetchd run of (a); profiling slows it:")
+        print(a["profile_text"])
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--only", default="a,b,c", help="comma-separated runs to do: a, b, c")
+    parser.add_argument("--concurrency", type=int, default=64, help="fetch.concurrency (and the raw loop's)")
+    parser.add_argument("--per-host", type=int, default=1, help="(a) politeness.max_concurrency_per_host")
+    parser.add_argument("--hosts-a", type=int, default=200, help="(a) farm hosts")
+    parser.add_argument("--pages-a", type=int, default=60, help="(a) farm pages per host")
+    parser.add_argument("--no-profile", dest="profile", action="store_false", help="(a) skip the cProfile run")
+    parser.add_argument("--hosts-b", type=int, default=1000, help="(b) farm hosts")
+    parser.add_argument("--pages-b", type=int, default=5, help="(b) fetch-list URLs per host")
+    parser.add_argument("--delay-b", type=float, default=1.0, help="(b) politeness.min_delay_s")
+    parser.add_argument("--hosts-c", type=int, default=2000, help="(c) farm hosts the list is spread over")
+    parser.add_argument("--rss-urls", default="100000,1000000", help="(c) comma-separated list sizes, smallest first")
+    parser.add_argument("--rss-fetch-s", type=float, default=15.0, help="(c) seconds of fetching before SIGTERM")
+    parser.add_argument("--rss-load-timeout-s", type=float, default=300.0,
+                        help="(c) SIGTERM anyway if no request arrived within this")
+    parser.add_argument("--root", default="/tmp/cyclecrawl-bench-fetchd", help="scratch folder (wiped first)")
+    parser.add_argument("--keep", action="store_true", help="keep the scratch folder")
+    parser.add_argument("--role", choices=sorted(ROLES), help=argparse.SUPPRESS)
+    parser.add_argument("--job", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    args.runs = {s.strip() for s in args.only.split(",") if s.strip()}
+    args.rss_sizes = [int(s.replace("_", "")) for s in args.rss_urls.split(",") if s.strip()]
+    if not args.runs <= {"a", "b", "c"} or min(args.hosts_a, args.hosts_b, args.hosts_c, args.pages_a,
+                                                  args.pages_b, args.concurrency, args.per_host) <= 0:
+        parser.error("--only takes a, b, c; host, page and concurrency counts must be positive")
+    if not args.rss_sizes or min(args.rss_sizes) < args.hosts_c:
+        parser.error("--rss-urls sizes must be at least --hosts-c")
+    return args
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    if args.role:
+        print(json.dumps(ROLES[args.role](json.loads(Path(args.job).read_text()))), flush=True)
+        return
+    base = config_mod.load()
+    workdir = os.path.abspath(args.root)
+    shutil.rmtree(workdir, ignore_errors=True)
+    os.makedirs(workdir)
+    started, load = time.monotonic(), os.getloadavg()
+    try:
+        a = run_a(args, base, workdir) if "a" in args.runs else None
+        b = run_b(args, base, workdir) if "b" in args.runs else None
+        c = run_c(args, base, workdir) if "c" in args.runs else None
+    finally:
+        if not args.keep:
+            shutil.rmtree(workdir, ignore_errors=True)
+    report(a, b, c, args)
+    print(f"\nTotal benchmark time {time.monotonic() - started:.0f}s; load average (1 min) {load[0]:.1f} at the start, "
+          f"{os.getloadavg()[0]:.1f} at the end on {os.cpu_count()} CPUs (wall figures need an otherwise idle machine)")
+
+
+if __name__ == "__main__":
+    main()
