@@ -4,11 +4,17 @@ Virtual hosts are chosen by the Host header; the crawler reaches them through `f
 knows its own link graph and robots files, so a test can compute what a correct crawl must fetch
 (`expected_fetches`). The server writes its own request log, and `politeness_violations` judges politeness
 from that log alone — never from the crawler's account of itself.
+
+Opt-in extra hosts (FarmSpec.trap_hosts, FarmSpec.large_host_pages) test the frontier's trap rules: two crawler
+traps whose pages are generated on the fly for any valid URL (an infinite calendar, a faceted search), and
+ordinary large news-like hosts that the trap rules must not cut.
 """
 
 from __future__ import annotations
 
 import asyncio
+import calendar
+import datetime
 import html
 import json
 import math
@@ -38,6 +44,20 @@ _WORDS = (
     "section", "page", "farm", "site", "query", "fragment", "redirect", "sitemap", "canonical", "duplicate",
     "simhash", "shingle", "revisit", "interval", "backoff", "budget", "scope", "depth", "seed",
 )
+CALENDAR_HOST = f"calendar.{DOMAIN}"
+FACETS_HOST = f"facets.{DOMAIN}"
+CALENDAR_YEARS = (2026, 2027)  # the calendar's home page links to every month of these years
+# The faceted search's filters in their one canonical query order; `page` (2, 3, ...) always comes last.
+FACETS = (
+    ("color", ("red", "green", "blue", "black", "white")),
+    ("size", ("s", "m", "l", "xl")),
+    ("brand", ("acme", "globex", "initech", "umbrella", "hooli")),
+    ("sort", ("price", "rating", "new")),
+)
+ARTICLES_PER_TOPIC = 50  # a large host's articles are grouped in topics of this many
+MAX_LARGE_HOST_PAGES = len(_WORDS) ** 2 * ARTICLES_PER_TOPIC  # one distinct word or word pair per topic
+LATEST_ARTICLES = 10  # a large host's home page also links to its newest articles
+EXTRA_ROBOTS = "User-agent: *\nAllow: /\n"  # trap and large hosts allow everything: only trap rules bound them
 
 
 @dataclass
@@ -49,6 +69,11 @@ class FarmSpec:
     seed: int = 7
     cross_host_links: bool = True
     latency_s: float = 0.01  # server think time per request, so overlapping requests show up in the log
+    # Adds calendar.farm.test (an infinite calendar) and facets.farm.test (an unbounded faceted search).
+    trap_hosts: bool = False
+    # One ordinary large host per entry, large-<i>.farm.test, with that many articles in topics of
+    # ARTICLES_PER_TOPIC (home -> topic index -> article: every page within 2 hops of the home page).
+    large_host_pages: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -73,6 +98,8 @@ class SiteFarm:
     def __init__(self, spec: FarmSpec, log_path: str | Path):
         if spec.hosts < 1 or spec.pages_per_host < 1:
             raise ValueError("a farm needs at least one host and one page per host")
+        if not all(1 <= pages <= MAX_LARGE_HOST_PAGES for pages in spec.large_host_pages):
+            raise ValueError(f"a large host has 1 to {MAX_LARGE_HOST_PAGES} articles")
         self.spec = spec
         self.log_path = Path(log_path)
         self.port = 0
@@ -95,7 +122,12 @@ class SiteFarm:
         sock.listen(1024)
         sock.setblocking(False)
         self.port = sock.getsockname()[1]
-        self._sites = {name: self._build_site(index, name) for index, name in enumerate(self.host_names())}
+        self._sites = {name: self._build_site(index, name) for index, name in enumerate(self._site_names())}
+        self._sites.update({name: self._build_trap_home(name) for name in self.trap_host_names()})
+        self._sites.update(
+            {name: self._build_large_site(name, pages)
+             for name, pages in zip(self.large_host_names(), self.spec.large_host_pages, strict=True)}
+        )
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         self._log = self.log_path.open("a", encoding="utf-8")
         self._loop = asyncio.new_event_loop()
@@ -153,8 +185,8 @@ class SiteFarm:
     async def _handle(self, request: web.Request) -> web.StreamResponse:
         start = time.time()
         host_header = request.headers.get("Host", "")
-        site = self._sites.get(host_header.rpartition(":")[0].lower() or host_header.lower(), {})
-        resource = site.get(request.raw_path) or _Resource(404, b"<html><title>Not found</title></html>")
+        name = host_header.rpartition(":")[0].lower() or host_header.lower()
+        resource = self._answer(name, request.raw_path) or _Resource(404, b"<html><title>Not found</title></html>")
         if self.spec.latency_s > 0:
             await asyncio.sleep(self.spec.latency_s)
         headers = {"Content-Type": resource.content_type}
@@ -186,6 +218,15 @@ class SiteFarm:
                 self._log.flush()
 
     # ---- site generation -------------------------------------------------------------------------------
+
+    def _answer(self, name: str, path: str) -> _Resource | None:
+        """The resource at path + query on a host: built at start, or generated now on a trap host."""
+        resource = self._sites.get(name, {}).get(path)
+        if resource is None and name == CALENDAR_HOST:
+            return self._calendar_page(path)
+        if resource is None and name == FACETS_HOST:
+            return self._facets_page(path)
+        return resource
 
     def _sections(self) -> int:
         return max(1, math.ceil(self.spec.pages_per_host / PAGES_PER_SECTION))
@@ -272,6 +313,102 @@ class SiteFarm:
         )
         return site
 
+    def _generated(self, name: str, path: str, title: str, hrefs: list[str]) -> _Resource:
+        """A page made on request, its words seeded by its URL so every answer for it is the same."""
+        rng = random.Random(f"{self.spec.seed}:{name}:{path}")
+        return self._html_page(self._base(name) + path, title, hrefs, rng)
+
+    def _build_trap_home(self, name: str) -> dict[str, _Resource]:
+        """A trap host's two fixed resources; every other page of it is generated by `_answer`."""
+        if name == CALENDAR_HOST:
+            hrefs = [_month_path(datetime.date(year, month, 1)) for year in CALENDAR_YEARS for month in range(1, 13)]
+        else:
+            hrefs = ["/search", *(_facet_path({facet: value}) for facet, values in FACETS for value in values)]
+        return {
+            "/": self._generated(name, "/", f"{name} home", hrefs),
+            "/robots.txt": _Resource(200, EXTRA_ROBOTS.encode("utf-8"), content_type="text/plain; charset=utf-8"),
+        }
+
+    def _calendar_page(self, path: str) -> _Resource | None:
+        """A calendar with month, ISO-week and day views, each linking to the previous and next one of its kind:
+        `/calendar/2026/11` (its weeks and days), `/calendar/2026/w48` (its seven days), `/calendar/2026/11/30`
+        (its month and week). Any date of years 1-9999 answers 200: an endless chain of new URLs."""
+        parts = path.split("/")
+        if "?" in path or len(parts) not in (4, 5) or parts[:2] != ["", "calendar"]:
+            return None
+        try:
+            if len(parts) == 5:
+                kind, date = "day", datetime.date(int(parts[2]), int(parts[3]), int(parts[4]))
+            elif parts[3].startswith("w"):
+                kind, date = "week", datetime.date.fromisocalendar(int(parts[2]), int(parts[3][1:]), 1)
+            else:
+                kind, date = "month", datetime.date(int(parts[2]), int(parts[3]), 1)
+        except ValueError:
+            return None
+        spelled = {"day": _day_path, "week": _week_path, "month": _month_path}[kind]
+        if spelled(date) != path:  # one spelling per page: /calendar/2026/1 is not one
+            return None
+        hrefs = ["/"]
+        if kind == "month":
+            last = date.replace(day=calendar.monthrange(date.year, date.month)[1])
+            days = [date + datetime.timedelta(days=n) for n in range(last.day)]
+            hrefs += [_month_path(d) for d in (_shift(date, -1), _shift(last, 1)) if d is not None]
+            hrefs += list(dict.fromkeys(_week_path(d) for d in days)) + [_day_path(d) for d in days]
+        elif kind == "week":
+            days = [d for d in (_shift(date, n) for n in range(7)) if d is not None]
+            hrefs += [_week_path(d) for d in (_shift(date, -7), _shift(date, 7)) if d is not None]
+            hrefs += [_day_path(d) for d in days]
+        else:
+            hrefs += [_month_path(date), _week_path(date)]
+            hrefs += [_day_path(d) for d in (_shift(date, -1), _shift(date, 1)) if d is not None]
+        title = "calendar " + path.removeprefix("/calendar/").replace("/", "-")
+        return self._generated(CALENDAR_HOST, path, title, hrefs)
+
+    def _facets_page(self, path: str) -> _Resource | None:
+        """`/search?color=red&size=m&page=3`: any valid filter set (facets in FACETS order, at most one value
+        each, `page` >= 2 last) answers 200 and links to every filter set one step away — one facet added,
+        changed or removed, and the next page: about 20 new URLs per page, without end."""
+        filters = _parse_facets(path)
+        if filters is None:
+            return None
+        page = int(filters.pop("page", "1"))
+        hrefs = ["/"]
+        for facet, values in FACETS:
+            for value in values:
+                if filters.get(facet) != value:
+                    hrefs.append(_facet_path({**filters, facet: value}))
+            if facet in filters:
+                hrefs.append(_facet_path({k: v for k, v in filters.items() if k != facet}))
+        hrefs.append(_facet_path(filters, page + 1))
+        title = "search " + (", ".join(f"{k} {v}" for k, v in filters.items()) or "everything") + f" page {page}"
+        return self._generated(FACETS_HOST, path, title, hrefs)
+
+    def _build_large_site(self, name: str, articles: int) -> dict[str, _Resource]:
+        """An ordinary news-like host: home -> topic indexes -> articles, every article linking to the others of
+        its topic (a "more in this topic" list). Finite and fully allowed: the trap rules must not cut it."""
+        topics = [_topic_slug(t) for t in range(math.ceil(articles / ARTICLES_PER_TOPIC))]
+        site: dict[str, _Resource] = {}
+
+        def members(t: int) -> range:
+            return range(t * ARTICLES_PER_TOPIC, min(articles, (t + 1) * ARTICLES_PER_TOPIC))
+
+        def article_path(n: int) -> str:
+            return f"/topics/{topics[n // ARTICLES_PER_TOPIC]}/{n}.html"
+
+        latest = [article_path(n) for n in range(articles - 1, max(-1, articles - 1 - LATEST_ARTICLES), -1)]
+        site["/"] = self._generated(name, "/", f"{name} home", [*(f"/topics/{t}/" for t in topics), *latest])
+        for t, slug in enumerate(topics):
+            following = topics[(t + 1) % len(topics)]
+            hrefs = [f"{n}.html" for n in members(t)] + ["../../", f"../{following}/"]
+            site[f"/topics/{slug}/"] = self._generated(name, f"/topics/{slug}/", f"{name} topic {slug}", hrefs)
+            for n in members(t):
+                hrefs = ["./", "/", *(f"{m}.html" for m in members(t) if m != n)]
+                hrefs.append(article_path((n * 7 + 3) % articles))
+                path = article_path(n)
+                site[path] = self._generated(name, path, f"{name} article {n}", hrefs)
+        site["/robots.txt"] = _Resource(200, EXTRA_ROBOTS.encode("utf-8"), content_type="text/plain; charset=utf-8")
+        return site
+
     @staticmethod
     def _html_page(url: str, title: str, hrefs: list[str], rng: random.Random) -> _Resource:
         paragraphs = []
@@ -288,8 +425,18 @@ class SiteFarm:
 
     # ---- ground truth ----------------------------------------------------------------------------------
 
-    def host_names(self) -> list[str]:
+    def _site_names(self) -> list[str]:
         return [f"site-{i:03d}.{DOMAIN}" for i in range(self.spec.hosts)]
+
+    def host_names(self) -> list[str]:
+        """Every host: the `spec.hosts` sites first, then the trap hosts, then the large hosts."""
+        return [*self._site_names(), *self.trap_host_names(), *self.large_host_names()]
+
+    def trap_host_names(self) -> list[str]:
+        return [CALENDAR_HOST, FACETS_HOST] if self.spec.trap_hosts else []
+
+    def large_host_names(self) -> list[str]:
+        return [f"large-{i}.{DOMAIN}" for i in range(len(self.spec.large_host_pages))]
 
     def static_hosts(self) -> dict[str, str]:
         """The `fetch.static_hosts` map that routes every farm host to the loopback server."""
@@ -305,7 +452,9 @@ class SiteFarm:
 
     def robots_txt(self, host_name: str) -> str | None:
         """The robots.txt body a host serves, or None when it answers 404 (allow all) or is not a farm host."""
-        names = self.host_names()
+        if host_name in self.trap_host_names() or host_name in self.large_host_names():
+            return EXTRA_ROBOTS
+        names = self._site_names()
         if host_name not in names:
             return None
         index = names.index(host_name)
@@ -328,11 +477,22 @@ class SiteFarm:
         return max(min_delay_s, self.crawl_delay(host.rpartition(":")[0] or host) or 0.0)
 
     def page_urls(self) -> set[str]:
-        """Every URL the farm answers with a page or a redirect (robots.txt excluded)."""
+        """Every URL the farm answers with a page or a redirect (robots.txt excluded). Trap hosts are left out:
+        they answer infinitely many URLs (`links_of` still knows their links, page by page)."""
         self._require_started()
+        traps = self.trap_host_names()
         return {
-            self._base(name) + path for name, site in self._sites.items() for path in site if path != "/robots.txt"
+            self._base(name) + path
+            for name, site in self._sites.items()
+            if name not in traps
+            for path in site
+            if path != "/robots.txt"
         }
+
+    def is_trap_url(self, url: str) -> bool:
+        """Whether a URL is on one of the farm's trap hosts."""
+        self._require_started()
+        return host_key(canonicalize(url)) in {self._base(name) for name in self.trap_host_names()}
 
     def links_of(self, url: str) -> list[str]:
         """Canonical absolute outlinks of a farm URL (a redirect's one link is its target); [] if unknown."""
@@ -346,7 +506,7 @@ class SiteFarm:
         if key not in self.host_keys():
             return None
         name = key.split("://", 1)[1].rpartition(":")[0]
-        return self._sites[name].get(canonical[len(key):])
+        return self._answer(name, canonical[len(key):])
 
     def _policies(self, token: str) -> dict[str, RobotsPolicy]:
         return {
@@ -356,8 +516,11 @@ class SiteFarm:
 
     def expected_fetches(self, token: str, max_depth: int) -> set[str]:
         """Farm URLs a correct crawl fetches within max_depth hops of the seeds (seeds are depth 0): BFS over
-        the link graph, stopping at robots-disallowed URLs and at hosts outside the farm."""
+        the link graph, stopping at robots-disallowed URLs and at hosts outside the farm. Trap hosts are left
+        out: how much of a trap a correct crawl fetches is set by the trap rules, not by the graph."""
         policies = self._policies(token)
+        for name in self.trap_host_names():
+            del policies[self._base(name)]
         seen = set(self.seed_urls())
         frontier = list(seen)
         fetched: set[str] = set()
@@ -386,6 +549,57 @@ class SiteFarm:
     def _require_started(self) -> None:
         if not self.port:
             raise RuntimeError("the site farm is not started: its URLs depend on its port")
+
+
+def _month_path(date: datetime.date) -> str:
+    return f"/calendar/{date.year:04d}/{date.month:02d}"
+
+
+def _week_path(date: datetime.date) -> str:
+    year, week, _ = date.isocalendar()
+    return f"/calendar/{year:04d}/w{week:02d}"
+
+
+def _day_path(date: datetime.date) -> str:
+    return f"/calendar/{date.year:04d}/{date.month:02d}/{date.day:02d}"
+
+
+def _shift(date: datetime.date, days: int) -> datetime.date | None:
+    """The date `days` away, or None beyond the calendar's ends (years 1 and 9999)."""
+    ordinal = date.toordinal() + days
+    return datetime.date.fromordinal(ordinal) if 1 <= ordinal <= datetime.date.max.toordinal() else None
+
+
+def _facet_path(filters: dict[str, str], page: int = 1) -> str:
+    """The one canonical spelling of a filter set: facets in FACETS order, `page` last and only from 2 on."""
+    params = [f"{facet}={filters[facet]}" for facet, _ in FACETS if facet in filters]
+    if page > 1:
+        params.append(f"page={page}")
+    return "/search" + ("?" + "&".join(params) if params else "")
+
+
+def _parse_facets(path: str) -> dict[str, str] | None:
+    """The filters (and `page`) of a canonical faceted-search path, or None if the farm has no such page."""
+    route, _, query = path.partition("?")
+    if route != "/search":
+        return None
+    filters = dict(param.partition("=")[::2] for param in query.split("&") if param)
+    allowed = dict(FACETS)
+    if any(key != "page" and value not in allowed.get(key, ()) for key, value in filters.items()):
+        return None
+    page = filters.get("page", "1")
+    if not (page.isascii() and page.isdigit() and len(page) <= 9):  # no absurd page numbers
+        return None
+    rest = {key: value for key, value in filters.items() if key != "page"}
+    if path != _facet_path(rest, int(page)):  # one spelling per page: no page=1, no other order, no repeats
+        return None
+    return filters
+
+
+def _topic_slug(index: int) -> str:
+    """A large host's topic name: one word, then word pairs — no digits, so each topic is its own template."""
+    words = len(_WORDS)
+    return _WORDS[index] if index < words else f"{_WORDS[index % words]}-{_WORDS[index // words]}"
 
 
 def read_request_log(path: str | Path) -> list[dict]:

@@ -318,3 +318,168 @@ def test_judge_on_the_real_server_log(tmp_path: Path) -> None:
     violations = politeness_violations(log, lambda host: 0.3)
     assert {v["host"] for v in violations} == {f"site-000.farm.test:{port}"}
     assert {v["kind"] for v in violations} == {"concurrent", "too_soon"}
+
+
+# ---- trap hosts and large hosts (opt-in) ---------------------------------------------------------------
+
+CALENDAR = "calendar.farm.test"
+FACETS_NAME = "facets.farm.test"
+
+
+@pytest.fixture(scope="module")
+def extra_farm(tmp_path_factory) -> SiteFarm:
+    """Two small ordinary sites plus both trap hosts and two large hosts (400 and 100 articles)."""
+    spec = FarmSpec(hosts=2, pages_per_host=10, latency_s=0.0, trap_hosts=True, large_host_pages=(400, 100))
+    site_farm = SiteFarm(spec, tmp_path_factory.mktemp("extra") / "requests.jsonl")
+    site_farm.start()
+    yield site_farm
+    site_farm.stop()
+
+
+def parsed_links(url: str, body: bytes) -> list[str]:
+    hrefs = [node.attributes.get("href") for node in LexborHTMLParser(body.decode()).css("a[href]")]
+    return list(dict.fromkeys(link for link in (resolve(url, h) for h in hrefs) if link is not None))
+
+
+def test_extra_hosts_are_off_by_default_and_leave_the_sites_unchanged(farm: SiteFarm, extra_farm: SiteFarm) -> None:
+    assert all(name.startswith("site-") for name in farm.host_names())
+    assert farm.trap_host_names() == [] and farm.large_host_names() == []
+    assert extra_farm.host_names() == ["site-000.farm.test", "site-001.farm.test", CALENDAR, FACETS_NAME,
+                                       "large-0.farm.test", "large-1.farm.test"]
+    assert set(extra_farm.static_hosts()) == set(extra_farm.host_names())
+    assert len(extra_farm.seed_urls()) == 6
+    with SiteFarm(FarmSpec(hosts=2, pages_per_host=10, latency_s=0.0), farm.log_path.with_name("plain.jsonl")) as plain:
+        for name in plain.host_names():
+            for path in ("/", "/section/1/page-3.html", "/robots.txt"):
+                assert get(plain, name, path)[2].replace(str(plain.port).encode(), b"P") == get(
+                    extra_farm, name, path)[2].replace(str(extra_farm.port).encode(), b"P")
+        plain_paths = {path_of(url) + host_key(url).split(":")[1] for url in plain.page_urls()}
+    site_urls = {url for url in extra_farm.page_urls() if "//site-" in url}
+    assert {path_of(url) + host_key(url).split(":")[1] for url in site_urls} == plain_paths
+
+
+def test_calendar_answers_every_valid_date_on_the_fly(extra_farm: SiteFarm) -> None:
+    cases = {
+        "/calendar/2026/11": (200, "calendar 2026-11"),
+        "/calendar/2026/11/30": (200, "calendar 2026-11-30"),
+        "/calendar/2931/02/28": (200, "calendar 2931-02-28"),  # nobody precomputed this one
+        "/calendar/0001/01/01": (200, "calendar 0001-01-01"),
+        "/calendar/2028/02/29": (200, "calendar 2028-02-29"),
+        "/calendar/2026/w48": (200, "calendar 2026-w48"),
+        "/calendar/2026/w53": (200, "calendar 2026-w53"),  # 2026 has 53 ISO weeks
+        "/calendar/2027/w53": (404, None),
+        "/calendar/2026/w8": (404, None),
+        "/calendar/2931/02/29": (404, None),  # not a leap year
+        "/calendar/2026/13": (404, None),
+        "/calendar/2026/1": (404, None),  # one spelling per date
+        "/calendar/10000/01": (404, None),
+        "/calendar/2026/11?view=day": (404, None),
+        "/calendar/": (404, None),
+    }
+    for path, (status, title) in cases.items():
+        got_status, _, body = get(extra_farm, CALENDAR, path)
+        assert got_status == status, path
+        if title:
+            assert title_of(body) == title
+    base = f"http://{CALENDAR}:{extra_farm.port}"
+    month = [path_of(link) for link in extra_farm.links_of(base + "/calendar/2026/11")]
+    assert month[:3] == ["/", "/calendar/2026/10", "/calendar/2026/12"]
+    assert month[3:9] == [f"/calendar/2026/w{week}" for week in range(44, 50)]  # Nov 1 is a Sunday, Nov 30 a Monday
+    assert month[9:] == [f"/calendar/2026/11/{day:02d}" for day in range(1, 31)]
+    week = [path_of(link) for link in extra_farm.links_of(base + "/calendar/2026/w53")]
+    assert week == ["/", "/calendar/2026/w52", "/calendar/2027/w01", "/calendar/2026/12/28", "/calendar/2026/12/29",
+                    "/calendar/2026/12/30", "/calendar/2026/12/31", "/calendar/2027/01/01", "/calendar/2027/01/02",
+                    "/calendar/2027/01/03"]
+    day = [path_of(link) for link in extra_farm.links_of(base + "/calendar/2026/12/31")]
+    assert day == ["/", "/calendar/2026/12", "/calendar/2026/w53", "/calendar/2026/12/30", "/calendar/2027/01/01"]
+    first = [path_of(link) for link in extra_farm.links_of(base + "/calendar/0001/01/01")]
+    assert first == ["/", "/calendar/0001/01", "/calendar/0001/w01", "/calendar/0001/01/02"]  # the calendar's start
+
+
+def test_faceted_search_answers_every_filter_set_on_the_fly(extra_farm: SiteFarm) -> None:
+    ok = ["/search", "/search?color=red", "/search?color=red&size=m&brand=acme&sort=new&page=987654"]
+    bad = ["/search?size=m&color=red", "/search?color=red&color=blue", "/search?color=purple", "/search?page=1",
+           "/search?page=0", "/search?page=02", "/search?q=x", "/search/?color=red", "/search?color=red&"]
+    for path in ok:
+        assert get(extra_farm, FACETS_NAME, path)[0] == 200, path
+    for path in bad:
+        assert get(extra_farm, FACETS_NAME, path)[0] == 404, path
+    base = f"http://{FACETS_NAME}:{extra_farm.port}"
+    links = {path_of(link) for link in extra_farm.links_of(base + "/search?color=red&page=2")}
+    assert "/search?color=red&page=3" in links  # next page
+    assert "/search?color=blue" in links and "/search" in links  # changed and removed facet
+    assert "/search?color=red&size=xl" in links and "/search?color=red&sort=price" in links  # added facet
+    assert len(links) == 19
+
+
+def test_trap_pages_are_served_as_the_ground_truth_and_are_deterministic(extra_farm: SiteFarm) -> None:
+    paths = {CALENDAR: ["/", "/calendar/2026/02", "/calendar/2026/w09", "/calendar/2026/03/01"],
+             FACETS_NAME: ["/", "/search?size=s&sort=rating", "/search?brand=hooli&page=4"]}
+    for name, host_paths in paths.items():
+        for path in host_paths:
+            url = f"http://{name}:{extra_farm.port}{path}"
+            status, headers, body = get(extra_farm, name, path)
+            assert status == 200 and headers["content-type"] == "text/html; charset=utf-8"
+            assert parsed_links(url, body) == extra_farm.links_of(url)
+            assert get(extra_farm, name, path)[2] == body
+        status, _, body = get(extra_farm, name, "/robots.txt")
+        assert status == 200 and body.decode() == extra_farm.robots_txt(name)
+        assert RobotsPolicy.parse(body.decode(), TOKEN).allowed(f"http://{name}:{extra_farm.port}/anything")
+
+
+@pytest.mark.parametrize("name", [CALENDAR, FACETS_NAME])
+def test_trap_hosts_never_run_out_of_new_urls(extra_farm: SiteFarm, name: str) -> None:
+    """Breadth-first from the home page, every hop finds new URLs of the trap host — it never closes."""
+    start = f"http://{name}:{extra_farm.port}/"
+    seen = {start}
+    frontier = [start]
+    growth = []
+    for _ in range(6):
+        frontier = [link for url in frontier for link in extra_farm.links_of(url) if link not in seen]
+        frontier = list(dict.fromkeys(frontier))
+        seen.update(frontier)
+        growth.append(len(frontier))
+        frontier = frontier[:300]  # bounded work per hop; the trap itself is not
+    assert all(n > 0 for n in growth), growth
+    assert len(seen) > 400
+    assert all(host_key(url) == host_key(start) and extra_farm.is_trap_url(url) for url in seen)
+    assert not extra_farm.is_trap_url(extra_farm.seed_urls()[0])
+
+
+def test_trap_hosts_are_left_out_of_the_finite_ground_truth(extra_farm: SiteFarm) -> None:
+    trap_keys = {f"http://{name}:{extra_farm.port}" for name in (CALENDAR, FACETS_NAME)}
+    assert trap_keys <= extra_farm.host_keys()
+    assert not any(host_key(url) in trap_keys for url in extra_farm.page_urls())
+    assert not any(host_key(url) in trap_keys for url in extra_farm.expected_fetches(TOKEN, 3))
+
+
+def test_large_hosts_are_ordinary_finite_sites(extra_farm: SiteFarm) -> None:
+    from crawler.traps import url_template
+
+    for name, articles in zip(extra_farm.large_host_names(), (400, 100), strict=True):
+        key = f"http://{name}:{extra_farm.port}"
+        pages = {url for url in extra_farm.page_urls() if host_key(url) == key}
+        topics = -(-articles // 50)
+        assert len(pages) == 1 + topics + articles
+        assert extra_farm.robots_txt(name) is not None and extra_farm.crawl_delay(name) is None
+        # every page within two hops of the home page, and a correct crawl fetches them all
+        assert {url for url in extra_farm.expected_fetches(TOKEN, 2) if host_key(url) == key} == pages
+        assert {url for url in extra_farm.expected_fetches(TOKEN, 1) if host_key(url) == key} < pages
+        # digit-free topic names: one URL template per topic, ARTICLES_PER_TOPIC articles each
+        articles_by_template: dict[str, int] = {}
+        for url in pages:
+            if url.endswith(".html"):
+                articles_by_template[url_template(url)] = articles_by_template.get(url_template(url), 0) + 1
+        assert len(articles_by_template) == topics and max(articles_by_template.values()) == 50
+        status, _, body = get(extra_farm, name, "/topics/crawl/7.html")
+        assert status == 200 and title_of(body) == f"{name} article 7"
+        url = key + "/topics/crawl/7.html"
+        assert parsed_links(url, body) == extra_farm.links_of(url)
+    assert get(extra_farm, "large-1.farm.test", "/topics/crawl/100.html")[0] == 404
+
+
+def test_large_host_size_is_checked(tmp_path: Path) -> None:
+    with pytest.raises(ValueError):
+        SiteFarm(FarmSpec(large_host_pages=(10, 0)), tmp_path / "log.jsonl")
+    with pytest.raises(ValueError):
+        SiteFarm(FarmSpec(large_host_pages=(10**9,)), tmp_path / "log.jsonl")
