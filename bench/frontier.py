@@ -103,7 +103,7 @@ def build_hosts(spark: SparkSession, root: str, host_count: int, buckets: int, n
     zero = F.lit(0).cast("bigint")
     nulls = ("robots_state", "robots_body", "robots_status_code", "robots_fetched_at", "robots_expires_at",
              "crawl_delay_s", "min_delay_s", "max_concurrency", "backoff_until", "last_fetch_at", "last_segment",
-             "trap_rejections", "trap_sample", "trap_segment")
+             "trap_rejections", "trap_sample", "discovery_segment")
     rows = keys.select(
         "host_key", "bucket", *[F.lit(None).alias(c) for c in nulls],
         F.lit(0).alias("backoff_level"), zero.alias("policy_version"),
@@ -129,7 +129,7 @@ def build_urls(spark: SparkSession, root: str, url_count: int, hosts: DataFrame,
         F.col("id"), host_index.alias("host_index"), F.rand(12).alias("priority"), overdue_s.alias("overdue_s"),
     )
     nulls = ("discovered_in", "last_fetch_at", "last_status_code", "etag", "last_modified", "content_hash", "simhash",
-             "last_changed_at", "redirect_to", "lease_segment", "lease_expires_at", "last_segment")
+             "last_changed_at", "redirect_to", "lease_segment", "lease_expires_at", "last_segment", "inlink_segment")
     next_fetch_at = F.timestamp_seconds(F.lit(int(now.timestamp())) - F.col("overdue_s"))
     rows = drawn.join(F.broadcast(hosts), "host_index").select(
         F.concat("host_key", F.lit("/page/"), F.col("id").cast("string")).alias("url"),
@@ -143,6 +143,7 @@ def build_urls(spark: SparkSession, root: str, url_count: int, hosts: DataFrame,
         (F.col("next_fetch_at") - F.expr("INTERVAL 1 DAY")).alias("discovered_at"),
         F.lit(default_interval_s).alias("fetch_interval_s"),
         F.lit(0).alias("failure_count"),
+        F.lit(0).alias("inlinks"),
         F.lit(now).alias("updated_at"),
         *[F.lit(None).alias(c) for c in nulls],
     )

@@ -21,7 +21,7 @@ import yaml
 DEFAULTS_PATH = Path(os.environ.get("CRAWL_DEFAULTS", Path(__file__).resolve().parents[1] / "conf" / "crawler.yaml"))
 
 # Keys whose value is a free-form mapping: their sub-keys are not checked against the defaults.
-_OPEN_MAPPINGS = {"fetch.static_hosts", "spark.conf"}
+_OPEN_MAPPINGS = {"fetch.static_hosts", "spark.conf", "scope.strip_query_params"}
 
 
 class ConfigError(ValueError):
@@ -60,7 +60,13 @@ def _regexes(value: Any) -> bool:
     return True
 
 
+def _param_rules(value: Any) -> bool:
+    return all(isinstance(host, str) and host and isinstance(names, list) and names
+               and all(isinstance(name, str) and name for name in names) for host, names in value.items())
+
+
 _RULES: dict[str, tuple[Any, str]] = {
+    "scope.strip_query_params": (_param_rules, "must map host patterns to non-empty lists of parameter names"),
     "crawl.buckets": (lambda v: 1 <= v <= 99999, "must be between 1 and 99999"),
     "crawl.user_agent": (lambda v: bool(v.strip()), "must not be empty"),
     "crawl.robots_token": (lambda v: bool(v.strip()) and " " not in v, "must be one word"),
@@ -74,6 +80,7 @@ _RULES: dict[str, tuple[Any, str]] = {
     "traps.max_query_params": (_non_negative, "must be >= 0"),
     "traps.max_new_urls_per_host_per_cycle": (_positive, "must be > 0"),
     "traps.max_new_urls_per_template_per_cycle": (_positive, "must be > 0"),
+    "traps.max_known_urls_per_host": (_positive, "must be > 0"),
     "generate.segment_max_urls": (_positive, "must be > 0"),
     "generate.per_host_max_urls": (_positive, "must be > 0"),
     "generate.segment_seconds": (_positive, "must be > 0"),
@@ -89,10 +96,18 @@ _RULES: dict[str, tuple[Any, str]] = {
     "fetch.connect_timeout_s": (_positive, "must be > 0"),
     "fetch.total_timeout_s": (_positive, "must be > 0"),
     "fetch.max_body_bytes": (_positive, "must be > 0"),
+    "fetch.max_decoded_bytes": (_positive, "must be > 0"),
+    "fetch.max_header_field_bytes": (lambda v: v >= 1024, "must be >= 1024"),
+    "fetch.max_headers": (_positive, "must be > 0"),
+    "fetch.accept_content_types": (lambda v: all(isinstance(t, str) and "/" in t for t in v),
+                                   "must be a list of media-type prefixes such as text/html"),
+    "fetch.max_redirects": (_non_negative, "must be >= 0"),
     "fetch.warc_max_bytes": (_positive, "must be > 0"),
     "fetch.progress_interval_s": (_positive, "must be > 0"),
     "fetch.dns_cache_ttl_s": (_non_negative, "must be >= 0"),
     "fetch.poll_interval_s": (_positive, "must be > 0"),
+    "fetch.metrics_port": (lambda v: 0 <= v <= 65535, "must be between 0 (no endpoint) and 65535"),
+    "fetch.metrics_host": (_ip, "must be an IP address such as 127.0.0.1"),
     "fetch.allow_networks": (_networks, "must be a list of CIDR networks such as 127.0.0.0/8"),
     "robots.max_bytes": (lambda v: v >= 512000, "must be >= 512000 (RFC 9309 asks for at least 500 KiB)"),
     "robots.cache_ttl_s": (lambda v: 0 < v <= 86400, "must be in (0, 86400] (RFC 9309: cache at most 24 h)"),

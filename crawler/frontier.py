@@ -58,7 +58,8 @@ def _compiled(patterns: tuple[str, ...]) -> tuple[re.Pattern[str], ...]:
 
 @dataclass(frozen=True)
 class Scope:
-    """The `scope.*` settings: which URLs the crawl accepts at injection and discovery."""
+    """The `scope.*` settings: which URLs the crawl accepts at injection and discovery, and the opt-in
+    per-host query-parameter stripping applied to them first (`rewrite`)."""
 
     schemes: tuple[str, ...]
     host_suffixes: tuple[str, ...]
@@ -67,6 +68,7 @@ class Scope:
     allow_domains: tuple[str, ...] = ()
     deny_domains: tuple[str, ...] = ()
     deny_patterns: tuple[str, ...] = ()
+    strip_query_params: tuple[tuple[str, tuple[str, ...]], ...] = ()  # (host glob, parameter globs)
 
     @classmethod
     def from_config(cls, conf: Config) -> Scope:
@@ -78,7 +80,12 @@ class Scope:
             tuple(conf["scope.allow_domains"]),
             tuple(conf["scope.deny_domains"]),
             tuple(conf["scope.deny_patterns"]),
+            tuple((host, tuple(names)) for host, names in conf["scope.strip_query_params"].items()),
         )
+
+    def rewrite(self, canonical_url: str) -> str:
+        """The URL the crawl stores for a canonical URL: configured query parameters stripped (none by default)."""
+        return urls.strip_query_params(canonical_url, dict(self.strip_query_params))
 
     def reject_reason(self, canonical_url: str) -> str | None:
         """Why a canonical URL is out of scope, or None if it is in scope."""
@@ -118,7 +125,7 @@ def classify_discovery(raw_url: str, scope: Scope, rules: traps.TrapRules, bucke
     """Keys and verdict of a discovered URL under the scope and per-URL trap rules; None when it is not a
     valid http(s) URL at all (no host to count it against)."""
     try:
-        canonical = urls.canonicalize(raw_url)
+        canonical = scope.rewrite(urls.canonicalize(raw_url))
     except ValueError:
         return None
     host = urls.host_key(canonical)

@@ -10,7 +10,8 @@ update job calls it for every completed URL, so the rule is written once. Pure: 
 * 404/410: tombstone `gone`, revisited after gone_interval_s. Other 4xx (but 429): `excluded`, failed_interval_s.
 * 5xx, 429, network error: transient. The n-th failure in a row retries after retry_base_s * 2^(n-1) with
   status retry; the max_failures-th marks the URL failed, revisited after failed_interval_s.
-* robots_denied: status robots_denied, rechecked after robots_denied_interval_s (no failure counted).
+* robots_denied: status robots_denied, rechecked when the host's robots policy expires (a new robots.txt may
+  allow it), or after robots_denied_interval_s when the expiry is unknown (no failure counted).
 * blocked (SSRF guard): excluded, failed_interval_s (no failure counted).
 * deferred: not attempted this segment; due again at once, status, interval and failures unchanged.
 """
@@ -78,8 +79,10 @@ class RevisitPolicy:
         previous: PreviousState,
         fetched_at: datetime,
         new_content_hash: str | None = None,
+        robots_expires_at: datetime | None = None,
     ) -> Decision:
-        """The URL's new (status, interval, next fetch time, failure count) after one result."""
+        """The URL's new (status, interval, next fetch time, failure count) after one result;
+        `robots_expires_at` is when the host's robots policy in force expires (robots_denied only)."""
         interval = previous.fetch_interval_s
 
         def after(status: str, stored_interval: int, wait_s: float, failures: int = 0) -> Decision:
@@ -110,12 +113,9 @@ class RevisitPolicy:
         if outcome == FetchOutcome.HTTP_ERROR:
             return after(UrlStatus.EXCLUDED.value, self.failed_interval_s, self.failed_interval_s)
         if outcome == FetchOutcome.ROBOTS_DENIED:
-            return after(
-                UrlStatus.ROBOTS_DENIED.value,
-                self.robots_denied_interval_s,
-                self.robots_denied_interval_s,
-                previous.failure_count,
-            )
+            wait_s = (self.robots_denied_interval_s if robots_expires_at is None
+                      else max(0.0, (robots_expires_at - fetched_at).total_seconds()))
+            return after(UrlStatus.ROBOTS_DENIED.value, self.robots_denied_interval_s, wait_s, previous.failure_count)
         if outcome == FetchOutcome.BLOCKED:
             failures = previous.failure_count
             return after(UrlStatus.EXCLUDED.value, self.failed_interval_s, self.failed_interval_s, failures)

@@ -6,6 +6,7 @@ store the body in `hosts` and re-parse it with `RobotsPolicy.parse`, so both sid
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 from dataclasses import dataclass
@@ -154,6 +155,19 @@ class RobotsPolicy:
 def is_allowed(robots_txt: str, user_agent: str, url: str) -> bool:
     """Convenience: parse `robots_txt` for the product token of `user_agent` and match `url`."""
     return RobotsPolicy.parse(robots_txt, user_agent).allowed(url)
+
+
+@functools.lru_cache(maxsize=1024)  # generate sees each host's stored robots.txt once per URL: parse it once
+def _stored_policy(robots_txt: str, token: str, max_bytes: int) -> RobotsPolicy:
+    return RobotsPolicy.parse(robots_txt, token, max_bytes)
+
+
+def allowed_by_stored_rules(robots_txt: str | None, token: str, max_bytes: int, url: str) -> bool:
+    """Generate's check against the robots.txt body stored in `hosts` (None: no rules in force, allowed), so a
+    URL the host's current policy denies never takes a place in a fetch list; the daemon re-checks anyway."""
+    if robots_txt is None:
+        return True
+    return _stored_policy(robots_txt, token, max_bytes).allowed(url)
 
 
 def policy_for_status(status_code: int | None, body: str | None, token: str, max_bytes: int) -> RobotsPolicy:

@@ -61,6 +61,7 @@ def parse_seed_line(line: str, scope: Scope | None = None) -> SeedEntry:
     raw_url, metadata = fields[0], fields[1:]
     canonical = urls.canonicalize(raw_url)
     if scope is not None:
+        canonical = scope.rewrite(canonical)
         reason = scope.reject_reason(canonical)
         if reason is not None:
             raise ValueError(reason)

@@ -23,6 +23,7 @@ REPEATED_SEGMENT = "repeated path segment"
 TOO_MANY_PARAMS = "too many query parameters"
 HOST_NEW_URL_CAP = "host new-URL cap"
 TEMPLATE_NEW_URL_CAP = "template new-URL cap"
+HOST_KNOWN_URL_CAP = "host known-URL cap"
 DEPTH_BEYOND_SCOPE = "depth beyond scope.max_depth"
 
 _UUID = re.compile(r"(?<![0-9A-Za-z])[0-9A-Fa-f]{8}-[0-9A-Fa-f]{4}-[0-9A-Fa-f]{4}-[0-9A-Fa-f]{4}-[0-9A-Fa-f]{12}"
@@ -42,6 +43,7 @@ class TrapRules:
     max_query_params: int
     max_new_urls_per_host_per_cycle: int
     max_new_urls_per_template_per_cycle: int
+    max_known_urls_per_host: int
 
     @classmethod
     def from_config(cls, conf: Config) -> TrapRules:
@@ -52,6 +54,7 @@ class TrapRules:
             conf["traps.max_query_params"],
             conf["traps.max_new_urls_per_host_per_cycle"],
             conf["traps.max_new_urls_per_template_per_cycle"],
+            conf["traps.max_known_urls_per_host"],
         )
 
 
@@ -91,3 +94,14 @@ def url_template(canonical_url: str) -> str:
     keys = sorted({param.split("=", 1)[0] for param in _query_params(canonical_url)})
     query = "?" + "&".join(keys) if keys else ""
     return urls.host_key(canonical_url) + _mask(segments) + query
+
+
+def new_url_allowance(known_urls: int, max_known_urls_per_host: int) -> int:
+    """New URLs a host may still add: a host never holds more than max_known_urls_per_host rows in `urls`, so an
+    unbounded site (calendar, faceted search) stops growing there while every other host keeps its full cap."""
+    return max(0, max_known_urls_per_host - known_urls)
+
+
+def new_url_allowance_sql(known_urls: str, max_known_urls_per_host: int) -> str:
+    """`new_url_allowance` as Spark SQL over a column (tests check that both agree)."""
+    return f"greatest(0L, {int(max_known_urls_per_host)}L - coalesce({known_urls}, 0L))"

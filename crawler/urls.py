@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import re
 import unicodedata
+from collections.abc import Mapping, Sequence
+from fnmatch import fnmatchcase
 
 import ada_url
 import mmh3
@@ -128,6 +130,23 @@ def resolve(base: str, href: str) -> str | None:
         return None
     canonical, _ = _canonical_or_reason(joined)
     return canonical
+
+
+def strip_query_params(canonical_url: str, rules: Mapping[str, Sequence[str]]) -> str:
+    """Drop the query parameters that `rules` names for this host (host glob -> parameter-name globs, both
+    case-sensitive globs, host names being lowercase already). Not semantics-preserving in general, hence opt-in
+    per host in config (scope.strip_query_params): session ids and trackers that make one page many URLs.
+    The remaining parameters keep their order and repeats; an emptied query loses its "?"."""
+    if not rules:
+        return canonical_url
+    parsed = ada_url.URL(canonical_url)
+    names = [name for pattern, listed in rules.items() if fnmatchcase(parsed.hostname, pattern) for name in listed]
+    if not names or not parsed.search:
+        return canonical_url
+    kept = [param for param in parsed.search[1:].split("&")
+            if not any(fnmatchcase(param.split("=", 1)[0], name) for name in names)]
+    parsed.search = "&".join(kept)
+    return parsed.href
 
 
 def url_id(canonical_url: str) -> str:

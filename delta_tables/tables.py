@@ -76,6 +76,8 @@ URLS = TableDef(
             _f("lease_segment", S),
             _f("lease_expires_at", T),
             _f("last_segment", S),            # segment whose result last completed this URL
+            _f("inlinks", L, False),          # link observations: distinct pages linking here, summed per segment
+            _f("inlink_segment", S),          # last segment folded into inlinks/depth (idempotence marker)
             _f("updated_at", T, False),
         ]
     ),
@@ -101,7 +103,7 @@ HOSTS = TableDef(
             _f("backoff_until", T),
             _f("backoff_level", INT, False),
             _f("policy_version", L, False),   # +1 each time the robots policy text changes
-            _f("known_urls", L, False),
+            _f("known_urls", L, False),       # rows in `urls` (kept by update and inject; recounted by maintain)
             _f("fetches", L, False),
             _f("status_2xx", L, False),
             _f("status_3xx", L, False),
@@ -115,7 +117,7 @@ HOSTS = TableDef(
             _f("updated_at", T, False),
             _f("trap_rejections", MapType(S, L)),  # discovered URLs rejected: crawler.traps/scope reason -> count
             _f("trap_sample", ArrayType(S)),  # up to 5 rejected URLs, to see what a trap looks like
-            _f("trap_segment", S),            # last segment folded into trap_rejections (idempotence marker)
+            _f("discovery_segment", S),       # last segment folded into known_urls/trap_* (idempotence marker)
         ]
     ),
     partition_by=("bucket",),

@@ -75,6 +75,15 @@ def table_path(root: str, name: str) -> str:
     return layout.table_path(root, name)
 
 
+def pinned_table(spark: SparkSession, root: str, name: str) -> DataFrame:
+    """A table at its current Delta version, so repeated evaluations of a plan read the same snapshot."""
+    from delta.tables import DeltaTable
+
+    path = tables.table_path(root, name)
+    version = DeltaTable.forPath(spark, path).history(1).select("version").first()[0]
+    return spark.read.format("delta").option("versionAsOf", version).load(path)
+
+
 @contextmanager
 def step(name: str) -> Iterator[None]:
     """Log the start and duration of a job step (a periodic progress line for long work)."""

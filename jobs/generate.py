@@ -1,6 +1,8 @@
 """generate: due URLs -> a host-bucketed, priority-ordered fetch list, then lease them (DESIGN §5).
 
-Due = next_fetch_at <= now, no live lease (or a lease by this very segment: a re-run), host not in backoff.
+Due = next_fetch_at <= now, no live lease (or a lease by this very segment: a re-run), host not in backoff,
+not denied by the robots.txt rules stored for its host while they are in force (an expired, missing or
+unreachable robots.txt is the daemon's to fetch and decide).
 Rank per host by score (priority + age boost), cut per host at min(per_host_max_urls, segment_seconds /
 delay), then keep the lowest ranks across hosts up to the segment budget (round-robin over hosts).
 The fetch list goes to segments/<id>/fetchlist/bucket=NNNNN, each bucket's file sorted by host then rank.
@@ -23,9 +25,10 @@ from pyspark.sql import functions as F
 from crawler import layout
 from crawler.config import Config
 from crawler.frontier import host_delay_sql, per_host_cap_sql, score_sql
+from crawler.robots import RobotsState, allowed_by_stored_rules
 from crawler.status import SegmentState
 from delta_tables import tables
-from jobs.base import merge_counts, step
+from jobs.base import merge_counts, pinned_table, step
 
 log = logging.getLogger("jobs.generate")
 
@@ -55,25 +58,24 @@ def default_segment_id(now: datetime) -> str:
     return as_utc(now).strftime("seg-%Y%m%dT%H%M%SZ")
 
 
-def pinned_table(spark: SparkSession, root: str, name: str) -> DataFrame:
-    """A table at its current Delta version, so repeated evaluations of a plan read the same snapshot."""
-    from delta.tables import DeltaTable
-
-    path = tables.table_path(root, name)
-    version = DeltaTable.forPath(spark, path).history(1).select("version").first()[0]
-    return spark.read.format("delta").option("versionAsOf", version).load(path)
-
-
 def select_due(spark: SparkSession, conf: Config, root: str, segment_id: str, now: datetime) -> DataFrame:
     """The fetch-list rows of this segment (FETCHLIST columns + bucket int + old_state_version), set-based."""
     urls = pinned_table(spark, root, "urls")
+    now_col = F.lit(now)
+    rules_in_force = (F.col("robots_state") == RobotsState.RULES.value) & (F.col("robots_expires_at") > now_col)
     hosts = pinned_table(spark, root, "hosts").select(
         "host_key",
         F.col("crawl_delay_s").alias("h_crawl_delay_s"),
         F.col("min_delay_s").alias("h_min_delay_s"),
         F.col("backoff_until").alias("h_backoff_until"),
+        F.when(rules_in_force, F.col("robots_body")).alias("h_robots_rules"),
     )
-    now_col = F.lit(now)
+    token, max_bytes = conf["crawl.robots_token"], conf["robots.max_bytes"]
+
+    @F.udf("boolean")
+    def robots_allow(robots_txt, url):
+        return allowed_by_stored_rules(robots_txt, token, max_bytes, url)
+
     leased_here = F.col("lease_segment").eqNullSafe(F.lit(segment_id))
     due = urls.where(
         (F.col("next_fetch_at") <= now_col)
@@ -81,9 +83,15 @@ def select_due(spark: SparkSession, conf: Config, root: str, segment_id: str, no
     )
     delay = host_delay_sql(conf["politeness.min_delay_s"], "h_crawl_delay_s", conf["politeness.max_crawl_delay_s"],
                            "h_min_delay_s")
+    candidates = due.join(hosts, "host_key", "left").where(
+        F.col("h_backoff_until").isNull() | (F.col("h_backoff_until") < now_col))
+    # A Python UDF runs on every row it sees, whatever a surrounding condition says: only rows of hosts with
+    # rules in force go through it.
+    has_rules = F.col("h_robots_rules").isNotNull()
+    allowed = candidates.where(~has_rules).unionByName(
+        candidates.where(has_rules).where(robots_allow("h_robots_rules", "url")))
     ranked = (
-        due.join(hosts, "host_key", "left")
-        .where(F.col("h_backoff_until").isNull() | (F.col("h_backoff_until") < now_col))
+        allowed
         .withColumn("gen_now", now_col)
         .withColumn("delay_s", F.expr(delay))
         .withColumn("host_cap", F.expr(per_host_cap_sql(conf["generate.per_host_max_urls"],
@@ -107,6 +115,7 @@ def select_due(spark: SparkSession, conf: Config, root: str, segment_id: str, no
         "etag",
         "last_modified",
         "delay_s",
+        "last_fetch_at",
         "bucket",
         F.col("state_version").alias("old_state_version"),
     )

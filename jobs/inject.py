@@ -20,6 +20,7 @@ from crawler.seeds import is_skipped, read_seeds
 from crawler.status import UrlSource, UrlStatus
 from delta_tables import tables
 from jobs.base import insert_if_absent, step
+from jobs.maintain import recount_known_urls
 
 log = logging.getLogger("jobs.inject")
 
@@ -48,7 +49,7 @@ def insert_hosts_if_absent(spark: SparkSession, root: str, host_rows: DataFrame,
             *[F.lit(None).alias(c) for c in ("robots_state", "robots_body", "robots_status_code", "robots_fetched_at",
                                              "robots_expires_at", "crawl_delay_s", "min_delay_s", "max_concurrency",
                                              "backoff_until", "last_fetch_at", "last_segment", "trap_rejections",
-                                             "trap_sample", "trap_segment")],
+                                             "trap_sample", "discovery_segment")],
             F.lit(0).alias("backoff_level"),
             zero.alias("policy_version"),
             *[zero.alias(c) for c in ("known_urls", "fetches", "status_2xx", "status_3xx", "status_4xx", "status_5xx",
@@ -84,7 +85,8 @@ def run(spark: SparkSession, conf: Config, root: str, seeds_path: str) -> Inject
             rows, "url_id string, url string, host_key string, bucket int, priority double, fetch_interval_s bigint"
         )
         nulls = ("discovered_in", "last_fetch_at", "last_status_code", "etag", "last_modified", "content_hash",
-                 "simhash", "last_changed_at", "redirect_to", "lease_segment", "lease_expires_at", "last_segment")
+                 "simhash", "last_changed_at", "redirect_to", "lease_segment", "lease_expires_at", "last_segment",
+                 "inlink_segment")
         source = tables.conform(
             seeds.select(
                 "*",
@@ -95,6 +97,7 @@ def run(spark: SparkSession, conf: Config, root: str, seeds_path: str) -> Inject
                 F.lit(now).alias("discovered_at"),
                 F.lit(now).alias("next_fetch_at"),
                 F.lit(0).alias("failure_count"),
+                F.lit(0).alias("inlinks"),
                 F.lit(now).alias("updated_at"),
                 *[F.lit(None).alias(c) for c in nulls],
             ),
@@ -106,6 +109,7 @@ def run(spark: SparkSession, conf: Config, root: str, seeds_path: str) -> Inject
         result.already_known = len(entries) - result.injected
         with step("inject: merge hosts"):
             insert_hosts_if_absent(spark, root, seeds, now)
+            recount_known_urls(spark, root, seeds)
     log.info(
         "inject: %s: %d seed lines, %d injected, %d already known, %d duplicates, %d rejected",
         seeds_path, result.lines, result.injected, result.already_known, result.duplicates, result.rejected,

@@ -7,6 +7,9 @@ not used: the keys worth clustering inside a bucket are `url_id` (a uniform hash
 join that OSS Delta does not prune by file statistics) and `next_fetch_at` (rewritten by every update, so the
 clustering decays in one cycle), while ZORDER rewrites every file of a partition on every run. Compaction only
 rewrites the small files, so a second run costs next to nothing.
+
+Before compaction, `hosts.known_urls` is recounted from `urls` (one scan): update keeps it by increments
+and inject by recounting its seeds' hosts, so this recount only repairs drift (e.g. rows written by hand).
 """
 
 from __future__ import annotations
@@ -17,10 +20,12 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
-from pyspark.sql import SparkSession
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
 
 from crawler.config import Config
 from delta_tables.tables import TABLES, table_path
+from jobs.base import merge_counts, merge_into, pinned_table
 
 log = logging.getLogger("jobs.maintain")
 
@@ -54,6 +59,7 @@ class MaintainResult:
     vacuumed: bool
     tables: list[TableMaintenance] = field(default_factory=list)
     missing: list[str] = field(default_factory=list)   # asked for but not created yet under the root
+    known_urls_corrected: int = 0                      # hosts whose known_urls the recount changed
 
     def summary(self) -> str:
         files_before = sum(t.files_before for t in self.tables)
@@ -63,7 +69,8 @@ class MaintainResult:
         missing = f", missing: {', '.join(self.missing)}" if self.missing else ""
         return (f"{len(self.tables)} tables: files {files_before} -> {files_after}, "
                 f"{_size(sum(t.bytes_after for t in self.tables))}, "
-                f"{sum(t.rows for t in self.tables)} rows, {vacuum}{missing}")
+                f"{sum(t.rows for t in self.tables)} rows, {vacuum}, "
+                f"{self.known_urls_corrected} hosts.known_urls corrected{missing}")
 
     def render(self) -> str:
         header = (f"{'table':<14}{'files':>14}{'size':>20}{'rows':>12}{'compacted':>11}"
@@ -164,6 +171,25 @@ def maintain_table(spark: SparkSession, root: str, name: str, retention_hours: f
     return figures
 
 
+def recount_known_urls(spark: SparkSession, root: str, only: DataFrame | None = None) -> int:
+    """Set `hosts.known_urls` to each host's row count in `urls` where they differ (only the hosts in `only`,
+    a DataFrame of host_key and bucket, when given); returns hosts corrected. An absolute count, so a re-run
+    after a crash repairs what an increment would have lost."""
+    urls, hosts = pinned_table(spark, root, "urls"), pinned_table(spark, root, "hosts").select("host_key", "bucket")
+    if only is not None:
+        wanted = only.select("host_key", "bucket").distinct()
+        hosts = hosts.join(wanted, ["host_key", "bucket"])
+        urls = urls.join(wanted, ["host_key", "bucket"])
+    counts = urls.groupBy("host_key", "bucket").agg(F.count("*").alias("n"))
+    source = hosts.join(counts, ["host_key", "bucket"], "left").fillna(0, subset=["n"])
+    metrics = (
+        merge_into(spark, root, "hosts", source, "t.bucket = s.bucket AND t.host_key = s.host_key")
+        .whenMatchedUpdate(condition="t.known_urls <> s.n", set={"known_urls": "s.n"})
+        .execute()
+    )
+    return merge_counts(metrics).get("num_updated_rows", 0)
+
+
 def run(spark: SparkSession, conf: Config, root: str, tables: list[str] | None = None,
         vacuum: bool = True) -> MaintainResult:
     """Compact, vacuum and measure `tables` (default: every table); tables not created yet are listed as missing."""
@@ -178,6 +204,8 @@ def run(spark: SparkSession, conf: Config, root: str, tables: list[str] | None =
     settings = {MAX_FILE_SIZE_CONF: str(conf["maintain.target_file_mb"] * 1024 * 1024)}
     if vacuum:
         settings.update(vacuum_settings(retention_hours))
+    if all(DeltaTable.isDeltaTable(spark, table_path(root, name)) for name in ("urls", "hosts")):
+        result.known_urls_corrected = recount_known_urls(spark, root)
     with session_conf(spark, settings):
         for name in names:
             if not DeltaTable.isDeltaTable(spark, table_path(root, name)):

@@ -25,10 +25,10 @@ from pyspark.sql.pandas.types import from_arrow_schema
 from crawler import layout
 from crawler.config import Config
 from crawler.fingerprints import content_hash, simhash
-from crawler.links import extract, is_html, robots_directives
+from crawler.links import Outlink, extract, is_html, robots_directives
 from crawler.records import FETCHED, TS
 from crawler.status import FetchOutcome, SegmentState
-from crawler.urls import canonicalize, url_id
+from crawler.urls import canonicalize, strip_query_params, url_id
 from crawler.warcread import WarcHttpRecord, read_record_at
 from delta_tables import tables
 from jobs.base import insert_if_absent, step
@@ -93,6 +93,7 @@ def analyze_record(
     *,
     max_outlinks: int,
     shingle: int,
+    strip_rules: dict[str, list[str]] | None = None,
 ) -> dict[str, Any]:
     """The content fields of one fetched page from its WARC record (no Spark, no I/O).
 
@@ -117,18 +118,28 @@ def analyze_record(
         language=page.language,
         outlink_count=len(page.outlinks),
         simhash=simhash(page.text, shingle),
-        outlinks=[
-            {
-                "to_url_id": url_id(link.url),
-                "to_url": link.url,
-                "anchor_text": link.anchor_text,
-                "rel_nofollow": link.nofollow,
-                "rel_flags": list(link.rel),
-            }
-            for link in page.outlinks
-        ],
+        outlinks=_outlink_rows(page.outlinks, strip_rules or {}),
     )
     return fields
+
+
+def _outlink_rows(outlinks: list[Outlink], strip_rules: dict[str, list[str]]) -> list[dict[str, Any]]:
+    """links rows keyed by the URL the crawl stores (configured query parameters stripped); links that become
+    the same URL once stripped are one row (the first)."""
+    rows: dict[str, dict[str, Any]] = {}
+    for link in outlinks:
+        target = strip_query_params(link.url, strip_rules)
+        if target in rows:
+            rows[target]["rel_nofollow"] &= link.nofollow  # nofollow only if every link to it is
+            continue
+        rows[target] = {
+            "to_url_id": url_id(target),
+            "to_url": target,
+            "anchor_text": link.anchor_text,
+            "rel_nofollow": link.nofollow,
+            "rel_flags": list(link.rel),
+        }
+    return list(rows.values())
 
 
 def _error_text(exc: BaseException) -> str:
@@ -142,7 +153,8 @@ def _open_warc(root: str, relative: str) -> BinaryIO:
 
 
 def parse_partition(
-    batches: Iterator[pa.RecordBatch], *, root: str, max_bytes: int, max_outlinks: int, shingle: int
+    batches: Iterator[pa.RecordBatch], *, root: str, max_bytes: int, max_outlinks: int, shingle: int,
+    strip_rules: dict[str, list[str]],
 ) -> Iterator[pa.RecordBatch]:
     """mapInArrow body: rows sorted by (warc_filename, warc_offset); each WARC file is opened once."""
     current_name: str | None = None
@@ -167,9 +179,13 @@ def parse_partition(
                     if handle is None:
                         raise OSError(open_error)
                     record = read_record_at(handle, row["warc_offset"], max_bytes=max_bytes)
+                    # A followed same-host redirect stores the final hop's response: it is the record of
+                    # `redirect_to`, and relative links resolve against that URL.
+                    captured_url = row.get("redirect_to") or row["url"]
                     page.update(
                         analyze_record(
-                            record, row["url"], row["content_type"], max_outlinks=max_outlinks, shingle=shingle
+                            record, captured_url, row["content_type"], max_outlinks=max_outlinks, shingle=shingle,
+                            strip_rules=strip_rules,
                         )
                     )
                 except Exception as exc:  # one bad record never fails the job
@@ -216,6 +232,7 @@ def _parse(fetched: DataFrame, root: str, segment_id: str, conf: Config) -> Data
         "max_bytes": conf["parse.max_html_bytes"],
         "max_outlinks": conf["parse.max_outlinks"],
         "shingle": conf["parse.simhash_shingle"],
+        "strip_rules": conf["scope.strip_query_params"],
     }
     return (
         unique.repartition("warc_filename")

@@ -5,8 +5,9 @@ Every step is a Delta MERGE and idempotent, so re-running update for a segment c
 2. `index_events`  insert-if-absent on (url_id, state_version), from the pre-completion `urls` row
 3. `hosts`         counters, robots and backoff, applied only where last_segment is not this segment
 4. `urls`          completion, only where (url_id, url, state_version) match and the lease is this segment's
-5. discoveries     outlinks (not rel=nofollow) and redirect targets, insert-if-absent into `urls` and `hosts`;
-                   those scope or trap rules reject -> `hosts.trap_rejections`, guarded by hosts.trap_segment
+5. discoveries     outlinks (not rel=nofollow) and redirect targets, one MERGE into `urls`: new ones inserted,
+                   known ones get inlinks/depth (guarded by urls.inlink_segment); new hosts inserted; accepted
+                   and rejected counts -> `hosts.known_urls` / `trap_rejections` (guarded by discovery_segment)
 6. `segments`      per bucket -> merged with counts, only if not merged yet
 
 All reads of `urls`, `hosts`, `pages` and `links` are pinned to the Delta version at the start of the job, so
@@ -31,10 +32,16 @@ from crawler.frontier import DISCOVERY_PRIORITY_FACTOR, Scope, classify_discover
 from crawler.records import FETCHED, ROBOTS
 from crawler.revisit import PreviousState, RevisitPolicy
 from crawler.status import FetchOutcome, SegmentState, UrlSource, UrlStatus
-from crawler.traps import DEPTH_BEYOND_SCOPE, HOST_NEW_URL_CAP, TEMPLATE_NEW_URL_CAP, TrapRules
+from crawler.traps import (
+    DEPTH_BEYOND_SCOPE,
+    HOST_KNOWN_URL_CAP,
+    HOST_NEW_URL_CAP,
+    TEMPLATE_NEW_URL_CAP,
+    TrapRules,
+    new_url_allowance_sql,
+)
 from delta_tables import tables
-from jobs.base import insert_if_absent, merge_counts, merge_into, step
-from jobs.generate import pinned_table
+from jobs.base import insert_if_absent, merge_counts, merge_into, pinned_table, step
 from jobs.inject import insert_hosts_if_absent
 
 log = logging.getLogger("jobs.update")
@@ -100,9 +107,10 @@ def completion_udfs(policy: RevisitPolicy):
     """The revisit decision and index event kind as Spark UDFs over the pre-completion row."""
 
     @F.udf("struct<status:string, fetch_interval_s:bigint, wait_us:bigint, failure_count:int>")
-    def decide(outcome, status_code, prev_status, prev_interval, prev_failures, prev_hash, new_hash):
+    def decide(outcome, status_code, prev_status, prev_interval, prev_failures, prev_hash, new_hash, robots_wait_us):
         previous = PreviousState(prev_status, prev_interval, prev_failures, prev_hash)
-        decision = policy.decide(outcome, status_code, previous, EPOCH, new_hash)
+        # Times relative to the fetch: fetched_at is EPOCH, the robots expiry is EPOCH + its distance from it.
+        decision = policy.decide(outcome, status_code, previous, EPOCH, new_hash, _moment(robots_wait_us))
         return (decision.status, decision.fetch_interval_s, _micros(decision.next_fetch_at), decision.failure_count)
 
     @F.udf("string")
@@ -144,15 +152,16 @@ def run(spark: SparkSession, conf: Config, root: str, segment_id: str) -> Update
         F.col("last_changed_at").alias("prev_changed_at"), F.col("redirect_to").alias("prev_redirect_to"),
         F.col("last_fetch_at").alias("prev_last_fetch_at"), F.col("last_status_code").alias("prev_status_code"),
         F.col("depth").alias("prev_depth"), F.col("priority").alias("prev_priority"),
+        F.col("last_segment").alias("prev_last_segment"),
     )
-    live = (
-        results.join(previous, ["url_id", "url"])
-        .where((F.col("prev_version") == F.col("state_version")) & (F.col("prev_lease") == seg))
-        .join(pages.select("url_id", "state_version", F.col("content_hash").alias("new_hash"),
-                           F.col("simhash").alias("new_simhash"), "duplicate_of"),
-              ["url_id", "state_version"], "left")
-    )
-    applied_buckets = _bucket_counts(live)
+    current = results.join(previous, ["url_id", "url"]).where(F.col("prev_version") == F.col("state_version"))
+    live = current.where(F.col("prev_lease") == seg).join(
+        pages.select("url_id", "state_version", F.col("content_hash").alias("new_hash"),
+                     F.col("simhash").alias("new_simhash"), "duplicate_of"),
+        ["url_id", "state_version"], "left")
+    # Applied = completes now, or completed by an earlier run of this update that died before the end: a re-run
+    # then records the same counts as an uninterrupted run.
+    applied_buckets = _bucket_counts(current.where((F.col("prev_lease") == seg) | (F.col("prev_last_segment") == seg)))
     result.applied = sum(applied_buckets.values())
     result.stale = result.results - result.applied
 
@@ -175,10 +184,15 @@ def run(spark: SparkSession, conf: Config, root: str, segment_id: str) -> Update
         result.hosts_updated = update_hosts(spark, conf, root, segment_id, results, hosts_snap, now)
 
     with step(f"update {segment_id}: complete urls"):
-        complete_urls(spark, root, segment_id, live, decide, now)
+        # The host's robots expiry: this segment's observation, else the one stored (robots_denied waits for it).
+        observed = segment_robots(spark, root, segment_id).select("host_key", F.col("robots_expires_at").alias("r"))
+        robots_expiry = hosts_snap.select("host_key", F.col("robots_expires_at").alias("h")).join(
+            observed, "host_key", "full_outer").select("host_key", F.coalesce("r", "h").alias("robots_expires_at"))
+        complete_urls(spark, root, segment_id, live.join(robots_expiry, "host_key", "left"), decide, now)
 
     with step(f"update {segment_id}: discoveries"):
-        discovered_buckets = insert_discoveries(spark, conf, root, segment_id, results, links, urls_snap, now)
+        discovered_buckets = insert_discoveries(spark, conf, root, segment_id, results, links, urls_snap,
+                                                hosts_snap, now)
         result.discovered = sum(discovered_buckets.values())
 
     with step(f"update {segment_id}: segments"):
@@ -189,6 +203,25 @@ def run(spark: SparkSession, conf: Config, root: str, segment_id: str) -> Update
         result.hosts_updated,
     )
     return result
+
+
+ROBOTS_COLUMNS = ["robots_state", "robots_body", "robots_status_code", "robots_fetched_at", "robots_expires_at",
+                  "robots_crawl_delay_s"]
+
+
+def segment_robots(spark: SparkSession, root: str, segment_id: str) -> DataFrame:
+    """The latest robots.txt observation per host in this segment: host_key, r_bucket and ROBOTS_COLUMNS."""
+    robots_files = read_segment_files(spark, layout.robots_dir(root, segment_id), ROBOTS)
+    if robots_files is None:
+        return spark.createDataFrame([], "host_key string, r_bucket int, " + ", ".join(
+            f"{c} {t}" for c, t in zip(ROBOTS_COLUMNS, ("string", "string", "int", "timestamp", "timestamp", "double"),
+                                       strict=True)))
+    return _latest(robots_files, ["host_key"], [F.desc("fetched_at")]).select(
+        "host_key", F.col("bucket").alias("r_bucket"), F.col("state").alias("robots_state"),
+        F.col("body").alias("robots_body"), F.col("status_code").alias("robots_status_code"),
+        F.col("fetched_at").alias("robots_fetched_at"), F.col("expires_at").alias("robots_expires_at"),
+        F.col("crawl_delay_s").alias("robots_crawl_delay_s"),
+    )
 
 
 def update_hosts(spark: SparkSession, conf: Config, root: str, segment_id: str, results: DataFrame,
@@ -215,21 +248,7 @@ def update_hosts(spark: SparkSession, conf: Config, root: str, segment_id: str, 
         count_if(requested & code.between(200, 399)).alias("responded_ok"),
         F.max(F.when(code.isin(THROTTLE_CODES), F.col("retry_after_s"))).alias("retry_after_s"),
     )
-    robots_files = read_segment_files(spark, layout.robots_dir(root, segment_id), ROBOTS)
-    robots_cols = ["robots_state", "robots_body", "robots_status_code", "robots_fetched_at", "robots_expires_at",
-                   "robots_crawl_delay_s"]
-    if robots_files is None:
-        robots = spark.createDataFrame([], "host_key string, r_bucket int, " + ", ".join(
-            f"{c} {t}" for c, t in zip(robots_cols, ("string", "string", "int", "timestamp", "timestamp", "double"),
-                                       strict=True)))
-    else:
-        robots = _latest(robots_files, ["host_key"], [F.desc("fetched_at")]).select(
-            "host_key", F.col("bucket").alias("r_bucket"), F.col("state").alias("robots_state"),
-            F.col("body").alias("robots_body"), F.col("status_code").alias("robots_status_code"),
-            F.col("fetched_at").alias("robots_fetched_at"), F.col("expires_at").alias("robots_expires_at"),
-            F.col("crawl_delay_s").alias("robots_crawl_delay_s"),
-        )
-    robots = robots.withColumn("has_robots", F.lit(True))
+    robots = segment_robots(spark, root, segment_id).withColumn("has_robots", F.lit(True))
     counter_cols = ["fetches", "status_2xx", "status_3xx", "status_4xx", "status_5xx", "status_429", "network_errors",
                     "robots_denied", "throttled", "responded_ok"]
     base_s, cap_s = conf["politeness.backoff_base_s"], conf["politeness.max_backoff_s"]
@@ -262,7 +281,7 @@ def update_hosts(spark: SparkSession, conf: Config, root: str, segment_id: str, 
     updates = {
         **{c: F.col(f"t.{c}") + F.col(f"s.{c}") for c in counted},
         "last_fetch_at": F.greatest("t.last_fetch_at", "s.last_fetch_at"),
-        **{c: from_robots(c) for c in robots_cols[:5]},
+        **{c: from_robots(c) for c in ROBOTS_COLUMNS[:5]},
         "crawl_delay_s": from_robots("crawl_delay_s", "robots_crawl_delay_s"),
         "policy_version": F.col("t.policy_version") + F.when(robots_changed, 1).otherwise(0),
         "backoff_level": F.col("s.backoff_level"),
@@ -274,7 +293,7 @@ def update_hosts(spark: SparkSession, conf: Config, root: str, segment_id: str, 
         "host_key": F.col("s.host_key"),
         "bucket": F.col("s.bucket"),
         **{c: F.col(f"s.{c}") for c in counted},
-        **{c: F.col(f"s.{c}") for c in robots_cols[:5]},
+        **{c: F.col(f"s.{c}") for c in ROBOTS_COLUMNS[:5]},
         "crawl_delay_s": F.col("s.robots_crawl_delay_s"),
         "last_fetch_at": F.col("s.last_fetch_at"),
         "policy_version": F.when(F.col("s.has_robots"), 1).otherwise(0).cast("bigint"),
@@ -301,7 +320,9 @@ def complete_urls(spark: SparkSession, root: str, segment_id: str, live: DataFra
     requested = outcome.isin(REQUESTED)
     has_new = success & F.col("new_hash").isNotNull()
     changed = has_new & ~F.col("prev_hash").eqNullSafe(F.col("new_hash"))
-    d = decide("outcome", "status_code", "prev_status", "prev_interval", "prev_failures", "prev_hash", "new_hash")
+    robots_wait_us = F.unix_micros("robots_expires_at") - F.unix_micros("fetched_at")
+    d = decide("outcome", "status_code", "prev_status", "prev_interval", "prev_failures", "prev_hash", "new_hash",
+               robots_wait_us)
     source = live.withColumn("d", d).select(
         "url_id", "url", "state_version", F.col("u_bucket").alias("bucket"),
         F.col("d.status").alias("n_status"),
@@ -352,13 +373,16 @@ def complete_urls(spark: SparkSession, root: str, segment_id: str, live: DataFra
 
 
 def insert_discoveries(spark: SparkSession, conf: Config, root: str, segment_id: str, results: DataFrame,
-                       links: DataFrame, urls_snap: DataFrame, now: datetime) -> dict[int, int]:
-    """Outlinks and redirect targets -> new `urls` rows (and their hosts), insert-if-absent.
+                       links: DataFrame, urls_snap: DataFrame, hosts_snap: DataFrame, now: datetime) -> dict[int, int]:
+    """Outlinks and redirect targets -> `urls` (and their hosts) in one MERGE; rejections -> `hosts`.
 
-    depth = min(parent depth) + 1; priority = best parent priority * DISCOVERY_PRIORITY_FACTOR;
-    discovered_at = next_fetch_at = the parent's fetch time, so a re-run computes identical rows. URLs that
-    scope or trap rules reject are not stored: they are counted per host and reason in `hosts`. Returns new
-    URLs per bucket of the discovering page (for the `segments` counts)."""
+    A new URL is inserted with depth = min(parent depth) + 1, priority = best parent priority *
+    DISCOVERY_PRIORITY_FACTOR and discovered_at = next_fetch_at = the parent's fetch time, so a re-run computes
+    identical rows. A known URL gets `inlinks` += distinct pages linking to it in this segment and its depth
+    lowered if a shallower path appeared, once per segment (guarded by urls.inlink_segment). URLs that scope or
+    trap rules reject are not stored: they are counted per host and reason in `hosts`, and accepted ones add to
+    `hosts.known_urls` (guarded by hosts.discovery_segment). Returns new URLs per bucket of the discovering page
+    (for the `segments` counts)."""
     parents = results.select(
         F.col("url_id").alias("from_url_id"), F.col("state_version").alias("from_state_version"),
         F.col("url").alias("from_url"), "fetched_at", F.col("bucket").alias("parent_bucket"), "outcome",
@@ -375,13 +399,13 @@ def insert_discoveries(spark: SparkSession, conf: Config, root: str, segment_id:
     candidates = from_links.select(columns).unionByName(from_redirects.select(columns)).join(
         parent_state, ["from_url_id", "from_url"])
 
-    fresh = _classified_fresh_discoveries(conf, segment_id, candidates, urls_snap).persist()  # the UDF runs once
-    discovered = fresh.where(F.col("reason").isNull())
+    targets = _classified_targets(conf, segment_id, candidates, urls_snap, hosts_snap).persist()  # UDF runs once
+    stored = targets.where(F.col("reason").isNull() & (~F.col("known") | (F.col("inlinks") > 0)))
     nulls = ("last_fetch_at", "last_status_code", "etag", "last_modified", "content_hash", "simhash",
              "last_changed_at", "redirect_to", "lease_segment", "lease_expires_at", "last_segment")
     rows = tables.conform(
-        discovered.select(
-            "url_id", "url", "host_key", "bucket", "depth", "priority", "discovered_at",
+        stored.select(
+            "url_id", "url", "host_key", "bucket", "depth", "priority", "discovered_at", "inlinks",
             F.lit(UrlStatus.UNFETCHED.value).alias("status"),
             F.lit(0).alias("state_version"),
             F.when(F.col("via_redirect") == 1, UrlSource.REDIRECT.value).otherwise(UrlSource.LINK.value).alias(
@@ -390,27 +414,39 @@ def insert_discoveries(spark: SparkSession, conf: Config, root: str, segment_id:
             F.col("discovered_at").alias("next_fetch_at"),
             F.lit(conf["revisit.default_interval_s"]).alias("fetch_interval_s"),
             F.lit(0).alias("failure_count"),
+            F.lit(segment_id).alias("inlink_segment"),
             F.col("discovered_at").alias("updated_at"),
             *[F.lit(None).alias(c) for c in nulls],
         ),
         "urls",
     )
-    new_rows = discovered.join(urls_snap.select("url_id", "url"), ["url_id", "url"], "left_anti")
-    per_bucket = _bucket_counts(new_rows, "parent_bucket")
-    insert_if_absent(spark, root, "urls", rows, "t.bucket = s.bucket AND t.url_id = s.url_id AND t.url = s.url")
-    insert_hosts_if_absent(spark, root, discovered, now)
-    rejected = record_rejections(spark, root, segment_id, fresh.where(F.col("reason").isNotNull()), now)
+    fresh = stored.where(~F.col("known"))  # includes rows a crashed earlier run of this update stored
+    per_bucket = _bucket_counts(fresh, "parent_bucket")
+    (
+        merge_into(spark, root, "urls", rows, "t.bucket = s.bucket AND t.url_id = s.url_id AND t.url = s.url")
+        .whenMatchedUpdate(condition=~F.col("t.inlink_segment").eqNullSafe(F.lit(segment_id)), set={
+            "inlinks": F.col("t.inlinks") + F.col("s.inlinks"),
+            "depth": F.least("t.depth", "s.depth"),
+            "inlink_segment": F.lit(segment_id),
+        })
+        .whenNotMatchedInsertAll()
+        .execute()
+    )
+    insert_hosts_if_absent(spark, root, fresh, now)
+    rejected = record_discovery_tally(spark, root, segment_id, targets.where(~F.col("known")), now)
     log.info("update %s: %d discovered URLs rejected by scope and trap rules", segment_id, rejected)
-    fresh.unpersist()
+    targets.unpersist()
     return per_bucket
 
 
-def _classified_fresh_discoveries(conf: Config, segment_id: str, candidates: DataFrame,
-                                  urls_snap: DataFrame) -> DataFrame:
-    """One row per discovered canonical URL not known before this segment, with `reason` null (accepted) or
-    the rule that rejects it: scope, per-URL trap rules, depth, then the per-template and per-host caps on
-    new URLs. "Fresh" includes rows this segment inserted (discovered_in = segment), so a re-run ranks the
-    same set and keeps the same URLs."""
+def _classified_targets(conf: Config, segment_id: str, candidates: DataFrame, urls_snap: DataFrame,
+                        hosts_snap: DataFrame) -> DataFrame:
+    """One row per link target with a canonical URL: its keys, `inlinks` (distinct linking pages other than
+    itself), `known` (in `urls` before this segment) and `reason` null (stored) or the rule that rejects it.
+    Known targets are never rejected. New ones go through scope, the per-URL trap rules, depth, then the
+    per-template and per-host caps on new URLs per cycle and the host's allowance under the known-URL cap.
+    "Known" excludes rows this segment inserted (discovered_in = segment), so a re-run ranks the same set and
+    keeps the same URLs; for the same reason the allowance adds back what this segment already counted."""
     scope, rules, buckets = Scope.from_config(conf), TrapRules.from_config(conf), conf["crawl.buckets"]
 
     @F.udf("struct<url:string, url_id:string, host_key:string, bucket:int, template:string, reason:string>")
@@ -422,9 +458,9 @@ def _classified_fresh_discoveries(conf: Config, segment_id: str, candidates: Dat
         return (k.url, k.url_id, k.host_key, k.bucket, found.template, found.reject_reason)
 
     keyed = candidates.select("to_url").distinct().withColumn("k", classify("to_url")).where(F.col("k").isNotNull())
-    known_before = urls_snap.where(~F.col("discovered_in").eqNullSafe(F.lit(segment_id))).select(
-        "url_id", "url", F.lit(True).alias("known"))
-    fresh = (
+    in_table = urls_snap.select("url_id", "url", (~F.col("discovered_in").eqNullSafe(F.lit(segment_id))).alias(
+        "known"))
+    targets = (
         candidates.join(keyed, "to_url")
         .groupBy("k.url_id", "k.url", "k.host_key", "k.bucket", "k.template", "k.reason")
         .agg(
@@ -433,49 +469,75 @@ def _classified_fresh_discoveries(conf: Config, segment_id: str, candidates: Dat
             F.min("fetched_at").alias("discovered_at"),
             F.min("parent_bucket").alias("parent_bucket"),
             F.max((F.col("source") == UrlSource.REDIRECT.value).cast("int")).alias("via_redirect"),
+            F.countDistinct(F.when(F.col("from_url_id") != F.col("k.url_id"), F.col("from_url_id"))).alias(
+                "inlinks"),
         )
-        .join(known_before, ["url_id", "url"], "left_anti")
-        .withColumn("reason", F.coalesce("reason", F.when(F.col("depth") > conf["scope.max_depth"],
-                                                          F.lit(DEPTH_BEYOND_SCOPE))))
+        .join(in_table, ["url_id", "url"], "left")
+        .withColumn("known", F.coalesce("known", F.lit(False)))
+        .withColumn("reason", F.when(F.col("known"), F.lit(None)).otherwise(F.coalesce("reason", F.when(
+            F.col("depth") > conf["scope.max_depth"], F.lit(DEPTH_BEYOND_SCOPE)))))
     )
+    # What this segment already stored (a re-run after the tally merge) counts as not yet known.
+    stored_here = urls_snap.where(F.col("discovered_in") == F.lit(segment_id)).groupBy("host_key").agg(
+        F.count("*").alias("stored_here"))
+    allowance = hosts_snap.select(
+        "host_key", "known_urls", F.col("discovery_segment").eqNullSafe(F.lit(segment_id)).alias("tallied")
+    ).join(stored_here, "host_key", "left").select(
+        "host_key",
+        F.expr(new_url_allowance_sql(
+            "known_urls - case when tallied then coalesce(stored_here, 0L) else 0L end",
+            rules.max_known_urls_per_host)).alias("allowance"),
+    )
+    targets = targets.join(allowance, "host_key", "left").withColumn(
+        "allowance", F.coalesce("allowance", F.lit(rules.max_known_urls_per_host)))
     first = [F.col("depth"), F.col("url_id"), F.col("url")]
-    accepted = F.col("reason").isNull()
-    per_template = Window.partitionBy("host_key", "template", accepted).orderBy(*first)
-    fresh = fresh.withColumn("reason", F.when(
-        accepted & (F.row_number().over(per_template) > rules.max_new_urls_per_template_per_cycle),
-        F.lit(TEMPLATE_NEW_URL_CAP)).otherwise(F.col("reason")))
-    per_host = Window.partitionBy("host_key", accepted).orderBy(*first)
-    return fresh.withColumn("reason", F.when(
-        accepted & (F.row_number().over(per_host) > rules.max_new_urls_per_host_per_cycle),
-        F.lit(HOST_NEW_URL_CAP)).otherwise(F.col("reason")))
+    open_new = F.col("reason").isNull() & ~F.col("known")
+    caps = (
+        (Window.partitionBy("host_key", "template", open_new), rules.max_new_urls_per_template_per_cycle,
+         TEMPLATE_NEW_URL_CAP),
+        (Window.partitionBy("host_key", open_new), rules.max_new_urls_per_host_per_cycle, HOST_NEW_URL_CAP),
+        (Window.partitionBy("host_key", open_new), F.col("allowance"), HOST_KNOWN_URL_CAP),
+    )
+    for window, cap, reason in caps:
+        targets = targets.withColumn("reason", F.when(
+            open_new & (F.row_number().over(window.orderBy(*first)) > cap), F.lit(reason)).otherwise(F.col("reason")))
+        open_new = F.col("reason").isNull() & ~F.col("known")
+    return targets.drop("allowance")
 
 
-def record_rejections(spark: SparkSession, root: str, segment_id: str, rejected: DataFrame, now: datetime) -> int:
-    """Fold rejected discoveries into `hosts.trap_rejections` (reason -> count) and `hosts.trap_sample` (at most
-    TRAP_SAMPLE_SIZE URLs), once per segment (guarded by hosts.trap_segment). Only hosts with a row are counted:
-    a host the crawl never accepted a URL of gets no row just for being rejected. Returns URLs rejected."""
+def record_discovery_tally(spark: SparkSession, root: str, segment_id: str, fresh: DataFrame, now: datetime) -> int:
+    """Fold this segment's new link targets into `hosts`: accepted ones -> `known_urls`, rejected ones ->
+    `trap_rejections` (reason -> count) and `trap_sample` (at most TRAP_SAMPLE_SIZE URLs); once per segment
+    (guarded by hosts.discovery_segment). Only hosts with a row are counted: a host the crawl never accepted a
+    URL of gets no row just for being rejected. Returns URLs rejected."""
+    rejected = fresh.where(F.col("reason").isNotNull())
     total = rejected.count()
-    if not total:
-        return 0
+    accepted = fresh.where(F.col("reason").isNull()).groupBy("host_key", "bucket").agg(
+        F.count("*").alias("accepted"))
     counts = rejected.groupBy("host_key", "bucket", "reason").agg(F.count("*").alias("n")).groupBy(
         "host_key", "bucket").agg(F.map_from_entries(F.collect_list(F.struct("reason", "n"))).alias("rejections"))
     sample_rank = F.row_number().over(Window.partitionBy("host_key").orderBy("url"))
     samples = rejected.withColumn("_r", sample_rank).where(F.col("_r") <= TRAP_SAMPLE_SIZE).groupBy(
         "host_key").agg(F.array_sort(F.collect_list("url")).alias("sample"))
-    source = counts.join(samples, "host_key")
+    source = accepted.join(counts, ["host_key", "bucket"], "full_outer").join(samples, "host_key", "left")
     no_counts = F.create_map().cast("map<string,bigint>")
     no_urls = F.array().cast("array<string>")
+    has_rejections = F.col("s.rejections").isNotNull()
     updates = {
-        "trap_rejections": F.map_zip_with(F.coalesce("t.trap_rejections", no_counts), F.col("s.rejections"),
-                                          lambda _, old, new: F.coalesce(old, F.lit(0)) + F.coalesce(new, F.lit(0))),
-        "trap_sample": F.slice(F.array_distinct(F.concat(F.coalesce("t.trap_sample", no_urls), F.col("s.sample"))),
-                               1, TRAP_SAMPLE_SIZE),
-        "trap_segment": F.lit(segment_id),
+        "known_urls": F.col("t.known_urls") + F.coalesce("s.accepted", F.lit(0)),
+        "trap_rejections": F.when(has_rejections, F.map_zip_with(
+            F.coalesce("t.trap_rejections", no_counts), F.col("s.rejections"),
+            lambda _, old, new: F.coalesce(old, F.lit(0)) + F.coalesce(new, F.lit(0)))).otherwise(
+            F.col("t.trap_rejections")),
+        "trap_sample": F.when(has_rejections, F.slice(
+            F.array_distinct(F.concat(F.coalesce("t.trap_sample", no_urls), F.col("s.sample"))), 1,
+            TRAP_SAMPLE_SIZE)).otherwise(F.col("t.trap_sample")),
+        "discovery_segment": F.lit(segment_id),
         "updated_at": F.lit(now),
     }
     (
         merge_into(spark, root, "hosts", source, "t.bucket = s.bucket AND t.host_key = s.host_key")
-        .whenMatchedUpdate(condition=~F.col("t.trap_segment").eqNullSafe(F.lit(segment_id)), set=updates)
+        .whenMatchedUpdate(condition=~F.col("t.discovery_segment").eqNullSafe(F.lit(segment_id)), set=updates)
         .execute()
     )
     return total

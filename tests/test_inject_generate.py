@@ -79,6 +79,7 @@ def test_inject_reports_bad_lines_injects_the_rest_and_is_idempotent(spark, base
     hosts = {r["host_key"]: r for r in tables.table_df(spark, root, "hosts").collect()}
     assert set(hosts) == {"http://a.test", "http://b.test", "http://c.test"}
     assert hosts["http://b.test"].fetches == 0 and hosts["http://b.test"].policy_version == 0
+    assert {h: r.known_urls for h, r in hosts.items()} == {"http://a.test": 5, "http://b.test": 2, "http://c.test": 1}
 
     before = snapshot(spark, root)
     again = inject.run(spark, base_conf, root, seeds)
@@ -160,3 +161,60 @@ def test_sql_rules_agree_with_python(spark):
     times = spark.createDataFrame([(1.5, due, now), (1.5, now, due)], "p double, due timestamp, now timestamp")
     got = [r.s for r in times.selectExpr(f"{frontier.score_sql('p', 'due', 'now', 0.1)} as s").collect()]
     assert got == pytest.approx([frontier.score(1.5, due, now, 0.1), 1.5])
+
+
+def test_generate_skips_urls_the_stored_robots_rules_deny_until_they_expire(spark, base_conf, root, seeded):
+    from delta.tables import DeltaTable
+
+    now = datetime.now(UTC).replace(microsecond=0) + timedelta(minutes=1)
+    expires = now + timedelta(hours=1)
+    DeltaTable.forPath(spark, tables.table_path(root, "hosts")).update("host_key = 'http://a.test'", {
+        "robots_state": "'rules'", "robots_body": "'User-agent: *\nDisallow: /2\nDisallow: /4$\n'",
+        "robots_expires_at": f"timestamp'{expires.isoformat()}'"})
+    generate.run(spark, base_conf, root, "seg-r1", now)
+    listed = {r["url"] for rows in fetchlist_rows(root, "seg-r1").values() for r in rows}
+    assert listed == {"http://a.test/1", "http://a.test/3", "http://a.test/5", "http://b.test/1",
+                      "http://b.test/2", "http://c.test/"}
+    # Once the stored policy has expired the daemon fetches robots.txt again, so the URLs go out with it.
+    generate.run(spark, base_conf, root, "seg-r2", expires + timedelta(minutes=1))
+    assert {r["url"] for rows in fetchlist_rows(root, "seg-r2").values() for r in rows} == {
+        "http://a.test/2", "http://a.test/4"}
+
+
+def test_low_priority_url_is_fetched_within_bounded_cycles_under_constant_high_priority_load(spark, base_conf, root):
+    """Each cycle brings exactly a host's cap of fresh priority-1.0 URLs; a 0.15 URL waiting since cycle 0
+    must win a place as soon as its age boost lifts it above them (0.15 + 0.1/day * 9 days > 1.0), not never."""
+    from delta.tables import DeltaTable
+
+    conf = base_conf.with_overrides({"generate.per_host_max_urls": 2, "generate.age_boost_per_day": 0.1})
+    tables.create_all(spark, root)
+    t0 = datetime(2026, 1, 1, tzinfo=UTC)
+    step = timedelta(days=3)
+
+    def add(url: str, priority: float, due: datetime) -> None:
+        host = urls.host_key(url)
+        row = {"url_id": urls.url_id(url), "url": url, "host_key": host, "bucket": urls.bucket_of(host, 4),
+               "status": "unfetched", "state_version": 0, "priority": priority, "depth": 0, "source": "seed",
+               "discovered_at": due, "next_fetch_at": due, "fetch_interval_s": 86400, "failure_count": 0,
+               "inlinks": 0, "updated_at": due}
+        schema = tables.TABLES["urls"].schema
+        spark.createDataFrame([tuple(row.get(f.name) for f in schema.fields)], schema).write.format("delta").mode(
+            "append").save(tables.table_path(root, "urls"))
+
+    low = "http://busy.test/low"
+    add(low, 0.15, t0)
+    chosen_in = []
+    for cycle in range(4):
+        now = t0 + cycle * step
+        for n in range(2):
+            add(f"http://busy.test/high-{cycle}-{n}", 1.0, now)
+        generate.run(spark, conf, root, f"seg-s{cycle}", now)
+        listed = {r["url"] for rows in fetchlist_rows(root, f"seg-s{cycle}").values() for r in rows}
+        assert len(listed) == 2
+        chosen_in.append(low in listed)
+        # The fetch happened: what was leased is done until far in the future.
+        DeltaTable.forPath(spark, tables.table_path(root, "urls")).update(
+            f"lease_segment = 'seg-s{cycle}'", {"lease_segment": "null", "lease_expires_at": "null",
+                                                "next_fetch_at": "timestamp'2030-01-01 00:00:00'"})
+    assert chosen_in == [False, False, False, True]
+    assert frontier.score(0.15, t0, t0 + 3 * step, 0.1) > 1.0 >= frontier.score(0.15, t0, t0 + 2 * step, 0.1)

@@ -49,7 +49,7 @@ def _fill(spark, root: str) -> None:
              "counters": {"x": i}} for b in range(3)
         ])
         _append(spark, root, "hosts", [
-            {"host_key": f"http://h{i}-{b}.test", "bucket": b, "known_urls": i * b} for b in range(4)
+            {"host_key": f"http://h{i}-{b}.test", "bucket": b, "fetches": i * b} for b in range(4)
         ])
 
 

@@ -257,3 +257,34 @@ def test_analyze_record_rejects_a_record_for_another_url(tmp_path):
         parse.analyze_record(record, "http://a.test/other", None, max_outlinks=10, shingle=3)
     fields = parse.analyze_record(record, "http://a.test/", None, max_outlinks=10, shingle=3)
     assert [link["to_url"] for link in fields["outlinks"]] == ["http://a.test/x"]
+
+
+def test_analyze_record_strips_configured_query_params_from_outlinks(tmp_path):
+    path = str(tmp_path / "x.warc.gz")
+    body = (b'<a href="/p?sid=1&q=2" rel=nofollow>a</a><a href="/p?q=2&sid=9">b</a><a href="/p?sid=3" rel=nofollow>c'
+            b'</a><a href="http://b.test/?sid=1">d</a>')
+    locations = _write_warc(path, [("http://a.test/", 200, {"Content-Type": "text/html"}, body)])
+    with open(path, "rb") as stream:
+        record = read_record_at(stream, locations["http://a.test/"][0], max_bytes=10000)
+    fields = parse.analyze_record(record, "http://a.test/", None, max_outlinks=10, shingle=3,
+                                  strip_rules={"a.test": ["sid"]})
+    rows = {link["to_url"]: link for link in fields["outlinks"]}
+    assert list(rows) == ["http://a.test/p?q=2", "http://a.test/p", "http://b.test/?sid=1"]
+    assert rows["http://a.test/p?q=2"]["to_url_id"] == url_id("http://a.test/p?q=2")
+    assert not rows["http://a.test/p?q=2"]["rel_nofollow"]  # one of the links that collapsed into it is followed
+    assert rows["http://a.test/p"]["rel_nofollow"]
+
+
+def test_a_followed_redirect_is_parsed_as_its_final_url(root):
+    """The daemon stores a followed same-host redirect under the fetch-list URL with the final hop's record:
+    parse reads that record as `redirect_to` and resolves links against it."""
+    warc = f"segments/{SEGMENT}/warc/{layout.bucket_dirname(1)}/r.warc.gz"
+    final = "http://a.test/new/home"
+    locations = _write_warc(f"{root}/{warc}", [(final, 200, {"Content-Type": "text/html"}, b'<a href="next">n</a>')])
+    row = _fetched_row("http://a.test/old", 1, warc, locations[final], content_type="text/html", redirect_to=final)
+    batch = pa.RecordBatch.from_pylist([row], schema=FETCHED)
+    [out] = list(parse.parse_partition([batch], root=root, max_bytes=100000, max_outlinks=10, shingle=3,
+                                       strip_rules={}))
+    [page] = out.to_pylist()
+    assert page["url"] == "http://a.test/old" and page["parse_error"] is None
+    assert [link["to_url"] for link in page["outlinks"]] == ["http://a.test/new/next"]

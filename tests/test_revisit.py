@@ -84,6 +84,14 @@ def test_terminal_outcomes(policy, outcome, code, status, interval):
     assert d.next_fetch_at == T0 + timedelta(seconds=interval)
 
 
+def test_robots_denied_is_rechecked_when_the_hosts_policy_expires(policy):
+    expires = T0 + timedelta(hours=5)
+    d = policy.decide("robots_denied", None, prev(failures=1), T0, robots_expires_at=expires)
+    assert (d.status, d.next_fetch_at, d.failure_count) == ("robots_denied", expires, 1)
+    stale_policy = policy.decide("robots_denied", None, prev(), T0, robots_expires_at=T0 - timedelta(hours=1))
+    assert stale_policy.next_fetch_at == T0  # already expired: due again at once, the daemon refetches robots
+
+
 def test_deferred_is_due_again_without_a_failure(policy):
     d = policy.decide("deferred", None, prev("unfetched", 604800, 1, None), T0)
     assert (d.status, d.fetch_interval_s, d.failure_count, d.next_fetch_at) == ("unfetched", 604800, 1, T0)

@@ -9,6 +9,8 @@ from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 
 import pytest
+from delta.tables import DeltaTable
+from pyspark.sql import functions as F
 
 from crawler import config as config_mod
 from crawler import layout, traps, urls
@@ -16,11 +18,12 @@ from crawler.frontier import Scope, classify_discovery, registered_domain
 from crawler.records import FETCHED
 from crawler.traps import TrapRules, trap_reason, url_template
 from delta_tables import tables
-from jobs import generate, inject, update
+from jobs import generate, inject, maintain, update
 from tests.test_update import all_tables, append_rows, bucket, fetched, uid, write_parquet
 
 RULES = TrapRules(max_url_length=120, max_path_depth=12, max_segment_repeats=3, max_query_params=12,
-                  max_new_urls_per_host_per_cycle=100, max_new_urls_per_template_per_cycle=100)
+                  max_new_urls_per_host_per_cycle=100, max_new_urls_per_template_per_cycle=100,
+                  max_known_urls_per_host=1000)
 SCOPE = Scope(schemes=("http", "https"), host_suffixes=(), max_url_length=2048, max_depth=16)
 
 
@@ -168,10 +171,56 @@ def test_update_stores_allowed_discoveries_counts_rejections_and_reruns_unchange
         traps.PATH_TOO_DEEP: 1, traps.TOO_MANY_PARAMS: 1, traps.URL_TOO_LONG: 1,
         "denied pattern (scope.deny_patterns)": 1}
     rejected = set(calendar) - set(calendar_kept) | set(a_capped) | set(trapped)
-    assert a_host.trap_sample == sorted(rejected)[:5] and a_host.trap_segment == SEG
-    assert (b_host.trap_rejections, b_host.trap_sample, b_host.trap_segment) == (None, None, None)
+    assert a_host.trap_sample == sorted(rejected)[:5] and a_host.discovery_segment == SEG
+    assert (b_host.trap_rejections, b_host.trap_sample, b_host.discovery_segment) == (None, None, SEG)
+    assert (a_host.known_urls, b_host.known_urls) == (1 + 6, 1 + 2)  # the seed plus what this segment stored
+    inlinks = {r.url: r.inlinks for r in tables.table_df(spark, root, "urls").collect()}
+    assert inlinks["http://b.test/"] == 1 and inlinks["http://a.test/"] == 0  # a known URL gains its new inlink
+    assert {inlinks[u] for u in [*a_kept, *b_links]} == {1}
     assert "http://www.evil.co.uk" not in hosts  # rejected for scope, never known: no row
 
     before = all_tables(spark, root)
     update.run(spark, conf, root, SEG)
     assert all_tables(spark, root) == before
+
+
+def test_new_url_allowance_rule_and_its_sql_agree(spark):
+    cases = [(0, 10), (3, 10), (10, 10), (25, 10), (None, 10)]
+    rows = spark.createDataFrame([(k,) for k, _ in cases], "known bigint").select(
+        F.expr(traps.new_url_allowance_sql("known", 10)).alias("a")).collect()
+    assert [r.a for r in rows] == [traps.new_url_allowance(k or 0, cap) for k, cap in cases] == [10, 7, 0, 0, 10]
+
+
+def test_known_url_cap_bounds_a_host_and_maintain_recounts(spark, base_conf, root, tmp_path):
+    conf = base_conf.with_overrides({"traps.max_known_urls_per_host": 4})
+    seeds = tmp_path / "seeds.txt"
+    seeds.write_text("http://a.test/\nhttp://b.test/\n")
+    inject.run(spark, conf, root, str(seeds))
+    now = datetime.now(UTC).replace(microsecond=0) + timedelta(minutes=1)
+    generate.run(spark, conf, root, SEG, now)
+    at = now + timedelta(seconds=10)
+    results = [fetched("http://a.test/", at, "success", 200), fetched("http://b.test/", at, "success", 200)]
+    for b in {r["bucket"] for r in results}:
+        write_parquet(layout.fetched_dir(root, SEG, b), [r for r in results if r["bucket"] == b], FETCHED)
+    a_pages = [f"http://a.test/p{i}" for i in range(10)]
+    append_rows(spark, root, "links", [
+        {"segment_id": SEG, "from_url_id": uid(src), "from_state_version": 1, "to_url_id": uid(dst), "to_url": dst,
+         "rel_nofollow": False}
+        for src, targets in (("http://a.test/", a_pages), ("http://b.test/", ["http://b.test/x"])) for dst in targets])
+
+    update.run(spark, conf, root, SEG)
+
+    stored = {r.url for r in tables.table_df(spark, root, "urls").collect()}
+    assert stored == {"http://a.test/", *by_url_id(a_pages)[:3], "http://b.test/", "http://b.test/x"}
+    hosts = {r.host_key: r for r in tables.table_df(spark, root, "hosts").collect()}
+    assert hosts["http://a.test"].known_urls == 4 and hosts["http://b.test"].known_urls == 2
+    assert hosts["http://a.test"].trap_rejections == {traps.HOST_KNOWN_URL_CAP: 7}
+    before = all_tables(spark, root)
+    update.run(spark, conf, root, SEG)
+    assert all_tables(spark, root) == before
+
+    # A drifted count (e.g. inject died between its two merges) is put right by maintain.
+    DeltaTable.forPath(spark, tables.table_path(root, "hosts")).update(set={"known_urls": F.lit(0).cast("bigint")})
+    maintain.recount_known_urls(spark, root)
+    assert {r.host_key: r.known_urls for r in tables.table_df(spark, root, "hosts").collect()} == {
+        "http://a.test": 4, "http://b.test": 2}

@@ -144,7 +144,9 @@ def test_update_completes_discovers_and_reruns_idempotently(spark, base_conf, ro
 
     before = all_tables(spark, root)
     again = update.run(spark, base_conf, root, SEG)
-    assert (again.results, again.applied, again.stale, again.discovered, again.index_events) == (6, 0, 6, 0, 0)
+    # A re-run reports what the segment did (so a crashed-and-re-run update records the same segment counts)
+    # but changes nothing.
+    assert (again.results, again.applied, again.stale, again.discovered, again.index_events) == (6, 5, 1, 2, 0)
     assert all_tables(spark, root) == before
 
 
@@ -152,3 +154,24 @@ def test_update_without_fetched_results_does_nothing(spark, base_conf, root):
     result = update.run(spark, base_conf, root, "seg-none")
     assert (result.results, result.applied, result.discovered) == (0, 0, 0)
     assert tables.table_df(spark, root, "urls").count() == 0
+
+
+def test_robots_denied_url_waits_for_the_hosts_robots_expiry(spark, base_conf, root, tmp_path):
+    seeds = tmp_path / "seeds.txt"
+    seeds.write_text("http://a.test/private/x\nhttp://a.test/open\n")
+    inject.run(spark, base_conf, root, str(seeds))
+    now = datetime.now(UTC).replace(microsecond=0) + timedelta(minutes=1)
+    generate.run(spark, base_conf, root, SEG, now)
+    at, expires = now + timedelta(seconds=5), now + timedelta(hours=5)
+    results = [fetched("http://a.test/private/x", at, "robots_denied", None),
+               fetched("http://a.test/open", at, "success", 200)]
+    write_parquet(layout.fetched_dir(root, SEG, bucket("http://a.test/")), results, FETCHED)
+    write_parquet(layout.robots_dir(root, SEG, bucket("http://a.test/")), [{
+        "segment_id": SEG, "bucket": bucket("http://a.test/"), "host_key": "http://a.test", "fetched_at": now,
+        "status_code": 200, "state": "rules", "body": "User-agent: *\nDisallow: /private\n",
+        "expires_at": expires}], ROBOTS)
+    update.run(spark, base_conf, root, SEG)
+    rows = {r.url: r for r in tables.table_df(spark, root, "urls").collect()}
+    denied = rows["http://a.test/private/x"]
+    assert (denied.status, denied.next_fetch_at) == ("robots_denied", expires.replace(tzinfo=None))
+    assert rows["http://a.test/open"].status == "fetched"

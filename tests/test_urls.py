@@ -87,3 +87,36 @@ def test_in_scope():
     assert not urls.in_scope("https://a.farm.test/", ["http"], [], 100)
     assert not urls.in_scope("http://a.test/" + "x" * 100, ["http"], [], 100)
     assert urls.in_scope("http://anything.example/", ["http"], [], 100)
+
+
+STRIP = {"*.shop.test": ["sid", "utm_*"], "a.test": ["x"]}
+
+
+@pytest.mark.parametrize(
+    ("canonical", "stripped"),
+    [
+        ("http://www.shop.test/p?a=1&sid=9&utm_source=x&b=2&a=3", "http://www.shop.test/p?a=1&b=2&a=3"),
+        ("http://www.shop.test/p?sid=9", "http://www.shop.test/p"),
+        ("http://www.shop.test/p?SID=9&sidx=1", "http://www.shop.test/p?SID=9&sidx=1"),  # names match exactly
+        ("http://shop.test/p?sid=9", "http://shop.test/p?sid=9"),  # the glob needs a subdomain
+        ("http://a.test/?x&x=1&y", "http://a.test/?y"),
+        ("http://b.test/?x=1", "http://b.test/?x=1"),  # no rule for this host
+    ],
+)
+def test_strip_query_params_is_per_host_and_opt_in(canonical, stripped):
+    assert urls.strip_query_params(canonical, STRIP) == stripped
+    assert urls.strip_query_params(canonical, {}) == canonical
+
+
+def test_scope_rewrite_applies_to_seeds_and_discoveries():
+    from crawler import config
+    from crawler.frontier import Scope, classify_discovery
+    from crawler.seeds import parse_seed_line
+    from crawler.traps import TrapRules
+
+    conf = config.load().with_overrides({"scope.strip_query_params": {"*.shop.test": ["sid"]}})
+    scope = Scope.from_config(conf)
+    assert parse_seed_line("http://www.shop.test/p?sid=1&q=2", scope).url == "http://www.shop.test/p?q=2"
+    found = classify_discovery("http://WWW.shop.test/p?sid=7#f", scope, TrapRules.from_config(conf), 4)
+    assert found.keys.url == "http://www.shop.test/p" and found.keys.url_id == urls.url_id("http://www.shop.test/p")
+    assert Scope.from_config(config.load()).rewrite("http://www.shop.test/p?sid=1") == "http://www.shop.test/p?sid=1"

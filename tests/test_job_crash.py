@@ -1,0 +1,310 @@
+"""kill -9 of a Spark job's driver at a random point, then a re-run: nothing lost, nothing doubled (DESIGN §2.3).
+
+A prepared storage root (one merged cycle plus a fetched and parsed, un-merged second segment) is copied
+twice. Copy A runs the job once through the `crawl` command line: the reference. Copy B runs the same command
+in its own process group, is killed with SIGKILL (the Python driver, its JVM and its Python workers) at a
+seeded random point inside the job's working window, and then runs the command again to completion. Every
+table of B must then equal A's, column for column, except columns the job stamps from the wall clock.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import pytest
+import yaml
+
+from delta_tables import TABLES, table_df
+from fetchd.daemon import fetch_segment
+from fetchd.sitefarm import FarmSpec, SiteFarm
+from jobs import cycle, demo, generate, parse
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(3600)]
+
+# Columns a job sets from datetime.now(): they differ between any two runs, crashed or not.
+WALL_CLOCK = {"urls": {"updated_at"}, "hosts": {"updated_at"}, "segments": {"created_at", "updated_at"}}
+# inject stamps new seeds' discovered_at and next_fetch_at with its start time as well.
+INJECT_WALL_CLOCK = {"urls": {"updated_at", "discovered_at", "next_fetch_at"}}
+# Keys that must stay unique whatever happens ("nothing doubled").
+UNIQUE_KEYS = {
+    "urls": ("url_id", "url"),
+    "hosts": ("host_key",),
+    "fetches": ("segment_id", "url_id", "state_version"),
+    "index_events": ("url_id", "state_version"),
+    "segments": ("segment_id", "bucket"),
+}
+GENERATED_SEGMENT = "seg-crash-generate"
+RUN_TIMEOUT_S = 900
+KILL_ATTEMPTS = 3
+NO_STEP = "(no step started)"
+
+
+@dataclass
+class Prepared:
+    """The prepared root and everything a job command needs, shared by every test of the module."""
+
+    base: Path
+    root: Path
+    config: Path
+    segment: str          # fetched and parsed, not yet merged by update
+    seeds: Path           # a new seeds file for inject
+    now: str              # fixed --now for generate
+
+
+@dataclass
+class Run:
+    """One `crawl` subprocess: how it ended and when (monotonic seconds since launch) its steps started."""
+
+    returncode: int | None
+    seconds: float
+    lines: list[tuple[float, str]] = field(default_factory=list)
+    killed: bool = False
+
+    def last_step(self) -> str:
+        starts = [name for _, line in self.lines if (name := _step_name(line))]
+        return starts[-1] if starts else NO_STEP
+
+    def tail(self, n: int = 40) -> str:
+        return "\n".join(line for _, line in self.lines[-n:])
+
+
+def _step_name(line: str) -> str | None:
+    """The step of a `jobs.base.step` start line (the job is past JVM start-up and doing its own work)."""
+    marker = " INFO jobs: "
+    if marker in line and line.endswith(": started"):
+        return line.split(marker, 1)[1].removesuffix(": started")
+    return None
+
+
+@pytest.fixture(scope="module")
+def prepared(spark, base_conf, tmp_path_factory) -> Prepared:
+    """One full cycle merged, then a second segment generated, fetched and parsed but not updated."""
+    base = tmp_path_factory.mktemp("crash")
+    root = base / "root"
+    root.mkdir()
+    farm = SiteFarm(FarmSpec(hosts=4, pages_per_host=20), log_path=base / "farm" / "requests.jsonl")
+    farm.start()
+    try:
+        conf = demo.demo_config(base_conf.with_overrides({"demo.min_delay_s": 0.2}), str(root), farm)
+        seeds = base / "seeds.txt"
+        seeds.write_text("".join(f"{url}\n" for url in farm.seed_urls()))
+        first = cycle.run_cycle(spark, conf, str(root), seeds=str(seeds))
+        assert first.segment_id, "the first cycle fetched nothing"
+        second = generate.run(spark, conf, str(root))
+        assert second.url_count > 10, "the second segment must have enough URLs to make update's work visible"
+        fetch_segment(conf, str(root), second.segment_id)
+        parse.run(spark, conf, str(root), second.segment_id)
+        known = sorted(farm.page_urls())
+    finally:
+        farm.stop()
+    new_seeds = base / "new-seeds.txt"
+    lines = known[::3] + [f"http://new-{h:02d}.farm.test/page-{p}" for h in range(8) for p in range(5)]
+    new_seeds.write_text("".join(f"{line}\n" for line in lines))
+    config = base / "crawler.yaml"
+    config.write_text(yaml.safe_dump(conf.as_dict(), sort_keys=True))
+    now = (datetime.now(UTC) + timedelta(days=10)).replace(microsecond=0).isoformat()
+    return Prepared(base, root, config, second.segment_id, new_seeds, now)
+
+
+def _command(job: str, prepared: Prepared, root: Path) -> list[str]:
+    command = [sys.executable, "-m", "jobs.cli", job, "--config", str(prepared.config), "--root", str(root)]
+    if job == "update":
+        return [*command, "--segment", prepared.segment]
+    if job == "generate":
+        return [*command, "--segment", GENERATED_SEGMENT, "--now", prepared.now]
+    if job == "inject":
+        return [*command, "--seeds", str(prepared.seeds)]
+    raise ValueError(job)
+
+
+def _group_gone(pgid: int, timeout_s: float = 60.0) -> bool:
+    """True once no process of the group is left (the JVM and Python workers die with the driver)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            os.killpg(pgid, 0)
+        except ProcessLookupError:
+            return True
+        time.sleep(0.2)
+    return False
+
+
+def _run(command: list[str], log_path: Path, kill_at: tuple[str, float] | None = None) -> Run:
+    """Run `command` in a new session (its output kept in `log_path`). With `kill_at` = (step, seconds): SIGKILL
+    the whole process group that long after that step's start line, if the job is still running then."""
+    started = time.monotonic()
+    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True, cwd=Path(__file__).resolve().parents[1])
+    run = Run(returncode=None, seconds=0.0)
+    step_seen = threading.Event()
+
+    def drain() -> None:
+        assert proc.stdout is not None
+        for raw in proc.stdout:
+            line = raw.rstrip("\n")
+            run.lines.append((time.monotonic() - started, line))
+            if kill_at is not None and _step_name(line) == kill_at[0]:
+                step_seen.set()
+
+    reader = threading.Thread(target=drain, daemon=True)
+    reader.start()
+    try:
+        if kill_at is not None:
+            while not step_seen.wait(0.1) and proc.poll() is None:
+                assert time.monotonic() - started < RUN_TIMEOUT_S, f"step {kill_at[0]!r} never started"
+            try:
+                proc.wait(timeout=kill_at[1])
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                run.killed = True
+        proc.wait(timeout=RUN_TIMEOUT_S)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        reader.join(timeout=30)
+        log_path.write_text("\n".join(f"{t:8.2f} {line}" for t, line in run.lines) + "\n")
+    if run.killed:
+        assert _group_gone(proc.pid), "processes of the killed job are still running"
+    run.returncode, run.seconds = proc.returncode, time.monotonic() - started
+    return run
+
+
+def _kill_point(reference_run: Run, fraction: float) -> tuple[str, float]:
+    """The point `fraction` of the way through the reference's working window (first step start to exit), as
+    (step, seconds after that step's start): anchored on a step, a kill lands in the same work however
+    long the JVM takes to start on a loaded machine."""
+    starts = [(t, _step_name(line)) for t, line in reference_run.lines if _step_name(line)]
+    target = starts[0][0] + fraction * (reference_run.seconds - starts[0][0])
+    at, name = max((s for s in starts if s[0] <= target), key=lambda s: s[0])
+    return name, target - at
+
+
+@pytest.fixture(scope="module")
+def reference(prepared):
+    """job -> (root of copy A, its run): each job's reference run once per module."""
+    done: dict[str, tuple[Path, Run]] = {}
+
+    def get(job: str) -> tuple[Path, Run]:
+        if job not in done:
+            root = prepared.base / f"ref-{job}"
+            shutil.copytree(prepared.root, root)
+            run = _run(_command(job, prepared, root), prepared.base / f"ref-{job}.log")
+            assert run.returncode == 0, f"reference {job} failed:\n{run.tail()}"
+            assert run.last_step() != NO_STEP, f"reference {job} logged no step:\n{run.tail()}"
+            done[job] = (root, run)
+        return done[job]
+
+    return get
+
+
+def _crash_and_rerun(prepared: Prepared, reference_run: Run, job: str, dest: Path, seed: int,
+                     window: tuple[float, float]) -> None:
+    """Copy B at `dest`: kill the job at a seeded random point of the reference's working window (earlier on
+    each attempt the job finished first), then re-run it to completion."""
+    fraction = random.Random(seed).uniform(*window)
+    for _ in range(KILL_ATTEMPTS):
+        if dest.exists():
+            shutil.rmtree(dest)
+        shutil.copytree(prepared.root, dest)
+        point = _kill_point(reference_run, fraction)
+        killed = _run(_command(job, prepared, dest), dest.with_suffix(".killed.log"), kill_at=point)
+        if killed.killed:
+            break
+        assert killed.returncode == 0, killed.tail()
+        fraction /= 2
+    else:
+        pytest.fail(f"{job} finished before every kill point")
+    assert killed.returncode == -signal.SIGKILL
+    print(f"{job}: killed {point[1]:.1f}s after step {point[0]!r} started (fraction {fraction:.2f}); "
+          f"last step started: {killed.last_step()!r}")
+    rerun = _run(_command(job, prepared, dest), dest.with_suffix(".rerun.log"))
+    assert rerun.returncode == 0, f"re-run of {job} after the kill failed:\n{rerun.tail()}"
+
+
+def _snapshot(spark, root: Path, excluded: dict[str, set[str]]) -> dict[str, list[tuple]]:
+    """Every table's full contents (sorted rows as strings) without the wall-clock columns."""
+    snapshot = {}
+    for name in TABLES:
+        df = table_df(spark, str(root), name)
+        df = df.select(*sorted(c for c in df.columns if c not in excluded.get(name, set())))
+        snapshot[name] = sorted(tuple(f"{c}={row[c]}" for c in df.columns) for row in df.collect())
+    return snapshot
+
+
+def _assert_same_tables(spark, reference_root: Path, crashed_root: Path, excluded: dict[str, set[str]]) -> None:
+    expected, got = _snapshot(spark, reference_root, excluded), _snapshot(spark, crashed_root, excluded)
+    problems = []
+    for name in TABLES:
+        missing = Counter(expected[name]) - Counter(got[name])
+        extra = Counter(got[name]) - Counter(expected[name])
+        if missing or extra:
+            problems.append(f"table {name}: {sum(missing.values())} reference rows missing, "
+                            f"{sum(extra.values())} rows not in the reference\n"
+                            f"  missing e.g. {list(missing)[:2]}\n  extra e.g.   {list(extra)[:2]}")
+    assert not problems, "after kill -9 and a re-run:\n" + "\n".join(problems)
+
+
+def _assert_unique_keys(spark, root: Path) -> None:
+    for name, key in UNIQUE_KEYS.items():
+        df = table_df(spark, str(root), name)
+        assert df.count() == df.select(*key).distinct().count(), f"duplicate {key} in {name}"
+
+
+def _segment_rows(spark, root: Path, segment_id: str) -> list[dict]:
+    rows = table_df(spark, str(root), "segments").where(f"segment_id = '{segment_id}'").collect()
+    drop = WALL_CLOCK["segments"]
+    return sorted(({k: v for k, v in r.asDict().items() if k not in drop} for r in rows), key=lambda r: r["bucket"])
+
+
+@pytest.mark.parametrize(("seed", "window"), [(11, (0.1, 0.5)), (23, (0.5, 0.9))], ids=["early", "late"])
+def test_update_killed_and_rerun_equals_one_clean_run(spark, prepared, reference, tmp_path, seed, window):
+    ref_root, ref_run = reference("update")
+    ref_segments = _segment_rows(spark, ref_root, prepared.segment)
+    assert ref_segments and all(r["state"] == "merged" for r in ref_segments)
+    assert sum(r["applied"] for r in ref_segments) > 10, "the reference update must complete URLs"
+    assert sum(r["discovered"] for r in ref_segments) > 0, "the reference update must discover URLs"
+
+    _crash_and_rerun(prepared, ref_run, "update", tmp_path / "crashed", seed, window)
+    crashed = tmp_path / "crashed"
+    assert _segment_rows(spark, crashed, prepared.segment) == ref_segments
+    _assert_unique_keys(spark, crashed)
+    _assert_same_tables(spark, ref_root, crashed, WALL_CLOCK)
+
+
+def _fetchlist(spark, root: Path) -> list[tuple]:
+    path = root / "segments" / GENERATED_SEGMENT / "fetchlist"
+    return sorted(tuple(str(v) for v in row) for row in spark.read.parquet(str(path)).collect())
+
+
+def test_generate_killed_and_rerun_equals_one_clean_run(spark, prepared, reference, tmp_path):
+    ref_root, ref_run = reference("generate")
+    assert sum(r["url_count"] for r in _segment_rows(spark, ref_root, GENERATED_SEGMENT)) > 10
+
+    _crash_and_rerun(prepared, ref_run, "generate", tmp_path / "crashed", seed=5, window=(0.3, 0.9))
+    crashed = tmp_path / "crashed"
+    _assert_unique_keys(spark, crashed)
+    _assert_same_tables(spark, ref_root, crashed, WALL_CLOCK)
+    assert _fetchlist(spark, crashed) == _fetchlist(spark, ref_root)
+
+
+def test_inject_killed_and_rerun_equals_one_clean_run(spark, prepared, reference, tmp_path):
+    ref_root, ref_run = reference("inject")
+    before = table_df(spark, str(prepared.root), "urls").count()
+    assert table_df(spark, str(ref_root), "urls").count() >= before + 40, "the reference inject must add URLs"
+
+    _crash_and_rerun(prepared, ref_run, "inject", tmp_path / "crashed", seed=3, window=(0.3, 0.9))
+    crashed = tmp_path / "crashed"
+    _assert_unique_keys(spark, crashed)
+    _assert_same_tables(spark, ref_root, crashed, {**WALL_CLOCK, **INJECT_WALL_CLOCK})
