@@ -31,6 +31,7 @@ from crawler.config import Config
 from crawler.frontier import DISCOVERY_PRIORITY_FACTOR, Scope, classify_discovery, host_backoff, index_event_kind
 from crawler.records import FETCHED, ROBOTS
 from crawler.revisit import PreviousState, RevisitPolicy
+from crawler.robots import RobotsState
 from crawler.status import FetchOutcome, SegmentState, UrlSource, UrlStatus
 from crawler.traps import (
     DEPTH_BEYOND_SCOPE,
@@ -273,7 +274,10 @@ def update_hosts(spark: SparkSession, conf: Config, root: str, segment_id: str, 
         .withColumn("backoff_until", F.timestamp_micros("bo.until_us"))
     )
     counted = counter_cols[:8]
-    robots_changed = F.col("s.has_robots") & ~F.col("t.robots_body").eqNullSafe(F.col("s.robots_body"))
+    # An unreachable robots.txt (5xx, network) disallows all for now, but the last good copy stays stored: it is
+    # what the host said, and generate ignores it while the state is disallow_all.
+    new_body = F.col("s.has_robots") & (F.col("s.robots_state") != RobotsState.DISALLOW_ALL.value)
+    robots_changed = new_body & ~F.col("t.robots_body").eqNullSafe(F.col("s.robots_body"))
 
     def from_robots(name: str, source_name: str | None = None) -> Column:
         return F.when(F.col("s.has_robots"), F.col(f"s.{source_name or name}")).otherwise(F.col(f"t.{name}"))
@@ -281,7 +285,8 @@ def update_hosts(spark: SparkSession, conf: Config, root: str, segment_id: str, 
     updates = {
         **{c: F.col(f"t.{c}") + F.col(f"s.{c}") for c in counted},
         "last_fetch_at": F.greatest("t.last_fetch_at", "s.last_fetch_at"),
-        **{c: from_robots(c) for c in ROBOTS_COLUMNS[:5]},
+        **{c: from_robots(c) for c in ROBOTS_COLUMNS[:5] if c != "robots_body"},
+        "robots_body": F.when(new_body, F.col("s.robots_body")).otherwise(F.col("t.robots_body")),
         "crawl_delay_s": from_robots("crawl_delay_s", "robots_crawl_delay_s"),
         "policy_version": F.col("t.policy_version") + F.when(robots_changed, 1).otherwise(0),
         "backoff_level": F.col("s.backoff_level"),
@@ -293,10 +298,11 @@ def update_hosts(spark: SparkSession, conf: Config, root: str, segment_id: str, 
         "host_key": F.col("s.host_key"),
         "bucket": F.col("s.bucket"),
         **{c: F.col(f"s.{c}") for c in counted},
-        **{c: F.col(f"s.{c}") for c in ROBOTS_COLUMNS[:5]},
+        **{c: F.col(f"s.{c}") for c in ROBOTS_COLUMNS[:5] if c != "robots_body"},
+        "robots_body": F.when(new_body, F.col("s.robots_body")),
         "crawl_delay_s": F.col("s.robots_crawl_delay_s"),
         "last_fetch_at": F.col("s.last_fetch_at"),
-        "policy_version": F.when(F.col("s.has_robots"), 1).otherwise(0).cast("bigint"),
+        "policy_version": F.when(new_body, 1).otherwise(0).cast("bigint"),
         "known_urls": F.lit(0).cast("bigint"),
         "backoff_level": F.col("s.backoff_level"),
         "backoff_until": F.col("s.backoff_until"),

@@ -175,3 +175,25 @@ def test_robots_denied_url_waits_for_the_hosts_robots_expiry(spark, base_conf, r
     denied = rows["http://a.test/private/x"]
     assert (denied.status, denied.next_fetch_at) == ("robots_denied", expires.replace(tzinfo=None))
     assert rows["http://a.test/open"].status == "fetched"
+
+
+def test_unreachable_robots_keeps_the_last_good_copy(spark, base_conf, root, tmp_path):
+    seeds = tmp_path / "seeds.txt"
+    seeds.write_text("http://a.test/one\nhttp://a.test/two\n")
+    inject.run(spark, base_conf, root, str(seeds))
+    now = datetime.now(UTC).replace(microsecond=0) + timedelta(minutes=1)
+    b = bucket("http://a.test/")
+    good = "User-agent: *\nDisallow: /private\n"
+    for segment, url, state, code, body in (("seg-r1", "http://a.test/one", "rules", 200, good),
+                                            ("seg-r2", "http://a.test/two", "disallow_all", 503, "<h1>busy</h1>")):
+        generate.run(spark, base_conf.with_overrides({"generate.per_host_max_urls": 1}), root, segment, now)
+        row = {**fetched(url, now, "deferred", None), "segment_id": segment}
+        write_parquet(layout.fetched_dir(root, segment, b), [row], FETCHED)
+        write_parquet(layout.robots_dir(root, segment, b), [{
+            "segment_id": segment, "bucket": b, "host_key": "http://a.test", "fetched_at": now, "status_code": code,
+            "state": state, "body": body, "expires_at": now + timedelta(days=1)}], ROBOTS)
+        update.run(spark, base_conf, root, segment)
+        now += timedelta(minutes=1)
+    host = [r for r in tables.table_df(spark, root, "hosts").collect() if r.host_key == "http://a.test"][0]
+    assert (host.robots_state, host.robots_status_code, host.robots_body, host.policy_version) == (
+        "disallow_all", 503, good, 1)
