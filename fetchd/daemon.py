@@ -593,9 +593,7 @@ class BucketRun:
         await self._wait_and_start(gate)
         async with self.d.slots:
             response = await self.d.fetcher.get(url, headers, max_bytes)
-        if response.status is not None:
-            self.d.metrics.response(len(response.body))
-        gate.finished(time.monotonic(), response.status, self._retry_after(response), self.d.rng)
+        self._request_finished(gate, response)
         return response
 
     def _robots_row(self, host_key: str, status: int | None, body: str | None, policy: RobotsPolicy,
@@ -638,7 +636,7 @@ class BucketRun:
             response = await self._page_get(item["url"], conditional)
         finally:
             self.d.slots.release()
-        retry_after = self._page_finished(host, response)
+        retry_after = self._request_finished(host.gate, response)
         try:
             chain = [item["url"]]
             while True:
@@ -653,7 +651,7 @@ class BucketRun:
                 chain.append(target)
                 async with self.d.slots:
                     response = await self._page_get(target)
-                retry_after = self._page_finished(host, response)
+                retry_after = self._request_finished(host.gate, response)
             if response.status is None or not 300 <= response.status < 400:
                 target = response.url if len(chain) > 1 else None
             self._emit(self._page_row(host, item, response, retry_after, target, note))
@@ -670,12 +668,13 @@ class BucketRun:
             log.exception("fetching %s failed unexpectedly", url)
             return FetchResponse(url=url, started_at=time.time(), error=f"{type(exc).__name__}: {exc}")
 
-    def _page_finished(self, host: HostWork, response: FetchResponse) -> float | None:
-        """Close the request on the host's gate (the delay counts from now); the server's Retry-After, if any."""
+    def _request_finished(self, gate: HostGate, response: FetchResponse) -> float | None:
+        """Close any request on its host's gate (the delay counts from now) and count the response; the
+        server's Retry-After, if any."""
         if response.status is not None:
             self.d.metrics.response(len(response.body))
         retry_after = self._retry_after(response)
-        host.gate.finished(time.monotonic(), response.status, retry_after, self.d.rng)
+        gate.finished(time.monotonic(), response.status, retry_after, self.d.rng)
         return retry_after
 
     async def _wait_for_hop(self, gate: HostGate) -> bool:
