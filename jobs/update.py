@@ -182,11 +182,12 @@ def run(spark: SparkSession, conf: Config, root: str, segment_id: str) -> Update
                                                "t.url_id = s.url_id AND t.state_version = s.state_version")
 
     with step(f"update {segment_id}: hosts"):
-        result.hosts_updated = update_hosts(spark, conf, root, segment_id, results, hosts_snap, now)
+        robots = segment_robots(spark, root, segment_id)
+        result.hosts_updated = update_hosts(spark, conf, root, segment_id, results, robots, hosts_snap, now)
 
     with step(f"update {segment_id}: complete urls"):
         # The host's robots expiry: this segment's observation, else the one stored (robots_denied waits for it).
-        observed = segment_robots(spark, root, segment_id).select("host_key", F.col("robots_expires_at").alias("r"))
+        observed = robots.select("host_key", F.col("robots_expires_at").alias("r"))
         robots_expiry = hosts_snap.select("host_key", F.col("robots_expires_at").alias("h")).join(
             observed, "host_key", "full_outer").select("host_key", F.coalesce("r", "h").alias("robots_expires_at"))
         complete_urls(spark, root, segment_id, live.join(robots_expiry, "host_key", "left"), decide, now)
@@ -225,9 +226,10 @@ def segment_robots(spark: SparkSession, root: str, segment_id: str) -> DataFrame
     )
 
 
-def update_hosts(spark: SparkSession, conf: Config, root: str, segment_id: str, results: DataFrame,
+def update_hosts(spark: SparkSession, conf: Config, root: str, segment_id: str, results: DataFrame, robots: DataFrame,
                  hosts_snap: DataFrame, now: datetime) -> int:
-    """Counters, robots and backoff per host; applied once per segment (guarded by hosts.last_segment)."""
+    """Counters, robots (`robots` = segment_robots of this segment) and backoff per host; applied once per
+    segment (guarded by hosts.last_segment)."""
     code = F.col("status_code")
     requested = F.col("outcome").isin(REQUESTED)
 
@@ -249,7 +251,7 @@ def update_hosts(spark: SparkSession, conf: Config, root: str, segment_id: str, 
         count_if(requested & code.between(200, 399)).alias("responded_ok"),
         F.max(F.when(code.isin(THROTTLE_CODES), F.col("retry_after_s"))).alias("retry_after_s"),
     )
-    robots = segment_robots(spark, root, segment_id).withColumn("has_robots", F.lit(True))
+    robots = robots.withColumn("has_robots", F.lit(True))
     counter_cols = ["fetches", "status_2xx", "status_3xx", "status_4xx", "status_5xx", "status_429", "network_errors",
                     "robots_denied", "throttled", "responded_ok"]
     base_s, cap_s = conf["politeness.backoff_base_s"], conf["politeness.max_backoff_s"]
