@@ -3,10 +3,15 @@
 Pure: time is passed in, randomness comes from a caller's `random.Random`. The fetch daemon keeps one
 `HostGate` per host; the rule it enforces is
 
-    delay = max(politeness.min_delay_s, min(robots Crawl-delay, politeness.max_crawl_delay_s), backoff)
+    delay = max(politeness.min_delay_s, min(robots Crawl-delay, politeness.max_crawl_delay_s), backoff,
+                min(politeness.response_time_factor * last response time, politeness.max_response_time_delay_s))
 
-counted from the END of the previous request to the host (or its failure), never from its dispatch, with at
-most `politeness.max_concurrency_per_host` requests in flight and request starts at least `delay` apart.
+counted from the END of the previous request to the host (or its failure), never from its dispatch, with
+request starts at least `delay` apart and at most `politeness.max_concurrency_per_host` requests in flight.
+Adaptive: a failure (network error, 429, 5xx) sets the backoff (Retry-After, else exponential) and drops the
+host to one request in flight; each later success multiplies the backoff by `politeness.backoff_recovery_factor`
+instead of clearing it, and once it no longer exceeds the delay without it, it is over and the host gets its
+full concurrency back. No response lowers the delay below the minimum: every term only adds to it.
 """
 
 from __future__ import annotations
@@ -18,14 +23,23 @@ from email.utils import parsedate_to_datetime
 
 BACKOFF_JITTER = 0.25  # exponential backoff is stretched by a random factor in [1, 1 + this)
 BACKOFF_STATUSES = frozenset({429, 503})  # statuses whose Retry-After header directs our backoff
+NEGLIGIBLE_BACKOFF_S = 0.01  # a recovering backoff this small is over even when the minimum delay is 0
 
 
 def effective_delay(
-    min_delay_s: float, crawl_delay_s: float | None, max_crawl_delay_s: float, backoff_s: float
+    min_delay_s: float, crawl_delay_s: float | None, max_crawl_delay_s: float, backoff_s: float,
+    response_delay_s: float = 0.0,
 ) -> float:
     """Seconds between the end of one request to a host and the start of the next."""
     robots = min(crawl_delay_s, max_crawl_delay_s) if crawl_delay_s is not None else 0.0
-    return max(min_delay_s, robots, backoff_s)
+    return max(min_delay_s, robots, backoff_s, response_delay_s)
+
+
+def response_time_delay(elapsed_s: float | None, factor: float, cap_s: float) -> float:
+    """The delay a response time asks for: `factor` x elapsed, at most `cap_s`; 0 when off or unknown."""
+    if not factor or elapsed_s is None or not math.isfinite(elapsed_s):
+        return 0.0
+    return min(factor * max(0.0, elapsed_s), cap_s)
 
 
 def parse_retry_after(value: str | None, now: float) -> float | None:
@@ -64,7 +78,10 @@ def backoff_seconds(
 
 @dataclass
 class HostGate:
-    """Politeness state of one host inside one daemon: when it may start its next request."""
+    """Politeness state of one host inside one daemon: when it may start its next request.
+
+    `max_concurrency` is the host's allowance now: 1 while a backoff is in force, the configured
+    `concurrency_cap` again once it is over (schedulers read it, so it always holds what `can_start` uses)."""
 
     min_delay_s: float
     max_crawl_delay_s: float
@@ -72,17 +89,30 @@ class HostGate:
     backoff_base_s: float
     max_backoff_s: float
     max_failures: int
+    recovery_factor: float = 0.5        # each success multiplies the backoff by this (0: a success ends it)
+    response_time_factor: float = 0.0   # k in the k x response time delay term (0: off)
+    max_response_time_delay_s: float = 60.0
     crawl_delay_s: float | None = None
     backoff_s: float = 0.0
+    response_delay_s: float = 0.0
     failures: int = 0
     in_flight: int = 0
     next_allowed_at: float = 0.0
+    hold_until: float = 0.0             # a server's Retry-After: nothing starts before it, whatever ends later
     last_start_at: float | None = None
     last_end_at: float | None = None
     paused: bool = False
+    concurrency_cap: int = 0            # the configured concurrency (defaults to max_concurrency)
+
+    def __post_init__(self) -> None:
+        self.concurrency_cap = self.concurrency_cap or self.max_concurrency
+
+    def _delay_without_backoff(self) -> float:
+        return effective_delay(self.min_delay_s, self.crawl_delay_s, self.max_crawl_delay_s, 0.0,
+                               self.response_delay_s)
 
     def delay_s(self) -> float:
-        return effective_delay(self.min_delay_s, self.crawl_delay_s, self.max_crawl_delay_s, self.backoff_s)
+        return max(self._delay_without_backoff(), self.backoff_s)
 
     def can_start(self, now: float) -> bool:
         return not self.paused and self.in_flight < self.max_concurrency and now >= self.next_allowed_at
@@ -95,24 +125,51 @@ class HostGate:
         self.last_start_at = now
         self.next_allowed_at = max(self.next_allowed_at, now + self.delay_s())
 
-    def finished(self, now: float, status_code: int | None, retry_after_s: float | None, rng: random.Random) -> None:
-        """A request ended (response read or failure) at `now`: update backoff, maybe pause, and hold the
-        host for one delay (as it now stands) counted from now, or from a later start still in flight."""
+    def finished(self, now: float, status_code: int | None, retry_after_s: float | None, rng: random.Random,
+                 elapsed_s: float | None = None) -> None:
+        """A request ended (response read or failure) at `now` after `elapsed_s`: update the response-time
+        term and backoff, maybe pause, and hold the host for one delay (as it now stands) counted from now,
+        or from a later start still in flight."""
         self.in_flight -= 1
+        self.response_delay_s = response_time_delay(elapsed_s, self.response_time_factor,
+                                                    self.max_response_time_delay_s)
         if is_failure(status_code):
             self.failures += 1
             directed = retry_after_s if status_code in BACKOFF_STATUSES else None
-            self.backoff_s = backoff_seconds(self.failures, self.backoff_base_s, self.max_backoff_s, directed, rng)
+            fresh = backoff_seconds(self.failures, self.backoff_base_s, self.max_backoff_s, directed, rng)
+            if directed is not None:
+                self.hold_until = max(self.hold_until, now + fresh)
+            self.backoff_s = max(self.backoff_s, fresh)  # a failure while recovering never shortens the backoff
+            self.max_concurrency = 1
             if self.failures >= self.max_failures:
                 self.paused = True
         else:
             self.failures = 0
-            self.backoff_s = 0.0
+            self._recover()
         self.last_end_at = now
-        self.next_allowed_at = max(now, self.last_start_at or now) + self.delay_s()
+        self.next_allowed_at = max(max(now, self.last_start_at or now) + self.delay_s(), self.hold_until)
 
-    def set_crawl_delay(self, crawl_delay_s: float | None) -> None:
-        """Adopt a robots.txt Crawl-delay; it already applies to the gap after the request that fetched it."""
+    def _recover(self) -> None:
+        """A success shrinks the backoff by `recovery_factor`; once it no longer adds to the delay it is over
+        and the host gets its configured concurrency back."""
+        self.backoff_s *= self.recovery_factor
+        if self.backoff_s <= max(self._delay_without_backoff(), NEGLIGIBLE_BACKOFF_S):
+            self.backoff_s = 0.0
+            self.max_concurrency = self.concurrency_cap
+
+    def set_crawl_delay(self, crawl_delay_s: float | None) -> bool:
+        """Adopt a robots.txt Crawl-delay; it already applies to the gap after the request that fetched it.
+        True when it asks for more than `max_crawl_delay_s` and differs from the one held before, so the caller
+        reports the cap once per host (not again for the same cached robots.txt)."""
+        newly_capped = (crawl_delay_s is not None and crawl_delay_s > self.max_crawl_delay_s
+                        and crawl_delay_s != self.crawl_delay_s)
         self.crawl_delay_s = crawl_delay_s
         if self.last_end_at is not None:
             self.next_allowed_at = max(self.next_allowed_at, self.last_end_at + self.delay_s())
+        return newly_capped
+
+    def ended_elsewhere(self, at: float) -> None:
+        """Another process's request to the host ended at `at` (at the latest): the previous owner of its
+        bucket. The delay counts from there too, as if this gate had seen that request."""
+        self.last_end_at = at if self.last_end_at is None else max(self.last_end_at, at)
+        self.next_allowed_at = max(self.next_allowed_at, at + self.delay_s())

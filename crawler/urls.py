@@ -3,7 +3,9 @@
 Canonicalization is semantics-preserving only (DESIGN §3): WHATWG parsing (ada), lowercase scheme and
 host, IDNA host, default port removed, fragment removed, dot-segments resolved, percent-encoding
 normalized (uppercase hex, unreserved characters decoded), empty path -> "/". The query keeps its order
-and repeats. These functions are the single entry points; nothing else in the engine parses URLs.
+and repeats. User info (`user:pass@`) is dropped: a crawler never sends credentials a link carries, a
+`good.example@10.0.0.1` URL shows its real host plainly, and `http://a@h/` is the same page as `http://h/`.
+These functions are the single entry points; nothing else in the engine parses URLs.
 """
 
 from __future__ import annotations
@@ -78,6 +80,7 @@ def _canonical_or_reason(url: object) -> tuple[str | None, str]:
         return None, "invalid IDNA host"
     try:
         parsed.hash = ""
+        parsed.username, parsed.password = "", ""
         parsed.pathname = normalize_percent_encoding(parsed.pathname) or "/"
         if parsed.search:
             parsed.search = normalize_percent_encoding(parsed.search)

@@ -24,6 +24,7 @@ class BlockedAddressError(OSError):
         self.host = host
         self.addresses = tuple(addresses)
         super().__init__(f"refused address for {host}: {', '.join(self.addresses) or 'none'}")
+        self.strerror = str(self)  # aiohttp's connect error shows only this: the report then says why
 
 
 class GuardedResolver(AbstractResolver):

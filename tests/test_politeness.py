@@ -85,17 +85,89 @@ def test_gate_starts_are_spaced_even_with_more_concurrency():
     assert not gate.can_start(2.5)  # two in flight
 
 
-def test_gate_backs_off_on_retry_after_and_recovers_on_success():
-    gate = _gate()
+def test_gate_backs_off_on_retry_after_and_recovers_slowly_on_success():
+    gate = _gate()  # recovery_factor 0.5 by default
     rng = random.Random(0)
     gate.started(0.0)
     gate.finished(1.0, 429, 20.0, rng)
     assert gate.backoff_s == 20.0
     assert not gate.can_start(20.9) and gate.can_start(21.0)
+    gaps = []
+    now = 21.0
+    for _ in range(6):
+        gate.started(now)
+        gate.finished(now + 0.5, 200, None, rng)
+        assert gate.failures == 0  # the pause rule still counts consecutive failures only
+        gaps.append(gate.next_allowed_at - (now + 0.5))
+        now = gate.next_allowed_at
+    assert gaps == [10.0, 5.0, 2.5, 1.25, 1.0, 1.0]  # halved per success; under the 1 s minimum it is over
+    assert gate.backoff_s == 0.0
+
+
+def test_recovery_factor_zero_ends_the_backoff_at_the_first_success():
+    gate = _gate(recovery_factor=0.0)
+    gate.started(0.0)
+    gate.finished(1.0, 503, 20.0, random.Random(0))
     gate.started(21.0)
-    gate.finished(21.5, 200, None, rng)
-    assert gate.backoff_s == 0.0 and gate.failures == 0
-    assert gate.can_start(22.5)
+    gate.finished(21.5, 200, None, random.Random(0))
+    assert gate.backoff_s == 0.0 and gate.can_start(22.5)
+
+
+def test_a_failure_while_recovering_never_shortens_the_backoff():
+    gate = _gate()
+    rng = random.Random(0)
+    gate.started(0.0)
+    gate.finished(1.0, 429, 40.0, rng)
+    gate.started(41.0)
+    gate.finished(41.0, 200, None, rng)
+    assert gate.backoff_s == 20.0 and gate.failures == 0
+    gate.started(61.0)
+    gate.finished(61.0, 500, None, rng)  # a first failure again: exponential gives ~2 s, the 20 s stays
+    assert gate.backoff_s == 20.0 and gate.failures == 1
+
+
+def test_response_time_term_follows_the_last_response_clamped_and_never_below_minimum():
+    gate = _gate(response_time_factor=2.0, max_response_time_delay_s=5.0)
+    rng = random.Random(0)
+    gate.started(0.0)
+    gate.finished(1.5, 200, None, rng, elapsed_s=1.5)
+    assert gate.delay_s() == 3.0 and not gate.can_start(4.4) and gate.can_start(4.5)
+    gate.started(4.5)
+    gate.finished(14.5, 200, None, rng, elapsed_s=10.0)
+    assert gate.delay_s() == 5.0  # clamped at max_response_time_delay_s
+    gate.started(19.5)
+    gate.finished(19.51, 200, None, rng, elapsed_s=0.01)
+    assert gate.delay_s() == 1.0  # a fast response never takes the delay below the minimum
+    off = _gate()
+    off.started(0.0)
+    off.finished(9.0, 200, None, rng, elapsed_s=9.0)
+    assert off.delay_s() == 1.0  # k = 0: response time ignored
+    assert effective_delay(1.0, 4.0, 10.0, 2.0, 7.0) == 7.0
+
+
+def test_a_failure_drops_the_host_to_one_request_until_the_backoff_is_over():
+    gate = _gate(max_concurrency=3, min_delay_s=0.0)
+    rng = random.Random(0)
+    gate.started(0.0)
+    gate.started(0.0)
+    gate.finished(1.0, 503, 4.0, rng)
+    assert gate.max_concurrency == 1 and gate.concurrency_cap == 3
+    assert not gate.can_start(10.0)  # the other request is still in flight: the allowance is 1 now
+    gate.finished(10.0, 200, None, rng)  # backoff 4 -> 2
+    assert gate.max_concurrency == 1 and gate.backoff_s == 2.0
+    for _ in range(8):
+        now = gate.next_allowed_at
+        gate.started(now)
+        gate.finished(now, 200, None, rng)
+    assert gate.backoff_s == 0.0 and gate.max_concurrency == 3
+
+
+def test_crawl_delay_above_the_cap_is_reported_once():
+    gate = _gate(max_crawl_delay_s=10.0)
+    assert gate.set_crawl_delay(999.0) is True
+    assert gate.delay_s() == 10.0
+    assert gate.set_crawl_delay(999.0) is False  # the same robots.txt again (cache): no second report
+    assert gate.set_crawl_delay(5.0) is False and gate.set_crawl_delay(None) is False
 
 
 def test_retry_after_ignored_for_statuses_that_do_not_direct_backoff():

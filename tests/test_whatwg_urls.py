@@ -26,11 +26,15 @@ _UNRESERVED = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-._
 
 
 def expected_canonical(href: str) -> str:
-    """The standard's href after our documented extras only: fragment dropped, and in path and query %XX of
-    unreserved characters decoded and other %xx hex uppercased. (Written independently of crawler.urls.)"""
+    """The standard's href after our documented extras only: fragment and user info dropped, and in path and
+    query %XX of unreserved characters decoded and other %xx hex uppercased. (Written independently of
+    crawler.urls.)"""
     without_fragment = href.split("#", 1)[0]
-    path_start = without_fragment.index("/", without_fragment.index("//") + 2)
+    authority_start = without_fragment.index("//") + 2
+    path_start = without_fragment.index("/", authority_start)
     head, tail = without_fragment[:path_start], without_fragment[path_start:]
+    scheme, authority = head[:authority_start], head[authority_start:]
+    head = scheme + authority.rpartition("@")[2]  # the serialized user info percent-encodes any "@" of its own
 
     def fix(match: re.Match[str]) -> str:
         char = chr(int(match.group(1), 16))
@@ -62,7 +66,7 @@ def test_resolution_follows_the_standard(case):
 
 def test_expectation_helper():
     assert expected_canonical("http://h/%7e%41%2f?%7E%3c#x") == "http://h/~A%2F?~%3C"
-    assert expected_canonical("http://%7e@h/") == "http://%7e@h/"  # user info is left as the standard gives it
+    assert expected_canonical("http://%7e:p@h/") == "http://h/"  # user info dropped
 
 
 @pytest.mark.parametrize(

@@ -1,0 +1,110 @@
+"""Adaptive politeness in a real daemon run, judged from the loopback server's own log (issue 4): after 503s
+the gaps shrink step by step, not at once; with k > 0 a slow host's gaps follow its response time; a robots.txt
+Crawl-delay above the cap is capped and reported once."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+import pytest
+from aiohttp import web
+
+from fetchd.daemon import fetch_segment
+from tests.loopback import ScriptedServer, gaps
+from tests.test_fetchd import by_url, read_results, write_fetchlist
+
+SEGMENT = "seg-adaptive"
+MIN_DELAY = 0.1
+SLOW_S = 0.3            # how long slow.test takes to answer a page
+SICK_FAILURES = 2       # sick.test answers its first page requests 503, then recovers
+
+
+async def _respond(server: ScriptedServer, host: str, request: web.Request) -> web.StreamResponse:
+    if request.path == "/robots.txt":
+        if host == "lazy.test":
+            return web.Response(text="User-agent: *\nCrawl-delay: 999\n")
+        return web.Response(status=404)
+    if host == "sick.test":
+        server.sick_pages = getattr(server, "sick_pages", 0) + 1
+        if server.sick_pages <= SICK_FAILURES:
+            return web.Response(status=503, text="overloaded")  # no Retry-After: exponential backoff
+    if host == "slow.test":
+        await asyncio.sleep(SLOW_S)
+    return web.Response(text=f"<html><title>{request.path}</title></html>", content_type="text/html")
+
+
+@pytest.fixture
+def server():
+    farm = ScriptedServer(_respond)
+    yield farm
+    farm.stop()
+
+
+def _conf(base_conf, **overrides):
+    values = {
+        "politeness.min_delay_s": MIN_DELAY,
+        "fetch.static_hosts": {name: "127.0.0.1" for name in ("sick.test", "slow.test", "fast.test", "lazy.test")},
+    }
+    values.update(overrides)
+    return base_conf.with_overrides(values)
+
+
+def _pages(server: ScriptedServer, host: str) -> list[dict]:
+    return [r for r in server.requests(host) if r["path"] != "/robots.txt"]
+
+
+def test_after_503s_the_gaps_shrink_gradually(server, base_conf, root):
+    conf = _conf(base_conf, **{"politeness.backoff_base_s": 0.4, "politeness.backoff_recovery_factor": 0.5,
+                               "politeness.max_consecutive_failures": 5})
+    paths = [f"/p{i}" for i in range(8)]
+    write_fetchlist(root, SEGMENT, [{"url": server.url("sick.test", p)} for p in paths], conf["crawl.buckets"])
+    fetch_segment(conf, root, SEGMENT)
+    rows = by_url(read_results(root, SEGMENT))
+    assert [rows[server.url("sick.test", p)]["status_code"] for p in paths] == [503] * 2 + [200] * 6
+    pages = _pages(server, "sick.test")
+    assert [r["status"] for r in pages] == [503] * 2 + [200] * 6
+    g = gaps(pages)
+    # backoff 0.4 (+jitter) after the first 503, 0.8 after the second; then each success halves it:
+    # ~0.4, ~0.2, ~0.1, then it is below the 0.1 s minimum and over
+    assert g[0] >= 0.4 and g[1] >= 0.8
+    assert g[2] >= 0.4, "one success must not reset the backoff at once"
+    assert g[3] >= 0.2 and g[4] >= MIN_DELAY
+    assert g[1] > g[2] > g[3] > g[4], f"gaps must shrink step by step: {g}"
+    assert all(gap >= MIN_DELAY for gap in g)
+    assert g[-1] < 0.3, f"the host recovers to the minimum delay: {g}"
+
+
+def test_a_slow_host_gets_gaps_of_at_least_k_times_its_response_time(server, base_conf, root):
+    k = 2.0
+    conf = _conf(base_conf, **{"politeness.response_time_factor": k, "politeness.max_response_time_delay_s": 5.0})
+    items = [{"url": server.url(host, f"/{i}")} for host in ("slow.test", "fast.test") for i in range(4)]
+    write_fetchlist(root, SEGMENT, items, conf["crawl.buckets"])
+    fetch_segment(conf, root, SEGMENT)
+    assert {row["outcome"] for row in read_results(root, SEGMENT)} == {"success"}
+    slow, fast = _pages(server, "slow.test"), _pages(server, "fast.test")
+    assert len(slow) == len(fast) == 4
+    for before, gap in zip(slow[:-1], gaps(slow), strict=True):
+        took = before["end"] - before["start"]  # the server's view; the daemon saw at least this long
+        assert took >= SLOW_S * 0.9
+        assert gap >= k * took, f"gap {gap:.3f} s after a {took:.3f} s response"
+    assert max(gaps(fast)) < k * SLOW_S  # the rule is per host: the fast one keeps near the minimum
+    assert min(gaps(fast)) >= MIN_DELAY
+
+
+def test_crawl_delay_above_the_cap_is_capped_and_logged_once(server, base_conf, root, caplog):
+    cap = 0.3
+    conf = _conf(base_conf, **{"politeness.max_crawl_delay_s": cap})
+    write_fetchlist(root, "seg-a", [{"url": server.url("lazy.test", p)} for p in ("/a", "/b")], conf["crawl.buckets"])
+    write_fetchlist(root, "seg-b", [{"url": server.url("lazy.test", "/c")}], conf["crawl.buckets"])
+    with caplog.at_level(logging.WARNING, logger="fetchd"):
+        fetch_segment(conf, root, "seg-a")
+        fetch_segment(conf, root, "seg-b")  # same process: robots.txt and gate remembered, no second warning
+    requests = server.requests("lazy.test")
+    assert [r["path"] for r in requests] == ["/robots.txt", "/a", "/b", "/c"]
+    assert all(cap <= gap < 5 for gap in gaps(requests)), gaps(requests)  # the cap, not 999 s
+    host_key = f"http://lazy.test:{server.port}"
+    warnings = [r.getMessage() for r in caplog.records
+                if r.levelno == logging.WARNING and "Crawl-delay" in r.getMessage()]
+    assert len(warnings) == 1, warnings
+    assert host_key in warnings[0] and "999" in warnings[0] and f"={cap}s" in warnings[0]
