@@ -18,6 +18,8 @@ from typing import Any
 
 import yaml
 
+from crawler.ownership import check_timing
+
 DEFAULTS_PATH = Path(os.environ.get("CRAWL_DEFAULTS", Path(__file__).resolve().parents[1] / "conf" / "crawler.yaml"))
 
 # Keys whose value is a free-form mapping: their sub-keys are not checked against the defaults.
@@ -92,6 +94,9 @@ _RULES: dict[str, tuple[Any, str]] = {
     "politeness.backoff_base_s": (_non_negative, "must be >= 0"),
     "politeness.max_backoff_s": (_non_negative, "must be >= 0"),
     "politeness.max_consecutive_failures": (_positive, "must be > 0"),
+    "politeness.backoff_recovery_factor": (lambda v: 0 <= v < 1, "must be in [0, 1)"),
+    "politeness.response_time_factor": (_non_negative, "must be >= 0"),
+    "politeness.max_response_time_delay_s": (_non_negative, "must be >= 0"),
     "fetch.concurrency": (_positive, "must be > 0"),
     "fetch.connect_timeout_s": (_positive, "must be > 0"),
     "fetch.total_timeout_s": (_positive, "must be > 0"),
@@ -109,6 +114,13 @@ _RULES: dict[str, tuple[Any, str]] = {
     "fetch.metrics_port": (lambda v: 0 <= v <= 65535, "must be between 0 (no endpoint) and 65535"),
     "fetch.metrics_host": (_ip, "must be an IP address such as 127.0.0.1"),
     "fetch.allow_networks": (_networks, "must be a list of CIDR networks such as 127.0.0.0/8"),
+    "ownership.lease_ttl_s": (_positive, "must be > 0"),
+    "ownership.renew_interval_s": (_positive, "must be > 0"),
+    "ownership.fence_margin_s": (_positive, "must be > 0"),
+    "ownership.takeover_grace_s": (_non_negative, "must be >= 0"),
+    "ownership.max_buckets_per_daemon": (_non_negative, "must be >= 0"),
+    "ownership.shutdown_grace_s": (_non_negative, "must be >= 0"),
+    "ownership.results_batch_rows": (_positive, "must be > 0"),
     "robots.max_bytes": (lambda v: v >= 512000, "must be >= 512000 (RFC 9309 asks for at least 500 KiB)"),
     "robots.cache_ttl_s": (lambda v: 0 < v <= 86400, "must be in (0, 86400] (RFC 9309: cache at most 24 h)"),
     "robots.max_redirects": (lambda v: 0 <= v <= 5, "must be between 0 and 5"),
@@ -234,6 +246,11 @@ def _check(defaults: Mapping[str, Any], data: Mapping[str, Any], prefix: str = "
             raise ConfigError(f"fetch.static_hosts.{host}", f"must be an IP address, got {ip!r}") from None
     if prefix == "" and data["revisit"]["min_interval_s"] > data["revisit"]["max_interval_s"]:
         raise ConfigError("revisit.min_interval_s", "must not exceed revisit.max_interval_s")
+    if prefix == "":
+        lease = data["ownership"]
+        problem = check_timing(lease["lease_ttl_s"], lease["renew_interval_s"], lease["fence_margin_s"])
+        if problem is not None:
+            raise ConfigError(*problem)
 
 
 def defaults() -> dict[str, Any]:

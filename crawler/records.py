@@ -6,6 +6,9 @@ update read them. Both sides use these Arrow schemas, so a column is never spell
 
 from __future__ import annotations
 
+import json
+from datetime import datetime
+
 import pyarrow as pa
 
 TS = pa.timestamp("us", tz="UTC")
@@ -77,3 +80,25 @@ ROBOTS = pa.schema(
         ("error", pa.string()),
     ]
 )
+
+
+def row_to_json(row: dict, schema: pa.Schema) -> str:
+    """One row of `schema` as a JSON line (timestamps as ISO 8601): how the daemon keeps a result row inside
+    its WARC file, so a killed daemon's rows can be rebuilt from the records it wrote."""
+    out = {}
+    for name in schema.names:
+        value = row.get(name)
+        out[name] = value.isoformat() if hasattr(value, "isoformat") else value
+    return json.dumps(out, separators=(",", ":"), sort_keys=True)
+
+
+def row_from_json(text: str, schema: pa.Schema) -> dict:
+    """The inverse of `row_to_json`; unknown names are dropped, missing ones are null."""
+    data = json.loads(text)
+    row = {}
+    for field in schema:
+        value = data.get(field.name)
+        if value is not None and pa.types.is_timestamp(field.type):
+            value = datetime.fromisoformat(value)
+        row[field.name] = value
+    return row

@@ -3,17 +3,16 @@
 Per bucket, two-level scheduling: a heap of hosts keyed by the time their politeness gate opens
 (`crawler.politeness.HostGate`) over per-host URL queues in fetch-list order. Before a host's first URL its
 address passes the SSRF guard and its robots.txt is fetched through the same gate. The daemon writes only
-under the segment folder: WARC files (`*.open` until closed), one fetched-results Parquet per closed WARC
-holding only rows whose records are in it (plus rows of URLs not requested), robots observations, and a
-`_DONE.json` manifest when the bucket is finished. A bucket without `_DONE.json` is redone from scratch.
+under the segment folder: WARC files (`*.open` until closed), fetched-results Parquet named after the WARC
+its rows point into, published in batches after the WARC is synced (`fetchd.output`), robots observations, and a
+`_DONE.json` manifest when the bucket is finished. A daemon fetches only buckets it owns (`fetchd.ownership`);
+a bucket without `_DONE.json` is resumed by its next owner, which fetches only the URLs not yet reported.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import heapq
-import json
 import logging
 import os
 import random
@@ -22,7 +21,7 @@ import signal
 import socket
 import threading
 import time
-from collections import Counter, deque
+from collections import Counter
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from typing import Any
@@ -35,17 +34,17 @@ from crawler import layout, netpolicy, records, urls
 from crawler.config import Config
 from crawler.politeness import BACKOFF_STATUSES, HostGate, parse_retry_after
 from crawler.robots import ROBOTS_PATH, RobotsPolicy, RobotsState, policy_for_status
+from crawler.scheduling import Dispatch, HostScheduler, HostWork, Prepare, Report
 from crawler.status import FetchOutcome
 from fetchd.fetcher import Fetcher, FetchResponse
 from fetchd.metrics import Metrics, MetricsServer, progress_line, snapshot
+from fetchd.output import BucketOutput, Fenced, ResumeState, bucket_totals, recover_bucket_output, write_json_atomic
+from fetchd.ownership import Lease, LeaseStore
 from fetchd.resolver import BlockedAddressError, GuardedResolver
 from fetchd.warc import (
-    WARC_SUFFIX,
-    WarcFile,
     WrittenRecord,
     http_request_headers,
     http_response_headers,
-    iipc_stem,
     new_record_id,
 )
 
@@ -68,22 +67,6 @@ def _utc(epoch: float) -> datetime:
 
 def _warc_date(epoch: float) -> str:
     return datetime_to_iso_date(_utc(epoch).replace(tzinfo=None), use_micros=True)
-
-
-def _write_parquet_atomic(rows: list[dict[str, Any]], schema: pa.Schema, path: str) -> None:
-    """Temp name (hidden from Spark by its leading dot), then rename: readers never see half a file."""
-    tmp = os.path.join(os.path.dirname(path), "." + os.path.basename(path) + ".tmp")
-    pq.write_table(pa.Table.from_pylist(rows, schema=schema), tmp)
-    os.replace(tmp, path)
-
-
-def _write_json_atomic(payload: dict[str, Any], path: str) -> None:
-    tmp = os.path.join(os.path.dirname(path), "." + os.path.basename(path) + ".tmp")
-    with open(tmp, "w", encoding="utf-8") as fh:
-        json.dump(payload, fh, indent=2, sort_keys=True)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
 
 
 def read_fetchlist(root: str, segment_id: str, bucket: int) -> list[dict[str, Any]]:
@@ -109,114 +92,6 @@ def pending_buckets(root: str, segment_id: str) -> list[int]:
     """Buckets of a segment that have a fetch list and no `_DONE.json` yet."""
     return [b for b in fetchlist_buckets(root, segment_id)
             if not os.path.exists(layout.done_manifest(root, segment_id, b))]
-
-
-def reset_bucket_output(root: str, segment_id: str, bucket: int) -> None:
-    """Remove everything an earlier, unfinished run left for this bucket (open/temp files and partial results)."""
-    for folder in (
-        layout.warc_dir(root, segment_id, bucket),
-        layout.fetched_dir(root, segment_id, bucket),
-        layout.robots_dir(root, segment_id, bucket),
-    ):
-        if not os.path.isdir(folder):
-            continue
-        for name in os.listdir(folder):
-            path = os.path.join(folder, name)
-            if os.path.isfile(path):
-                os.remove(path)
-
-
-class BucketOutput:
-    """The files of one bucket: the current WARC and the result rows that may reference it."""
-
-    def __init__(self, root: str, segment_id: str, bucket: int, daemon_id: str, warc_max_bytes: int,
-                 warcinfo: dict[str, str]):
-        self.root, self.segment_id, self.bucket, self.daemon_id = root, segment_id, bucket, daemon_id
-        self.warc_max_bytes = warc_max_bytes
-        self.warcinfo = warcinfo
-        self.seq = 0
-        self.current: WarcFile | None = None
-        self.rows: list[dict[str, Any]] = []
-        self.robots_rows: list[dict[str, Any]] = []
-        self.warc_files = 0
-        self.warc_bytes = 0
-        for folder in (self._warc_dir, self._fetched_dir, self._robots_dir):
-            os.makedirs(folder, exist_ok=True)
-
-    @property
-    def _warc_dir(self) -> str:
-        return layout.warc_dir(self.root, self.segment_id, self.bucket)
-
-    @property
-    def _fetched_dir(self) -> str:
-        return layout.fetched_dir(self.root, self.segment_id, self.bucket)
-
-    @property
-    def _robots_dir(self) -> str:
-        return layout.robots_dir(self.root, self.segment_id, self.bucket)
-
-    def _stem(self) -> str:
-        """The current WARC's name without suffix (its result files share it); a new IIPC name when none is open.
-        The daemon id is the host part, so daemons sharing a bucket folder never pick the same name."""
-        if self.current is not None:
-            return os.path.basename(self.current.path).removesuffix(WARC_SUFFIX)
-        return iipc_stem(f"{self.segment_id}-{self.bucket:05d}", time.time(), self.seq, self.daemon_id)
-
-    def warc(self) -> WarcFile:
-        if self.current is None:
-            self.current = WarcFile(os.path.join(self._warc_dir, self._stem() + WARC_SUFFIX), self.warcinfo)
-        return self.current
-
-    def warc_relpath(self) -> str:
-        """The current WARC's final name relative to the storage root (what result rows store)."""
-        return os.path.relpath(self.warc().path, self.root).replace(os.sep, "/")
-
-    def rotate_if_full(self) -> None:
-        if self.current is not None and self.current.size >= self.warc_max_bytes:
-            self.close_current()
-
-    def close_current(self) -> None:
-        """Close the WARC durably, then publish the rows that point into it (and rows with no location)."""
-        stem = self._stem()
-        if self.current is not None:
-            if self.current.records:
-                self.warc_bytes += self.current.size
-                self.current.close()
-                self.warc_files += 1
-            else:
-                self.current.discard()
-            self.current = None
-        if self.rows:
-            _write_parquet_atomic(self.rows, records.FETCHED, os.path.join(self._fetched_dir, stem + ".parquet"))
-        if self.robots_rows:
-            _write_parquet_atomic(self.robots_rows, records.ROBOTS, os.path.join(self._robots_dir, stem + ".parquet"))
-        self.rows, self.robots_rows = [], []
-        self.seq += 1
-
-    def abandon(self) -> None:
-        """Stop without publishing (daemon stopping mid-bucket): the bucket will be redone."""
-        if self.current is not None:
-            self.current.discard()
-            self.current = None
-
-
-@dataclass
-class HostWork:
-    """One host of a bucket: its URL queue, gate, and what we learned before its first URL."""
-
-    host_key: str
-    hostname: str
-    gate: HostGate
-    queue: deque[dict[str, Any]] = field(default_factory=deque)
-    prepared: bool = False      # address checked and robots policy known
-    preparing: bool = False
-    blocked: str | None = None  # why the SSRF guard refused the host, if it did
-    policy: RobotsPolicy | None = None
-    heap_at: float | None = None  # ready time of the host's live heap entry (older entries are stale)
-    left: int = 0               # URLs not reported yet: queued or in flight (an active host for the metrics)
-
-    def wants_dispatch(self) -> bool:
-        return not self.preparing and (not self.prepared or bool(self.queue))
 
 
 @dataclass
@@ -253,18 +128,53 @@ class Daemon:
         self.segment_id: str | None = None  # the segment being (or last) fetched, for `/status`
         self.runs: list[BucketRun] = []      # its buckets, kept after they finish so `/status` shows them
         self.metrics_server: MetricsServer | None = None
+        self.store = LeaseStore(conf, self.root, self.daemon_id)
+        self.leases: dict[int, Lease] = {}  # buckets this daemon owns
+        self._heartbeat: asyncio.Task[None] | None = None
 
     async def open(self) -> None:
-        """Start the `/metrics` + `/status` endpoint when `fetch.metrics_port` asks for one."""
+        """Start the lease heartbeat, and the `/metrics` + `/status` endpoint when `fetch.metrics_port` asks."""
+        self._heartbeat = asyncio.create_task(self.heartbeat_loop())
         if self.conf["fetch.metrics_port"]:
             self.metrics_server = MetricsServer(self)
             await self.metrics_server.start(self.conf["fetch.metrics_host"], self.conf["fetch.metrics_port"])
 
     async def close(self) -> None:
+        """Release every bucket still owned (the next owner may start at once), stop the heartbeat."""
+        for bucket in list(self.leases):
+            self.release(bucket)
+        if self._heartbeat is not None:
+            self._heartbeat.cancel()
         if self.metrics_server is not None:
             await self.metrics_server.close()
         await self.fetcher.close()
         await self.resolver.close()
+
+    # --- bucket ownership (`crawler.ownership`) -----------------------------------------------------------
+
+    def acquire(self, bucket: int) -> bool:
+        """Own the bucket: already owned, or taken now under the lease rule."""
+        if bucket in self.leases and not self.leases[bucket].fenced():
+            return True
+        lease = self.store.try_acquire(bucket)
+        if lease is None:
+            return False
+        self.leases[bucket] = lease
+        return True
+
+    def release(self, bucket: int) -> None:
+        lease = self.leases.pop(bucket, None)
+        if lease is not None:
+            self.store.release(lease, time.time())
+
+    async def heartbeat_loop(self) -> None:
+        """Renew every owned lease each `ownership.renew_interval_s`; a lease that could not be renewed in time
+        is dropped (its bucket run is fenced and stops)."""
+        while True:
+            await asyncio.sleep(self.conf["ownership.renew_interval_s"])
+            for bucket, lease in list(self.leases.items()):
+                if not self.store.renew(lease):
+                    self.leases.pop(bucket, None)
 
     def gate_for(self, host_key: str) -> HostGate:
         """The host's politeness gate, shared by all buckets and segments this daemon fetches."""
@@ -278,6 +188,9 @@ class Daemon:
                 backoff_base_s=c["politeness.backoff_base_s"],
                 max_backoff_s=c["politeness.max_backoff_s"],
                 max_failures=c["politeness.max_consecutive_failures"],
+                recovery_factor=c["politeness.backoff_recovery_factor"],
+                response_time_factor=c["politeness.response_time_factor"],
+                max_response_time_delay_s=c["politeness.max_response_time_delay_s"],
             )
             self.gates[host_key] = gate
         return gate
@@ -303,14 +216,19 @@ class Daemon:
         log.info("fetchd progress: %s", progress_line(snapshot(self)))
 
     async def fetch_buckets(self, segment_id: str, buckets: list[int]) -> list[dict[str, Any]]:
-        """Fetch the given buckets of a segment concurrently; the manifests of those that finished."""
+        """Fetch the given buckets of a segment (each must be owned: `acquire`) concurrently, resuming what an
+        earlier run left; the manifests of those that finished."""
         runs = []
         for bucket in buckets:
-            reset_bucket_output(self.root, segment_id, bucket)
+            lease = self.leases.get(bucket)
+            if lease is None or lease.fenced():  # lost since it was claimed
+                continue
+            resume = recover_bucket_output(self.root, segment_id, bucket)
             rows = read_fetchlist(self.root, segment_id, bucket)
-            self.total += len(rows)
-            self.metrics.urls_listed += len(rows)
-            runs.append(BucketRun(self, segment_id, bucket, rows))
+            todo = [row for row in rows if (row["url_id"], row["state_version"]) not in resume.done]
+            self.total += len(todo)
+            self.metrics.urls_listed += len(todo)
+            runs.append(BucketRun(self, segment_id, bucket, todo, lease, resume, len(rows)))
         self.segment_id, self.runs = segment_id, runs
         progress = asyncio.create_task(self.progress_loop())
         try:
@@ -324,139 +242,143 @@ class Daemon:
 class BucketRun:
     """Fetches one bucket of one segment to completion (or until the daemon is told to stop)."""
 
-    def __init__(self, daemon: Daemon, segment_id: str, bucket: int, rows: list[dict[str, Any]]):
+    def __init__(self, daemon: Daemon, segment_id: str, bucket: int, rows: list[dict[str, Any]], lease: Lease,
+                 resume: ResumeState, listed_urls: int):
         self.d = daemon
         self.conf = daemon.conf
         self.segment_id = segment_id
         self.bucket = bucket
-        self.urls = len(rows)
+        self.lease = lease
+        self.listed_urls = listed_urls  # the whole fetch list, including URLs an earlier run already reported
         self.out = BucketOutput(daemon.root, segment_id, bucket, daemon.daemon_id, self.conf["fetch.warc_max_bytes"],
-                                daemon.warcinfo())
-        self.hosts: dict[str, HostWork] = {}
-        for row in rows:
-            host = self.hosts.get(row["host_key"])
-            if host is None:
-                gate = daemon.gate_for(row["host_key"])
-                gate.paused, gate.failures = False, 0  # a pause lasts for one segment only
-                host = HostWork(row["host_key"], urls.host_name(row["url"]), gate)
-                self.hosts[row["host_key"]] = host
-            host.queue.append(row)
-            host.left += 1
-        self.listed = {row["url"] for row in rows}  # a redirect to one of these is not followed: no double fetch
-        self.heap: list[tuple[float, int, str]] = []
-        self._seq = 0
+                                daemon.warcinfo(), self.conf["ownership.results_batch_rows"], lease.fenced,
+                                daemon.metrics.warc_written)
+        self.sched = HostScheduler(daemon.gate_for, time.monotonic, self._report, recheck_s=_STOP_POLL_S)
+        self.hosts = self.sched.hosts  # what `fetchd.metrics` reads
+        self.urls = 0
+        self.listed: set[str] = set()  # a redirect to one of these is not followed: no double fetch
         self.tasks: set[asyncio.Task[None]] = set()
         self.wake = asyncio.Event()
         self.outcomes: Counter[str] = Counter()
         self.begun: float | None = None  # monotonic start of the scheduler: ready lag is never counted before it
+        for row in rows:
+            self.add(row)
+        self._take_over(resume)
 
-    # --- scheduling -------------------------------------------------------------------------------------
+    def _take_over(self, resume: ResumeState) -> None:
+        """Carry politeness and robots.txt across owners and runs: each host's next request waits one delay
+        after the previous owner's last possible request end, and a robots.txt an earlier run of this bucket
+        published is reused while it is in force (so a resumed bucket does not fetch it again)."""
+        wall_now, mono_now = time.time(), time.monotonic()
+        previous_end = self.lease.previous_end
+        for host in self.hosts.values():
+            if previous_end is not None:
+                host.gate.ended_elsewhere(mono_now + previous_end - wall_now)
+        token, max_bytes = self.conf["crawl.robots_token"], self.conf["robots.max_bytes"]
+        for host_key, row in resume.robots.items():
+            expires = row["expires_at"].timestamp()
+            cached = self.d.robots_cache.get(host_key)
+            if host_key not in self.hosts or expires <= wall_now or (cached is not None and cached[1] > mono_now):
+                continue
+            policy = policy_for_status(row["status_code"], row["body"], token, max_bytes)
+            if policy.state is not RobotsState.DISALLOW_ALL:
+                self.d.robots_cache[host_key] = (policy, mono_now + expires - wall_now)
 
-    def _schedule(self, host: HostWork) -> None:
-        """Put the host on the heap at the time its gate opens, if it has something to dispatch. A host whose
-        gate is full is looked at again later as well, in case a request this bucket does not own holds it."""
-        if not host.wants_dispatch():
-            return
-        if not host.prepared:
-            ready_at = 0.0
-        elif host.gate.in_flight >= host.gate.max_concurrency:
-            ready_at = max(host.gate.next_allowed_at, time.monotonic() + _STOP_POLL_S)
-        else:
-            ready_at = host.gate.next_allowed_at
-        if host.heap_at is not None and host.heap_at <= ready_at:
-            return
-        self._seq += 1
-        heapq.heappush(self.heap, (ready_at, self._seq, host.host_key))
-        host.heap_at = ready_at
+    # --- scheduling: a thin asyncio driver of `crawler.scheduling.HostScheduler` -------------------------
+
+    def add(self, row: dict[str, Any]) -> None:
+        """Take on one fetch-list row."""
+        self.urls += 1
+        self.listed.add(row["url"])
+        self.sched.add(row)
+
+    def should_stop(self) -> bool:
+        """Whether to stop handing out work: the daemon is stopping, or the bucket's lease is lost (fenced). An
+        unfinished bucket is resumed by its next owner from what was published or recorded in the WARC."""
+        return self.d.stop.is_set() or self.lease.fenced()
 
     def _start(self, coro: Any) -> None:
         task = asyncio.create_task(coro)
         self.tasks.add(task)
         task.add_done_callback(self.tasks.discard)
 
+    async def _dispatch_ready(self) -> float | None:
+        """Start everything the scheduler has ready; then the seconds until it may have more (None: not before a
+        task ends)."""
+        while not self.should_stop():
+            action = self.sched.next_ready()
+            if isinstance(action, Prepare):
+                self._start(self._prepare(action.host))
+            elif isinstance(action, Dispatch):
+                await self.d.slots.acquire()
+                item = self.sched.start(action.host)
+                if item is None:  # changed while waiting for a slot
+                    self.d.slots.release()
+                else:
+                    self._start(self._fetch_url(action.host, item))
+            else:
+                return action
+        return None
+
     async def run(self) -> dict[str, Any] | None:
         started = time.time()
         self.begun = time.monotonic()
-        for host in self.hosts.values():
-            self._schedule(host)
-        while not self.d.stop.is_set():
-            now = time.monotonic()
-            while self.heap and self.heap[0][0] <= now and not self.d.stop.is_set():
-                ready_at, _, key = heapq.heappop(self.heap)
-                host = self.hosts[key]
-                if host.heap_at != ready_at:
-                    continue  # superseded by an earlier entry
-                host.heap_at = None
-                if not host.prepared:
-                    if not host.preparing:
-                        host.preparing = True
-                        self._start(self._prepare(host))
-                    continue
-                self._settle(host)
-                if not host.queue:
-                    continue
-                if not host.gate.can_start(now):
-                    self._schedule(host)
-                    continue
-                await self.d.slots.acquire()
-                now = time.monotonic()
-                if not host.gate.can_start(now) or not host.queue:  # changed while waiting for a slot
-                    self.d.slots.release()
-                    self._schedule(host)
-                    continue
-                host.gate.started(now)
-                self._start(self._fetch_url(host, host.queue.popleft()))
-                self._schedule(host)
-            if not self.heap and not self.tasks:
+        while not self.should_stop():
+            wait = await self._dispatch_ready()
+            if wait is None and not self.tasks:
                 break
             self.wake.clear()
-            timeout = _STOP_POLL_S
-            if self.heap:
-                timeout = min(timeout, max(0.0, self.heap[0][0] - time.monotonic()))
             with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(self.wake.wait(), timeout)
-        if self.tasks:
-            await asyncio.gather(*list(self.tasks), return_exceptions=True)
-        if self.d.stop.is_set() and any(h.queue or not h.prepared for h in self.hosts.values()):
+                await asyncio.wait_for(self.wake.wait(), _STOP_POLL_S if wait is None else min(wait, _STOP_POLL_S))
+        await self._drain()
+        if self.lease.fenced():
             self.out.abandon()
-            log.info("bucket %05d of %s: stopped before finishing; it will be redone", self.bucket, self.segment_id)
+            log.warning("bucket %05d of %s: lease lost, stopped at once; its next owner resumes it",
+                        self.bucket, self.segment_id)
+            return None
+        if self.sched.unfinished():
+            self.out.close_current()
+            log.info("bucket %05d of %s: stopped before finishing; results so far are published and the next run "
+                     "resumes it", self.bucket, self.segment_id)
             return None
         return self._finish(started)
 
+    async def _drain(self) -> None:
+        """Let the requests in flight end. Once the lease is fenced they are cancelled at once; when the daemon
+        is stopping they get `ownership.shutdown_grace_s` and are then cancelled (their URLs stay unreported)."""
+        grace_ends = time.monotonic() + self.conf["ownership.shutdown_grace_s"]
+        while self.tasks:
+            over = self.lease.fenced() or (self.d.stop.is_set() and time.monotonic() >= grace_ends)
+            if over:
+                for task in self.tasks:
+                    task.cancel()
+                await asyncio.gather(*list(self.tasks), return_exceptions=True)
+                return
+            await asyncio.wait(list(self.tasks), timeout=_STOP_POLL_S)
+
     def _finish(self, started: float) -> dict[str, Any]:
+        """Publish the last rows, close the WARC and write `_DONE.json`, counting every run of the bucket."""
         self.out.close_current()
         manifest = {
             "segment_id": self.segment_id,
             "bucket": self.bucket,
             "daemon_id": self.d.daemon_id,
-            "urls": self.urls,
-            "results": sum(self.outcomes.values()),
-            "outcomes": dict(sorted(self.outcomes.items())),
+            "urls": self.listed_urls,
+            **bucket_totals(self.d.root, self.segment_id, self.bucket),
             "hosts": len(self.hosts),
-            "warc_files": self.out.warc_files,
-            "warc_bytes": self.out.warc_bytes,
+            "resumed": self.listed_urls - self.urls,
             "started_at": _utc(started).isoformat(),
             "finished_at": _utc(time.time()).isoformat(),
         }
-        _write_json_atomic(manifest, layout.done_manifest(self.d.root, self.segment_id, self.bucket))
+        self.out.check()
+        write_json_atomic(manifest, layout.done_manifest(self.d.root, self.segment_id, self.bucket))
         log.info("bucket %05d of %s done: %s", self.bucket, self.segment_id, manifest["outcomes"])
         return manifest
 
-    def _settle(self, host: HostWork) -> None:
-        """Report, without a request, the host's queued URLs that cannot be requested now: all of them if the
-        host is blocked, paused or its robots.txt is unreachable; the head of the queue while robots denies it."""
-        if not host.prepared:
-            return
-        if host.blocked:
-            while host.queue:
-                self._emit(self._row(host.queue.popleft(), FetchOutcome.BLOCKED, error=host.blocked))
-            return
-        if host.gate.paused or host.policy is None or host.policy.state is RobotsState.DISALLOW_ALL:
-            while host.queue:
-                self._emit(self._row(host.queue.popleft(), FetchOutcome.DEFERRED))
-            return
-        while host.queue and not host.policy.allowed(host.queue[0]["url"]):
-            self._emit(self._row(host.queue.popleft(), FetchOutcome.ROBOTS_DENIED))
+    def _report(self, report: Report) -> None:
+        """A URL the scheduler reports without a request."""
+        self._emit(self._row(report.item, report.outcome, error=report.error))
+        if report.outcome is FetchOutcome.ROBOTS_DENIED:
             self.d.metrics.robots_denials += 1
 
     def _count_politeness_wait(self, gate: HostGate) -> None:
@@ -466,10 +388,9 @@ class BucketRun:
             self.d.metrics.politeness_wait(gate.next_allowed_at - now)
 
     def _after_request(self, host: HostWork) -> None:
-        self._settle(host)
+        """The scheduler has settled and rescheduled the host: count its hold and wake the driver."""
         if host.queue:
             self._count_politeness_wait(host.gate)
-        self._schedule(host)
         self.wake.set()
 
     # --- result rows ------------------------------------------------------------------------------------
@@ -485,10 +406,11 @@ class BucketRun:
         return row
 
     def _emit(self, row: dict[str, Any]) -> None:
-        self.out.rows.append(row)
+        requested = row["status_code"] is not None or row["outcome"] == FetchOutcome.NETWORK_ERROR.value
+        self.out.add("fetched", row, logged=requested)
+        self.out.after_result()
         self.outcomes[row["outcome"]] += 1
         self.d.outcomes[row["outcome"]] += 1
-        self.hosts[row["host_key"]].left -= 1
 
     # --- WARC -------------------------------------------------------------------------------------------
 
@@ -496,7 +418,6 @@ class BucketRun:
                         last_fetch_at: datetime | None = None) -> tuple[str, WrittenRecord]:
         """Request + response (or revisit for a 304) records of one exchange, then a metadata record about the
         fetch; where the response landed. A 304's revisit refers to the URL's previous fetch, `last_fetch_at`."""
-        size_before = self.out.current.size if self.out.current is not None else 0
         warc = self.out.warc()
         date = _warc_date(response.started_at)
         request_id, response_id = new_record_id(), new_record_id()
@@ -516,20 +437,23 @@ class BucketRun:
             )
         warc.write_fetch_metadata(response.url, date, response_id, response.elapsed_ms, response.remote_ip,
                                   truncated_reason, outcome.value if outcome else None)
-        self.d.metrics.warc_bytes += warc.size - size_before
         return self.out.warc_relpath(), written
 
     # --- host preparation: SSRF check + robots.txt ------------------------------------------------------
 
-    async def _wait_and_start(self, gate: HostGate) -> None:
-        """Wait (sleeping, never spinning) until the gate opens, then take it."""
+    async def _take_gate(self, gate: HostGate, stoppable: bool) -> bool:
+        """Wait (sleeping, never spinning) until the gate opens, then take it. False if the host is paused first,
+        or, when `stoppable`, the bucket run stops first."""
         self._count_politeness_wait(gate)
-        while True:
+        while not gate.paused and not (stoppable and self.should_stop()):
+            if self.lease.fenced():
+                raise Fenced(f"bucket {self.bucket:05d}: lease lost, no new request")
             now = time.monotonic()
             if gate.can_start(now):
                 gate.started(now)
-                return
-            await asyncio.sleep(max(gate.next_allowed_at - now, 0.05))
+                return True
+            await asyncio.sleep(min(max(gate.next_allowed_at - now, 0.01), _STOP_POLL_S))
+        return False
 
     async def _prepare(self, host: HostWork) -> None:
         try:
@@ -538,7 +462,7 @@ class BucketRun:
             log.exception("preparing %s failed; its URLs are deferred", host.host_key)
             host.policy = RobotsPolicy.disallow_all()
         finally:
-            host.prepared, host.preparing = True, False
+            self.sched.prepared(host)
             self._after_request(host)
 
     async def _prepare_host(self, host: HostWork) -> None:
@@ -558,7 +482,9 @@ class BucketRun:
             host.policy = cached[0]
         else:
             host.policy = await self._fetch_robots(host)
-        host.gate.set_crawl_delay(host.policy.crawl_delay_s)
+        if host.gate.set_crawl_delay(host.policy.crawl_delay_s):
+            log.warning("robots.txt of %s asks for Crawl-delay %ss; applying the cap politeness.max_crawl_delay_s=%ss",
+                        host.host_key, host.policy.crawl_delay_s, host.gate.max_crawl_delay_s)
 
     async def _fetch_robots(self, host: HostWork) -> RobotsPolicy:
         """GET /robots.txt through the politeness gate of every host on the way, following redirects."""
@@ -569,7 +495,6 @@ class BucketRun:
         for hop in range(self.conf["robots.max_redirects"] + 1):
             response = await self._gated_get(url, max_bytes)
             location = self._write_exchange(response) if response.status is not None else None
-            self.out.rotate_if_full()
             target = response.header("Location") if response.status and 300 <= response.status < 400 else None
             if target is None or hop == self.conf["robots.max_redirects"]:
                 break
@@ -590,7 +515,8 @@ class BucketRun:
                          headers: dict[str, str] | None = None) -> FetchResponse:
         """One request taking the politeness gate of the URL's host and a global slot."""
         gate = self.d.gate_for(urls.host_key(url))
-        await self._wait_and_start(gate)
+        if not await self._take_gate(gate, stoppable=False):  # a paused host's robots.txt: unreachable this time
+            return FetchResponse(url=url, started_at=time.time(), error="host paused")
         async with self.d.slots:
             response = await self.d.fetcher.get(url, headers, max_bytes)
         self._request_finished(gate, response)
@@ -599,7 +525,7 @@ class BucketRun:
     def _robots_row(self, host_key: str, status: int | None, body: str | None, policy: RobotsPolicy,
                     location: tuple[str, WrittenRecord] | None, error: str | None) -> None:
         now = time.time()
-        self.out.robots_rows.append({
+        self.out.add("robots", {
             "segment_id": self.segment_id,
             "bucket": self.bucket,
             "host_key": host_key,
@@ -613,7 +539,8 @@ class BucketRun:
             "warc_offset": location[1].offset if location else None,
             "warc_length": location[1].length if location else None,
             "error": error,
-        })
+        }, logged=location is not None)
+        self.out.after_result()
 
     # --- page fetch -------------------------------------------------------------------------------------
 
@@ -644,7 +571,7 @@ class BucketRun:
                 if not follow:
                     break
                 assert target is not None
-                if not await self._wait_for_hop(host.gate):
+                if not await self._take_gate(host.gate, stoppable=True):
                     note = "redirect not followed: host paused or daemon stopping"
                     break
                 self._write_exchange(response, FetchOutcome.REDIRECT)  # the hop's 3xx, before the next request
@@ -655,8 +582,8 @@ class BucketRun:
             if response.status is None or not 300 <= response.status < 400:
                 target = response.url if len(chain) > 1 else None
             self._emit(self._page_row(host, item, response, retry_after, target, note))
-            self.out.rotate_if_full()
         finally:
+            self.sched.finished(host)
             self._after_request(host)
 
     async def _page_get(self, url: str, headers: dict[str, str] | None = None) -> FetchResponse:
@@ -674,20 +601,8 @@ class BucketRun:
         if response.status is not None:
             self.d.metrics.response(len(response.body))
         retry_after = self._retry_after(response)
-        gate.finished(time.monotonic(), response.status, retry_after, self.d.rng)
+        gate.finished(time.monotonic(), response.status, retry_after, self.d.rng, response.elapsed_ms / 1000)
         return retry_after
-
-    async def _wait_for_hop(self, gate: HostGate) -> bool:
-        """Take the gate for a redirect hop once it opens: a hop is a new request to the host. False if the host
-        is paused (a failure elsewhere) or the daemon stops first."""
-        self._count_politeness_wait(gate)
-        while not gate.paused and not self.d.stop.is_set():
-            now = time.monotonic()
-            if gate.can_start(now):
-                gate.started(now)
-                return True
-            await asyncio.sleep(min(max(gate.next_allowed_at - now, 0.01), _STOP_POLL_S))
-        return False
 
     def _redirect_step(self, host: HostWork, response: FetchResponse,
                        chain: list[str]) -> tuple[str | None, str | None, bool]:
@@ -767,26 +682,53 @@ def _summary(segment_id: str, manifests: list[dict[str, Any]], skipped: list[int
     }
 
 
-async def _fetch_segment(conf: Config, root: str, segment_id: str, buckets: list[int],
-                         stop: threading.Event | None) -> list[dict[str, Any]]:
-    daemon = Daemon(conf, root, stop)
+async def _fetch_segment(conf: Config, root: str, segment_id: str,
+                         buckets: list[int]) -> tuple[list[dict[str, Any]], list[int]]:
+    daemon = Daemon(conf, root)
     try:
         await daemon.open()
-        return await daemon.fetch_buckets(segment_id, buckets)
+        owned = [b for b in buckets if daemon.acquire(b)]
+        held = [b for b in buckets if b not in owned]
+        if held:
+            log.warning("buckets %s of %s are owned by another daemon: left to it", held, segment_id)
+        return await daemon.fetch_buckets(segment_id, owned), held
     finally:
         await daemon.close()
 
 
 def fetch_segment(conf: Config, root: str, segment_id: str, buckets: list[int] | None = None) -> dict:
-    """Fetch every bucket of the segment (or the given ones) that has no `_DONE.json` yet, to completion.
-    Returns summary counts; buckets already done are listed in `skipped_buckets` and left untouched."""
+    """Fetch every bucket of the segment (or the given ones) that has no `_DONE.json` yet, to completion,
+    resuming what an earlier run left. Returns summary counts; buckets already done are listed in
+    `skipped_buckets` and left untouched, buckets another live daemon owns in `held_buckets`."""
     root = layout.normalize_root(root)
     requested = fetchlist_buckets(root, segment_id) if buckets is None else sorted(set(buckets))
     pending = set(pending_buckets(root, segment_id))
     wanted = [b for b in requested if b in pending]
     skipped = [b for b in requested if b not in pending]
-    manifests = asyncio.run(_fetch_segment(conf, root, segment_id, wanted, None)) if wanted else []
-    return _summary(segment_id, manifests, skipped)
+    manifests, held = asyncio.run(_fetch_segment(conf, root, segment_id, wanted)) if wanted else ([], [])
+    return {**_summary(segment_id, manifests, skipped), "held_buckets": held}
+
+
+def pending_work(root: str) -> dict[int, list[str]]:
+    """Bucket -> the segments (oldest first) where it has a fetch list and no `_DONE.json`."""
+    segments_root = layout.segments_dir(root)
+    work: dict[int, list[str]] = {}
+    for segment_id in sorted(os.listdir(segments_root)) if os.path.isdir(segments_root) else []:
+        for bucket in pending_buckets(root, segment_id):
+            work.setdefault(bucket, []).append(segment_id)
+    return work
+
+
+def _claim(daemon: Daemon, work: dict[int, list[str]]) -> None:
+    """Release owned buckets with nothing left to fetch; take free ones with work, up to
+    `ownership.max_buckets_per_daemon`, so a fleet of daemons shares the buckets."""
+    for bucket in [b for b in daemon.leases if b not in work]:
+        daemon.release(bucket)
+    limit = daemon.conf["ownership.max_buckets_per_daemon"] or len(work)
+    for bucket in sorted(work):
+        if len(daemon.leases) >= limit:
+            break
+        daemon.acquire(bucket)
 
 
 async def _serve(conf: Config, root: str, stop: threading.Event) -> None:
@@ -794,15 +736,17 @@ async def _serve(conf: Config, root: str, stop: threading.Event) -> None:
     try:
         await daemon.open()
         while not stop.is_set():
-            segments_root = layout.segments_dir(daemon.root)
-            segment_ids = sorted(os.listdir(segments_root)) if os.path.isdir(segments_root) else []
-            for segment_id in segment_ids:
-                if stop.is_set():
-                    break
-                buckets = pending_buckets(daemon.root, segment_id)
-                if buckets:
+            work = pending_work(daemon.root)
+            _claim(daemon, work)
+            fetched = False
+            for segment_id in sorted({s for segments in work.values() for s in segments}):
+                buckets = [b for b, segments in work.items() if segment_id in segments and b in daemon.leases]
+                if buckets and not stop.is_set():
                     log.info("fetching segment %s buckets %s", segment_id, buckets)
                     await daemon.fetch_buckets(segment_id, buckets)
+                    fetched = True
+            if fetched:
+                continue  # look for work again at once (a peer's lapsed bucket, the next segment)
             deadline = time.monotonic() + conf["fetch.poll_interval_s"]
             while not stop.is_set() and time.monotonic() < deadline:
                 await asyncio.sleep(min(_STOP_POLL_S, max(0.0, deadline - time.monotonic())))
@@ -811,8 +755,10 @@ async def _serve(conf: Config, root: str, stop: threading.Event) -> None:
 
 
 def serve(conf: Config, root: str, stop: threading.Event | None = None) -> None:
-    """Run until SIGTERM/SIGINT (or `stop` is set): every `fetch.poll_interval_s`, fetch every segment bucket
-    that has a fetch list and no `_DONE.json`. A bucket interrupted by the stop is redone by the next run."""
+    """Run until SIGTERM/SIGINT (or `stop` is set): every `fetch.poll_interval_s`, own the buckets with pending
+    work that no other daemon owns (leases, `crawler.ownership`) and fetch them, segment by segment. On the stop,
+    requests in flight get `ownership.shutdown_grace_s`, results are published, files closed and the buckets
+    released; whoever owns a bucket next resumes it."""
     stop = stop or threading.Event()
     previous: dict[int, Any] = {}
     if threading.current_thread() is threading.main_thread():

@@ -54,6 +54,9 @@ class Metrics:
         self.responses += 1
         self.bytes_downloaded += body_bytes
 
+    def warc_written(self, record_bytes: int) -> None:
+        self.warc_bytes += record_bytes
+
     def politeness_wait(self, seconds: float) -> None:
         self.politeness_waits += 1
         self.politeness_wait_s += seconds

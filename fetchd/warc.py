@@ -6,18 +6,22 @@ response), then a metadata record about the fetch (time, IP, truncation, outcome
 The offset and compressed length of the response/revisit record are measured from the file position around
 the write, so results can point at it. `close()` flushes and fsyncs before the rename: a closed file name
 always holds complete records. A `*.open` file left by a killed daemon is cut back to its last complete
-record by `recover_open_warc`. Files are named by the IIPC convention (`iipc_stem`).
+record by `recover_open_warc`; every record is flushed to the OS as it is written, and the result rows of
+the fetches are in the file too (`write_result`), so what a killed daemon wrote is kept. Files are named by
+the IIPC convention (`iipc_stem`).
 """
 
 from __future__ import annotations
 
 import io
+import json
 import os
 import zlib
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timezone
 
+from warcio.archiveiterator import ArchiveIterator
 from warcio.statusandheaders import StatusAndHeaders
 from warcio.warcwriter import WARCWriter
 
@@ -28,6 +32,7 @@ NOT_MODIFIED_PROFILE = "http://netpreserve.org/warc/1.1/revisit/server-not-modif
 WARC_SUFFIX = ".warc.gz"
 _HOP_BY_HOP_DROPPED = frozenset({"transfer-encoding"})  # the body is stored de-chunked, so the header would lie
 WARC_TRUNCATED_VALUES = frozenset({"length", "time", "disconnect", "unspecified"})  # WARC 1.1 §5.13
+RESULT_CONTENT_TYPE = "application/vnd.cyclecrawl.result+json"  # metadata records that carry a result row
 _SCAN_CHUNK = 1 << 16
 _MAX_HEAD_BYTES = 1 << 20  # a WARC header block longer than this is taken as garbage by recovery
 
@@ -73,8 +78,9 @@ def http_response_headers(status: int, reason: str, headers: Sequence[tuple[str,
 class WarcFile:
     """One WARC file being written. Not thread-safe: the daemon writes from its event loop only."""
 
-    def __init__(self, path: str, warcinfo: dict[str, str]):
+    def __init__(self, path: str, warcinfo: dict[str, str], on_write: Callable[[int], None] = lambda n: None):
         self.path = path
+        self.on_write = on_write  # told the bytes of every record written (metrics)
         self.open_path = path + layout.OPEN_SUFFIX
         os.makedirs(os.path.dirname(path), exist_ok=True)
         self._fh = open(self.open_path, "wb")  # noqa: SIM115 - lives until close()
@@ -83,6 +89,7 @@ class WarcFile:
         info = self._writer.create_warcinfo_record(os.path.basename(path), warcinfo)
         self.warcinfo_id = info.rec_headers.get_header("WARC-Record-ID")
         self._writer.write_record(info)
+        on_write(self._fh.tell())
 
     @property
     def size(self) -> int:
@@ -99,7 +106,9 @@ class WarcFile:
     def _write(self, record) -> WrittenRecord:
         offset = self._fh.tell()
         self._writer.write_record(record)
+        self._fh.flush()  # whole records reach the OS: a killed process leaves them for recovery
         self.records += 1
+        self.on_write(self._fh.tell() - offset)
         return WrittenRecord(offset, self._fh.tell() - offset, record.rec_headers.get_header("WARC-Payload-Digest"))
 
     def write_request(
@@ -161,6 +170,26 @@ class WarcFile:
             warc_content_type="application/warc-fields", warc_headers_dict=headers,
         )
         return self._write(record)
+
+    def write_result(self, uri: str, date: str, kind: str, row_json: str) -> WrittenRecord:
+        """A metadata record holding a result row (`kind`: fetched or robots) as JSON: the WARC file is the
+        daemon's durable log, so rows not yet published when it dies are rebuilt from here (`read_results`)."""
+        block = f'{{"kind":"{kind}","row":{row_json}}}'.encode()
+        headers = {"WARC-Record-ID": new_record_id(), "WARC-Date": date, "WARC-Warcinfo-ID": self.warcinfo_id}
+        record = self._writer.create_warc_record(
+            uri, "metadata", payload=io.BytesIO(block), length=len(block),
+            warc_content_type=RESULT_CONTENT_TYPE, warc_headers_dict=headers,
+        )
+        return self._write(record)
+
+    def sync(self) -> None:
+        """Make every record written so far durable (before result rows that point at them are published)."""
+        self._fh.flush()
+        os.fsync(self._fh.fileno())
+
+    def abandon(self) -> None:
+        """Stop writing and leave the `*.open` file as it is, for `recover_open_warc` (the bucket was lost)."""
+        self._fh.close()
 
     def close(self) -> None:
         """Make the records durable, then give the file its final name."""
@@ -283,3 +312,12 @@ def recover_open_warc(open_path: str) -> RecoveredWarc:
     final = open_path.removesuffix(layout.OPEN_SUFFIX)
     os.replace(open_path, final)
     return RecoveredWarc(count, end, final)
+
+
+def read_results(path: str) -> Iterator[tuple[str, str]]:
+    """(kind, row JSON) of every result record in a closed WARC file, streamed (`WarcFile.write_result`)."""
+    with open(path, "rb") as fh:
+        for record in ArchiveIterator(fh):
+            if record.rec_type == "metadata" and record.rec_headers.get_header("Content-Type") == RESULT_CONTENT_TYPE:
+                data = json.loads(record.content_stream().read())
+                yield data["kind"], json.dumps(data["row"])

@@ -8,6 +8,7 @@ survive, as fastwarc sees them.
 from __future__ import annotations
 
 import gzip
+import json
 import os
 import random
 import re
@@ -22,6 +23,7 @@ from crawler import layout
 from fetchd.daemon import daemon_identity, fetch_segment
 from fetchd.warc import (
     NOT_MODIFIED_PROFILE,
+    RESULT_CONTENT_TYPE,
     WARC_TRUNCATED_VALUES,
     RecoveredWarc,
     WarcFile,
@@ -55,6 +57,8 @@ def read_warc(path: str) -> list[dict]:
                 entry["status"] = record.http_headers.status_code if record.record_type != WarcRecordType.request \
                     else None
                 entry["payload_ok"] = record.verify_payload_digest(consume=False)
+            elif entry["headers"].get("Content-Type") == RESULT_CONTENT_TYPE:
+                entry["result"] = json.loads(record.reader.read())
             else:
                 entry["fields"] = warc_fields(record.reader.read())
             out.append(entry)
@@ -113,8 +117,18 @@ def test_daemon_warc_has_warcinfo_pairs_metadata_and_revisits(edge, base_conf, r
     assert all(r["headers"]["WARC-Warcinfo-ID"] == info["headers"]["WARC-Record-ID"] for r in recs[1:])
     assert [r["type"] for r in recs].count(WarcRecordType.warcinfo) == 1
 
+    # every fetch's result row is in the file too, pointing at its response (what recovery rebuilds rows from)
+    results = [r["result"] for r in recs if "result" in r]
+    responses = {r["offset"]: r for r in recs if r["type"] in (WarcRecordType.response, WarcRecordType.revisit)}
+    assert sorted(r["row"]["url"] for r in results if r["kind"] == "fetched") == sorted(rows)
+    for result in results:
+        target = responses[result["row"]["warc_offset"]]["headers"]["WARC-Target-URI"]
+        assert result["kind"] == "robots" or target in (result["row"]["url"], result["row"]["redirect_to"])
+        if result["kind"] == "fetched":
+            assert result["row"]["outcome"] == rows[result["row"]["url"]]["outcome"]
+
     # exchanges come as request, response|revisit, metadata; each names the others
-    body = recs[1:]
+    body = [r for r in recs[1:] if "result" not in r]
     assert len(body) % 3 == 0 and len(body) >= 3 * 6  # robots.txt + 5 pages (+ any redirect hop followed)
     metadata_of: dict[int, dict[str, str]] = {}  # response offset -> its metadata fields
     for request, response, metadata in zip(body[0::3], body[1::3], body[2::3], strict=True):
@@ -178,7 +192,10 @@ def test_rotation_at_warc_max_bytes(edge, base_conf, root):
         assert recs[0]["type"] == WarcRecordType.warcinfo and all(r["block_ok"] for r in recs)
         assert recs[0]["headers"]["WARC-Filename"] == os.path.basename(path)
         requests = [r for r in recs if r["type"] == WarcRecordType.request]
-        assert requests and len(recs) == 1 + 3 * len(requests)  # no exchange is split across files
+        exchanges = [r for r in recs if "result" not in r]
+        assert requests and len(exchanges) == 1 + 3 * len(requests)  # no exchange is split across files
+        offsets = {r["offset"] for r in recs if r["type"] == WarcRecordType.response}
+        assert all(r["result"]["row"]["warc_offset"] in offsets for r in recs if "result" in r)  # nor its result
         seen_urls += [r["headers"]["WARC-Target-URI"] for r in requests]
         assert requests[-1]["offset"] < max_bytes  # not full before its last exchange, else it would have rotated
         if index < len(files) - 1:  # closed because full
@@ -186,7 +203,8 @@ def test_rotation_at_warc_max_bytes(edge, base_conf, root):
     assert sorted(seen_urls) == sorted([edge.url("edge.test", "/robots.txt")] + [edge.url("edge.test", p)
                                                                                   for p in paths])
     for row in read_results(root, SEGMENT):
-        assert Path(row["_file"]).name.removesuffix(".parquet") + ".warc.gz" == Path(row["warc_filename"]).name
+        stem = re.sub(r"-(r\d{4}|recovered)\.parquet$", "", Path(row["_file"]).name)
+        assert stem + ".warc.gz" == Path(row["warc_filename"]).name
 
 
 # ---- .open recovery ------------------------------------------------------------------------------------

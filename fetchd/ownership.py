@@ -1,0 +1,170 @@
+"""Bucket leases on the storage root (the rule is `crawler.ownership`; this is its file store).
+
+    ROOT/leases/bucket=NNNNN/epoch-NNNNNNNNNN.json
+
+Taking a bucket creates the next epoch's file exclusively (written under a temp name, then hard-linked into
+place: `link` fails if the name exists, so exactly one daemon wins an epoch and nobody reads a half-written
+file). The owner renews by rewriting its own epoch file; a higher epoch on disk means it lost the bucket. On
+S3 the same contract maps to a conditional PUT (If-None-Match: *) per epoch key.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import socket
+import time
+from dataclasses import replace
+
+from crawler import layout
+from crawler.config import Config
+from crawler.ownership import LeaseRecord, fence_deadline, may_take, previous_last_end
+
+log = logging.getLogger("fetchd.ownership")
+
+_KEEP_EPOCHS = 3  # older epoch files than the last few are removed when a bucket changes hands
+
+
+def leases_dir(root: str, bucket: int | None = None) -> str:
+    base = layout.join(root, "leases")
+    return base if bucket is None else layout.join(base, layout.bucket_dirname(bucket))
+
+
+def _epoch_name(epoch: int) -> str:
+    return f"epoch-{epoch:010d}.json"
+
+
+def _process_is_gone(hostname: str, pid: int) -> bool:
+    """True only when the holder ran on this machine and its process no longer exists."""
+    if hostname != socket.gethostname() or pid <= 0 or pid == os.getpid():
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        return False
+    return False
+
+
+class Lease:
+    """A bucket this daemon owns: its epoch record and the monotonic deadline by which it must stop (fencing)."""
+
+    def __init__(self, record: LeaseRecord, deadline: float, previous_end: float | None):
+        self.record = record
+        self.deadline = deadline
+        self.previous_end = previous_end  # wall time the previous owner's last request ended, at the latest
+        self.lost = False
+
+    @property
+    def bucket(self) -> int:
+        return self.record.bucket
+
+    def fenced(self, now_mono: float | None = None) -> bool:
+        """Must this daemon stop touching the bucket now (lease lost, or not renewed in time)?"""
+        return self.lost or (time.monotonic() if now_mono is None else now_mono) >= self.deadline
+
+
+class LeaseStore:
+    """Acquire, renew and release bucket leases for one daemon identity."""
+
+    def __init__(self, conf: Config, root: str, owner: str):
+        self.root = root
+        self.owner = owner
+        self.ttl_s = conf["ownership.lease_ttl_s"]
+        self.fence_margin_s = conf["ownership.fence_margin_s"]
+        self.grace_s = conf["ownership.takeover_grace_s"]
+        self.hostname = socket.gethostname()
+
+    def _epochs(self, bucket: int) -> list[int]:
+        folder = leases_dir(self.root, bucket)
+        if not os.path.isdir(folder):
+            return []
+        return sorted(int(n[6:16]) for n in os.listdir(folder) if n.startswith("epoch-") and n.endswith(".json"))
+
+    def _read(self, bucket: int, epoch: int) -> LeaseRecord:
+        with open(os.path.join(leases_dir(self.root, bucket), _epoch_name(epoch)), encoding="utf-8") as fh:
+            return LeaseRecord.from_json(json.load(fh))
+
+    def latest(self, bucket: int) -> LeaseRecord | None:
+        epochs = self._epochs(bucket)
+        return self._read(bucket, epochs[-1]) if epochs else None
+
+    def _write(self, record: LeaseRecord, exclusive: bool) -> bool:
+        folder = leases_dir(self.root, record.bucket)
+        os.makedirs(folder, exist_ok=True)
+        path = os.path.join(folder, _epoch_name(record.epoch))
+        tmp = os.path.join(folder, f".{self.owner}-{os.getpid()}-{record.epoch}.tmp")
+        with open(tmp, "w", encoding="utf-8") as fh:
+            json.dump(record.to_json(), fh)
+            fh.flush()
+            os.fsync(fh.fileno())
+        if not exclusive:
+            os.replace(tmp, path)
+            return True
+        try:
+            os.link(tmp, path)
+            return True
+        except FileExistsError:
+            return False
+        finally:
+            os.remove(tmp)
+
+    def try_acquire(self, bucket: int) -> Lease | None:
+        """Take the bucket if the rule allows it now; None if another daemon holds it or won the race."""
+        started = time.monotonic()
+        now = time.time()
+        previous = self.latest(bucket)
+        dead = previous is not None and _process_is_gone(previous.hostname, previous.pid)
+        if not may_take(previous, now, self.grace_s, dead):
+            return None
+        record = LeaseRecord(
+            bucket=bucket, epoch=(previous.epoch + 1) if previous else 1, owner=self.owner, hostname=self.hostname,
+            pid=os.getpid(), acquired_at=now, expires_at=now + self.ttl_s,
+        )
+        if not self._write(record, exclusive=True):
+            return None
+        self._prune(bucket, record.epoch)
+        how = "new" if previous is None else ("released" if previous.released else "expired" if not dead else "dead")
+        log.info("took bucket %05d, epoch %d (previous owner: %s, %s)", bucket, record.epoch,
+                 previous.owner if previous else "none", how)
+        return Lease(record, fence_deadline(started, self.ttl_s, self.fence_margin_s),
+                     previous_last_end(previous, now, dead))
+
+    def renew(self, lease: Lease) -> bool:
+        """Extend the lease; False (and the lease marked lost) if it was not renewed before its deadline or a
+        higher epoch exists."""
+        if lease.lost:
+            return False
+        started = time.monotonic()
+        if started >= lease.deadline:
+            lease.lost = True
+            return False
+        record = replace(lease.record, expires_at=time.time() + self.ttl_s)
+        self._write(record, exclusive=False)
+        if self._epochs(lease.bucket)[-1] != record.epoch or time.monotonic() >= lease.deadline:
+            lease.lost = True
+            log.warning("lost bucket %05d (epoch %d): renewed too late or taken over", lease.bucket, record.epoch)
+            return False
+        lease.record = record
+        lease.deadline = fence_deadline(started, self.ttl_s, self.fence_margin_s)
+        return True
+
+    def release(self, lease: Lease, last_request_end: float | None) -> None:
+        """Give the bucket up (clean stop): the next daemon may take it at once and keeps the delay after
+        `last_request_end` (wall clock). A lease already lost is left alone."""
+        if lease.lost or lease.fenced() or self._epochs(lease.bucket)[-1] != lease.record.epoch:
+            return
+        record = replace(lease.record, released=True, expires_at=time.time(), last_request_end=last_request_end)
+        self._write(record, exclusive=False)
+        lease.record, lease.lost = record, True
+        log.info("released bucket %05d (epoch %d)", lease.bucket, record.epoch)
+
+    def _prune(self, bucket: int, epoch: int) -> None:
+        folder = leases_dir(self.root, bucket)
+        for old in self._epochs(bucket):
+            if old <= epoch - _KEEP_EPOCHS:
+                with contextlib.suppress(FileNotFoundError):
+                    os.remove(os.path.join(folder, _epoch_name(old)))
