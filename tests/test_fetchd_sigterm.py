@@ -1,0 +1,85 @@
+"""SIGTERM: a `fetchd serve` daemon lets its requests in flight finish (within `ownership.shutdown_grace_s`),
+publishes its results, closes its WARC files and releases its buckets; a new daemon takes them at once and
+fetches only what is left, so nothing is requested twice (judged from the farm's own log)."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+import yaml
+
+from crawler import config, layout
+from fetchd.daemon import pending_work
+from fetchd.ownership import LeaseStore
+from fetchd.sitefarm import FarmSpec, SiteFarm, politeness_violations, read_request_log
+from tests.test_fetchd import files_under, read_results, write_fetchlist
+
+BUCKETS = 2
+MIN_DELAY = 0.2
+PROJECT = Path(__file__).resolve().parents[1]
+SEGMENT = "seg-term"
+
+
+def test_sigterm_drains_publishes_releases_and_a_successor_repeats_nothing(tmp_path):
+    root = str(tmp_path / "root")
+    farm = SiteFarm(FarmSpec(hosts=4, pages_per_host=12, cross_host_links=False, latency_s=0.15),
+                    tmp_path / "farm.jsonl")
+    farm.start()
+    try:
+        pages = sorted(u for u in farm.page_urls() if farm._resource(u).status == 200)
+        write_fetchlist(root, SEGMENT, [{"url": u} for u in pages], BUCKETS)
+        conf_path = tmp_path / "daemon.yaml"
+        conf_path.write_text(yaml.safe_dump({
+            "crawl": {"buckets": BUCKETS},
+            "politeness": {"min_delay_s": MIN_DELAY},
+            "fetch": {"daemon_id": "first", "static_hosts": farm.static_hosts(), "allow_networks": ["127.0.0.0/8"],
+                      "poll_interval_s": 0.3},
+            "ownership": {"lease_ttl_s": 30.0, "renew_interval_s": 5.0, "shutdown_grace_s": 5.0,
+                          "fence_margin_s": 10.0},
+        }))
+        args = [sys.executable, "-m", "fetchd.cli", "serve", "--root", root, "--config", str(conf_path)]
+        process = subprocess.Popen(args, cwd=str(PROJECT), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                                   text=True)
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and len(read_request_log(farm.log_path)) < 12:
+            time.sleep(0.02)
+        process.send_signal(signal.SIGTERM)
+        stopped_at = time.monotonic()
+        _, stderr = process.communicate(timeout=20)
+        assert process.returncode == 0
+        assert time.monotonic() - stopped_at < 5.0 + 3.0  # the grace, plus closing files
+        assert "stopped before finishing" in stderr
+
+        # What the stopped daemon left: closed files only, published rows pointing into them, buckets released.
+        assert not [f for f in files_under(layout.segment_dir(root, SEGMENT)) if f.endswith((".open", ".tmp"))]
+        partial = read_results(root, SEGMENT)
+        assert 0 < len(partial) < len(pages)
+        assert pending_work(root)  # unfinished: no _DONE.json
+        store = LeaseStore(config.load(), root, "observer")
+        assert all(store.latest(b).released for b in range(BUCKETS) if store.latest(b))
+
+        # A new daemon takes the buckets at once (no lease expiry to wait for) and fetches only what is left.
+        conf_path.write_text(conf_path.read_text().replace("daemon_id: first", "daemon_id: second"))
+        second = subprocess.Popen(args, cwd=str(PROJECT), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        try:
+            deadline = time.monotonic() + 90
+            while time.monotonic() < deadline and pending_work(root):
+                time.sleep(0.1)
+        finally:
+            second.send_signal(signal.SIGTERM)
+            assert second.wait(20) == 0
+    finally:
+        farm.stop()
+    assert not pending_work(root)
+    rows = read_results(root, SEGMENT)
+    assert Counter(r["url"] for r in rows) == Counter(pages)
+    log = read_request_log(farm.log_path)
+    pages_requested = Counter((r["host"], r["path"]) for r in log if r["path"] != "/robots.txt")
+    assert max(pages_requested.values()) == 1  # in-flight requests finished before the stop: nothing repeated
+    assert sum(1 for r in log if r["path"] == "/robots.txt") == len(farm.host_keys())  # published robots reused
+    assert politeness_violations(log, lambda host: farm.politeness_delay(host, MIN_DELAY)) == []
