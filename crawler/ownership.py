@@ -37,6 +37,7 @@ class LeaseRecord:
     expires_at: float
     released: bool = False
     last_request_end: float | None = None
+    process_space: str = ""  # boot id + pid namespace of the holder: its pid means something only there
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)

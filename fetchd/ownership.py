@@ -36,12 +36,33 @@ def _epoch_name(epoch: int) -> str:
     return f"epoch-{epoch:010d}.json"
 
 
-def _process_is_gone(hostname: str, pid: int) -> bool:
-    """True only when the holder ran on this machine and its process no longer exists."""
-    if hostname != socket.gethostname() or pid <= 0 or pid == os.getpid():
+def _sync_dir(folder: str) -> None:
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def process_space() -> str:
+    """This machine boot and pid namespace: two processes can compare pids only when this is the same (a
+    container sharing the host name has its own pid namespace). Empty where /proc does not say."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id", encoding="ascii") as fh:
+            boot = fh.read().strip()
+        return f"{boot}/{os.readlink('/proc/self/ns/pid')}"
+    except OSError:
+        return ""
+
+
+def _process_is_gone(record: LeaseRecord) -> bool:
+    """True only when the holder ran in this machine's pid space and its process no longer exists."""
+    here = process_space()
+    if (record.hostname != socket.gethostname() or not here or record.process_space != here
+            or record.pid <= 0 or record.pid == os.getpid()):
         return False
     try:
-        os.kill(pid, 0)
+        os.kill(record.pid, 0)
     except ProcessLookupError:
         return True
     except PermissionError:
@@ -101,30 +122,38 @@ class LeaseStore:
             json.dump(record.to_json(), fh)
             fh.flush()
             os.fsync(fh.fileno())
-        if not exclusive:
-            os.replace(tmp, path)
-            return True
         try:
-            os.link(tmp, path)
-            return True
+            if exclusive:
+                os.link(tmp, path)
+            else:
+                os.replace(tmp, path)
         except FileExistsError:
             return False
         finally:
-            os.remove(tmp)
+            if os.path.exists(tmp):
+                os.remove(tmp)
+        _sync_dir(folder)  # the new name survives a machine crash too
+        return True
 
     def try_acquire(self, bucket: int) -> Lease | None:
         """Take the bucket if the rule allows it now; None if another daemon holds it or won the race."""
         started = time.monotonic()
         now = time.time()
         previous = self.latest(bucket)
-        dead = previous is not None and _process_is_gone(previous.hostname, previous.pid)
+        dead = previous is not None and _process_is_gone(previous)
         if not may_take(previous, now, self.grace_s, dead):
             return None
         record = LeaseRecord(
             bucket=bucket, epoch=(previous.epoch + 1) if previous else 1, owner=self.owner, hostname=self.hostname,
-            pid=os.getpid(), acquired_at=now, expires_at=now + self.ttl_s,
+            pid=os.getpid(), acquired_at=now, expires_at=now + self.ttl_s, process_space=process_space(),
         )
         if not self._write(record, exclusive=True):
+            return None
+        if self._epochs(bucket)[-1] != record.epoch:
+            # `previous` was stale: while this daemon paused, later epochs were taken and this epoch's file was
+            # pruned, so its name was free again. A higher epoch owns the bucket; withdraw the stray file.
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(os.path.join(leases_dir(self.root, bucket), _epoch_name(record.epoch)))
             return None
         self._prune(bucket, record.epoch)
         how = "new" if previous is None else ("released" if previous.released else "expired" if not dead else "dead")
