@@ -13,7 +13,9 @@ import pyarrow as pa
 
 TS = pa.timestamp("us", tz="UTC")
 
-# One row per URL to fetch; files sorted by host_key then rank. Written by generate.
+# One row per URL to fetch; files sorted by rank then host_key (hosts interleaved, each host's rows in rank order),
+# so a daemon reading the list in batches has many hosts to work on. Written by generate in row groups of about
+# FETCHLIST_ROW_GROUP_BYTES: a reader decodes a whole row group at a time, so that bounds the daemon's read window.
 FETCHLIST = pa.schema(
     [
         ("segment_id", pa.string()),
@@ -30,6 +32,8 @@ FETCHLIST = pa.schema(
         ("last_fetch_at", TS),           # the URL's previous fetch (null if none): a 304's WARC-Refers-To-Date
     ]
 )
+
+FETCHLIST_ROW_GROUP_BYTES = 1024 * 1024
 
 # One row per fetch attempt of a fetch-list URL. Written by the daemon after the WARC it points to is closed.
 FETCHED = pa.schema(

@@ -78,6 +78,7 @@ class HostScheduler:
         self.hosts: dict[str, HostWork] = {}
         self.heap: list[tuple[float, int, str]] = []
         self._seq = 0
+        self.queued = 0  # URLs in host queues (not yet handed out or reported): the daemon's intake watermark
 
     def add(self, row: dict[str, Any]) -> None:
         """Queue one fetch-list row (rows of a host arrive in fetch-list order)."""
@@ -89,6 +90,7 @@ class HostScheduler:
             self.hosts[row["host_key"]] = host
         host.queue.append(row)
         host.left += 1
+        self.queued += 1
         self._schedule(host)
 
     def next_ready(self) -> Prepare | Dispatch | float | None:
@@ -131,6 +133,7 @@ class HostScheduler:
             return None
         host.gate.started(now)
         item = host.queue.popleft()
+        self.queued -= 1
         self._schedule(host)
         return item
 
@@ -188,4 +191,5 @@ class HostScheduler:
 
     def _report_one(self, host: HostWork, outcome: FetchOutcome, error: str | None = None) -> None:
         host.left -= 1
+        self.queued -= 1
         self.report(Report(host.queue.popleft(), outcome, error))

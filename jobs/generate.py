@@ -5,7 +5,8 @@ not denied by the robots.txt rules stored for its host while they are in force (
 unreachable robots.txt is the daemon's to fetch and decide).
 Rank per host by score (priority + age boost), cut per host at min(per_host_max_urls, segment_seconds /
 delay), then keep the lowest ranks across hosts up to the segment budget (round-robin over hosts).
-The fetch list goes to segments/<id>/fetchlist/bucket=NNNNN, each bucket's file sorted by host then rank.
+The fetch list goes to segments/<id>/fetchlist/bucket=NNNNN, each bucket's file sorted by rank then host, so
+hosts are interleaved: a daemon streaming the list (fetch.max_queued_urls) keeps many hosts busy.
 Leasing bumps state_version, so only a result carrying the new version can complete the URL.
 
 The whole job reads `urls` and `hosts` at one pinned Delta version, so every evaluation of the selection
@@ -122,15 +123,17 @@ def select_due(spark: SparkSession, conf: Config, root: str, segment_id: str, no
 
 
 def write_fetchlist(selected: DataFrame, path: str) -> None:
-    """One directory per bucket (bucket=NNNNN), its rows sorted by host then rank."""
-    from crawler.records import FETCHLIST
+    """One directory per bucket (bucket=NNNNN), its rows sorted by rank then host: every host's first URL, then
+    every host's second... (a host's own rows stay in rank order)."""
+    from crawler.records import FETCHLIST, FETCHLIST_ROW_GROUP_BYTES
 
     columns = [name for name in FETCHLIST.names]
     (
         selected.select(*columns, F.format_string("%05d", "bucket").alias("bucket"))
         .repartition("bucket")
-        .sortWithinPartitions("bucket", "host_key", "rank")
+        .sortWithinPartitions("bucket", "rank", "host_key")
         .write.mode("overwrite")
+        .option("parquet.block.size", FETCHLIST_ROW_GROUP_BYTES)
         .partitionBy("bucket")
         .parquet(path)
     )

@@ -98,7 +98,7 @@ def test_generate_caps_sorts_leases_and_reruns_idempotently(spark, base_conf, ro
     listed = fetchlist_rows(root, "seg-1")
     assert sorted(listed) == expected_buckets
     for rows in listed.values():
-        assert [(r["host_key"], r["rank"]) for r in rows] == sorted((r["host_key"], r["rank"]) for r in rows)
+        assert [(r["rank"], r["host_key"]) for r in rows] == sorted((r["rank"], r["host_key"]) for r in rows)
     by_url = {r["url"]: r for rows in listed.values() for r in rows}
     assert {u for u in by_url if u.startswith("http://a.test")} == {"http://a.test/1", "http://a.test/2",
                                                                      "http://a.test/3"}
