@@ -2,7 +2,7 @@
 
 Run on demand, never as a test:
 
-    .venv/bin/python -m bench.fetchd [--only a,b,c] [--hosts-a 200] [--pages-a 60] [--hosts-b 1000]
+    .venv/bin/python -m bench.fetchd [--only a,b,c] [--hosts-a 200] [--pages-a 60] [--gzip-level 6] [--hosts-b 1000]
                                      [--pages-b 5] [--rss-urls 100000,1000000] [--root /tmp/cyclecrawl-bench-fetchd]
 
 Everything runs on loopback against the site farm (fetchd/sitefarm.py, latency 0), which runs in its own
@@ -12,14 +12,17 @@ Everything runs on loopback against the site farm (fetchd/sitefarm.py, latency 0
 
   (a) CPU bound: --hosts-a hosts, politeness.min_delay_s 0 (Crawl-delay capped at 0), the farm URLs robots
       allows. fetchd (`fetch_segment`, WARC on) next to a minimal aiohttp GET loop over the same URLs with the
-      same connector limits (body read, nothing stored). Pages/s, client CPU seconds per page, the ratios; then a
-      separate cProfile run of fetchd (CPU timer, main thread only) for the top entries.
+      same connector limits (body read, nothing stored). Pages/s, client CPU seconds per page (and per thread:
+      the event loop's, the WARC writer's), the ratios; then a separate cProfile run of fetchd (the event loop
+      thread's CPU time) for the top entries.
   (b) delay bound: --hosts-b hosts, delay --delay-b s, --pages-b pages each. From the farm's own log: per-host
       request rate ÷ (1 / delay) summed over hosts (= achieved ÷ hosts/delay), the ready lag (start − previous
       end − delay) and politeness violations; plus the whole-run figure, list loading and start-up included.
   (c) memory: `fetchd.daemon.serve` in a subprocess on fetch lists of each --rss-urls size over --hosts-c hosts
       (URLs the farm answers 404, delay 0); SIGTERM --rss-fetch-s seconds after the farm logs its first request.
-      RSS sampled every 0.1 s: before the daemon starts, when the first request arrives (list loaded), the peak.
+      RSS sampled every 0.1 s: before the daemon starts, when the first request arrives (list scanned, first rows
+      queued), the peak. The lists are ordered as generate writes them (rank, host_key) and streamed by the daemon
+      (`fetch.max_queued_urls` rows queued at most); what grows is its 8-byte url_id key per URL.
 """
 
 from __future__ import annotations
@@ -90,6 +93,16 @@ def process_cpu_s(pid: int) -> float:
     """CPU seconds of another process so far (Linux /proc), to watch the farm's load."""
     fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def thread_cpu_s() -> dict[str, float]:
+    """CPU seconds of this process's live threads by Python thread name (Linux /proc); "other" for the rest."""
+    tick, out = os.sysconf("SC_CLK_TCK"), defaultdict(float)
+    names = {thread.native_id: thread.name.rstrip("_0123456789") for thread in threading.enumerate()}
+    for task in Path("/proc/self/task").iterdir():
+        fields = (task / "stat").read_text().rpartition(")")[2].split()
+        out[names.get(int(task.name), "other")] += (int(fields[11]) + int(fields[12])) / tick
+    return dict(out)
 
 
 def rss_kb() -> int:
@@ -173,15 +186,18 @@ def write_fetchlist(root: str, segment_id: str, by_host: dict[str, list[str]], b
         keys_of[urls.bucket_of(key, buckets)].append(key)
     total = 0
     for bucket, keys in keys_of.items():
-        url_col = [u for key in keys for u in by_host[key]]
+        # ordered by (rank, host_key) as generate writes it: every host's first URL, then every host's second...
+        ranked = [(rank, key, url) for key in keys for rank, url in enumerate(by_host[key], 1)]
+        ranked.sort(key=lambda entry: entry[:2])
+        url_col = [url for _, _, url in ranked]
         n = len(url_col)
         columns = {
             "segment_id": pa.array([segment_id] * n, pa.string()),
             "url_id": pa.array([urls.url_id(u) for u in url_col], pa.string()),
             "url": pa.array(url_col, pa.string()),
-            "host_key": pa.array([key for key in keys for _ in by_host[key]], pa.string()),
+            "host_key": pa.array([key for _, key, _ in ranked], pa.string()),
             "state_version": pa.array([1] * n, pa.int64()),
-            "rank": pa.array([r for key in keys for r in range(1, len(by_host[key]) + 1)], pa.int32()),
+            "rank": pa.array([rank for rank, _, _ in ranked], pa.int32()),
             "priority": pa.array([1.0] * n, pa.float64()),
             "depth": pa.array([0] * n, pa.int32()),
             "delay_s": pa.array([delay_s] * n, pa.float64()),
@@ -191,7 +207,8 @@ def write_fetchlist(root: str, segment_id: str, by_host: dict[str, list[str]], b
         # validators, previous fetch time and any other column: null, as for URLs never fetched
         table = pa.Table.from_arrays([columns.get(f.name, pa.nulls(n, f.type)) for f in records.FETCHLIST],
                                      schema=records.FETCHLIST)
-        pq.write_table(table, os.path.join(folder, "part-00000.parquet"))
+        # row groups near generate's (records.FETCHLIST_ROW_GROUP_BYTES, ~130 bytes a row here)
+        pq.write_table(table, os.path.join(folder, "part-00000.parquet"), row_group_size=8192)
         total += n
     return total
 
@@ -229,7 +246,8 @@ def role_fetchd(job: dict[str, Any]) -> dict[str, Any]:
     from fetchd.daemon import fetch_segment
 
     conf = config_mod.load().with_overrides(job["overrides"])
-    profiler = cProfile.Profile(time.process_time) if job.get("profile") else None  # CPU, not waits on a busy box
+    # the event loop thread's CPU time (not waits on a busy box, nor the WARC writer thread's work)
+    profiler = cProfile.Profile(time.thread_time) if job.get("profile") else None
     cpu, wall = client_cpu_s(), time.perf_counter()
     if profiler is not None:
         profiler.enable()
@@ -237,7 +255,7 @@ def role_fetchd(job: dict[str, Any]) -> dict[str, Any]:
     if profiler is not None:
         profiler.disable()
     result = {"wall_s": time.perf_counter() - wall, "cpu_s": client_cpu_s() - cpu, "summary": summary,
-              "threads": threading.active_count()}
+              "threads": threading.active_count(), "thread_cpu_s": thread_cpu_s()}
     if profiler is not None:
         text = io.StringIO()
         stats = pstats.Stats(profiler, stream=text).strip_dirs()
@@ -327,8 +345,10 @@ def run_a(args: argparse.Namespace, base: config_mod.Config, workdir: str) -> di
         overrides = conf_overrides(farm, **{
             "politeness.min_delay_s": 0.0, "politeness.max_crawl_delay_s": 0.0,
             "fetch.concurrency": args.concurrency, "politeness.max_concurrency_per_host": args.per_host,
+            "fetch.warc_gzip_level": args.gzip_level or base["fetch.warc_gzip_level"],
         })
-        figures: dict[str, Any] = {"urls": len(url_list), "hosts": len(by_host)}
+        figures: dict[str, Any] = {"urls": len(url_list), "hosts": len(by_host),
+                                   "gzip_level": overrides["fetch.warc_gzip_level"]}
         runs = [("raw", {"urls": urls_path, "concurrency": args.concurrency, "per_host": args.per_host}),
                 ("fetchd", {"overrides": overrides, "segment": "bench-a"})]
         if args.profile:
@@ -458,7 +478,8 @@ def report(a: dict[str, Any] | None, b: dict[str, Any] | None, c: list[dict[str,
     print()
     if a is not None:
         print(f"(a) CPU bound: {a['urls']:,} URLs over {a['hosts']} hosts, delay 0, concurrency {args.concurrency}, "
-              f"{args.per_host} per host; client CPU = getrusage self + children; farm in its own process")
+              f"{args.per_host} per host, WARC gzip level {a['gzip_level']}; client CPU = getrusage self + children; "
+              f"farm in its own process")
         print(f"    {'':8} {'pages':>7} {'wall s':>7} {'pages/s':>8} {'CPU s':>7} {'CPU ms/page':>12} "
               f"{'client CPU/wall':>16} {'farm CPU/wall':>14} {'requests':>9}")
         for name in ("raw", "fetchd"):
@@ -470,7 +491,9 @@ def report(a: dict[str, Any] | None, b: dict[str, Any] | None, c: list[dict[str,
         rate = (fetchd["pages"] / fetchd["wall_s"]) / (raw["pages"] / raw["wall_s"])
         cpu = (raw["cpu_s"] / raw["pages"]) / (fetchd["cpu_s"] / fetchd["pages"])
         summary = fetchd["summary"]
-        print(f"    fetchd outcomes: {summary['outcomes']}, WARC {summary['warc_bytes'] / 1e6:.1f} MB")
+        print(f"    fetchd outcomes: {summary['outcomes']}, WARC {summary['warc_bytes'] / 1e6:.1f} MB; CPU s by thread "
+              f"(whole process, list loading included): "
+              f"{', '.join(f'{n} {s:.2f}' for n, s in sorted(fetchd['thread_cpu_s'].items()))}")
         rows.append(("(a) fetchd pages/s ÷ raw pages/s", pct(rate), f">= {pct(TARGET_RAW_RATIO)}",
                      verdict(rate >= TARGET_RAW_RATIO)))
         rows.append(("(a) raw CPU/page ÷ fetchd CPU/page", pct(cpu), f">= {pct(TARGET_RAW_RATIO)}",
@@ -522,6 +545,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--hosts-a", type=int, default=200, help="(a) farm hosts")
     parser.add_argument("--pages-a", type=int, default=60, help="(a) farm pages per host")
     parser.add_argument("--no-profile", dest="profile", action="store_false", help="(a) skip the cProfile run")
+    parser.add_argument("--gzip-level", type=int, choices=range(1, 10), metavar="1-9",
+                        help="(a) fetch.warc_gzip_level (default: the configured one)")
     parser.add_argument("--hosts-b", type=int, default=1000, help="(b) farm hosts")
     parser.add_argument("--pages-b", type=int, default=5, help="(b) fetch-list URLs per host")
     parser.add_argument("--delay-b", type=float, default=1.0, help="(b) politeness.min_delay_s")

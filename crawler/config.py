@@ -108,6 +108,8 @@ _RULES: dict[str, tuple[Any, str]] = {
                                    "must be a list of media-type prefixes such as text/html"),
     "fetch.max_redirects": (_non_negative, "must be >= 0"),
     "fetch.warc_max_bytes": (_positive, "must be > 0"),
+    "fetch.warc_gzip_level": (lambda v: 1 <= v <= 9, "must be between 1 (fastest) and 9 (smallest)"),
+    "fetch.max_queued_urls": (_positive, "must be > 0"),
     "fetch.progress_interval_s": (_positive, "must be > 0"),
     "fetch.dns_cache_ttl_s": (_non_negative, "must be >= 0"),
     "fetch.poll_interval_s": (_positive, "must be > 0"),

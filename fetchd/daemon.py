@@ -22,12 +22,11 @@ import socket
 import threading
 import time
 from collections import Counter
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
-import pyarrow as pa
-import pyarrow.parquet as pq
 from warcio.timeutils import datetime_to_iso_date
 
 from crawler import layout, netpolicy, records, urls
@@ -37,6 +36,7 @@ from crawler.robots import ROBOTS_PATH, RobotsPolicy, RobotsState, policy_for_st
 from crawler.scheduling import Dispatch, HostScheduler, HostWork, Prepare, Report
 from crawler.status import FetchOutcome
 from fetchd.fetcher import Fetcher, FetchResponse
+from fetchd.fetchlist import FetchList, KeySet, result_key
 from fetchd.metrics import Metrics, MetricsServer, progress_line, snapshot
 from fetchd.output import BucketOutput, Fenced, ResumeState, bucket_totals, recover_bucket_output, write_json_atomic
 from fetchd.ownership import Lease, LeaseStore
@@ -69,15 +69,9 @@ def _warc_date(epoch: float) -> str:
     return datetime_to_iso_date(_utc(epoch).replace(tzinfo=None), use_micros=True)
 
 
-def read_fetchlist(root: str, segment_id: str, bucket: int) -> list[dict[str, Any]]:
-    """The bucket's fetch-list rows sorted by host_key then rank (Spark's `_SUCCESS`/`.crc` files ignored)."""
-    folder = layout.fetchlist_dir(root, segment_id, bucket)
-    names = sorted(n for n in os.listdir(folder) if n.endswith(".parquet") and not n.startswith(("_", ".")))
-    if not names:
-        return []
-    tables = [pq.read_table(os.path.join(folder, n)).select(records.FETCHLIST.names) for n in names]
-    table = pa.concat_tables([t.cast(records.FETCHLIST) for t in tables])
-    return table.sort_by([("host_key", "ascending"), ("rank", "ascending")]).to_pylist()
+def read_fetchlist(root: str, segment_id: str, bucket: int) -> FetchList:
+    """The bucket's fetch list, to be read in record batches (`fetchd.fetchlist`)."""
+    return FetchList(root, segment_id, bucket)
 
 
 def fetchlist_buckets(root: str, segment_id: str) -> list[int]:
@@ -219,16 +213,17 @@ class Daemon:
         """Fetch the given buckets of a segment (each must be owned: `acquire`) concurrently, resuming what an
         earlier run left; the manifests of those that finished."""
         runs = []
+        share = max(1, self.conf["fetch.max_queued_urls"] // max(1, len(buckets)))  # queued rows per bucket run
         for bucket in buckets:
             lease = self.leases.get(bucket)
             if lease is None or lease.fenced():  # lost since it was claimed
                 continue
             resume = recover_bucket_output(self.root, segment_id, bucket)
-            rows = read_fetchlist(self.root, segment_id, bucket)
-            todo = [row for row in rows if (row["url_id"], row["state_version"]) not in resume.done]
-            self.total += len(todo)
-            self.metrics.urls_listed += len(todo)
-            runs.append(BucketRun(self, segment_id, bucket, todo, lease, resume, len(rows)))
+            run = BucketRun(self, segment_id, bucket, read_fetchlist(self.root, segment_id, bucket), lease, resume,
+                            share)
+            self.total += run.urls
+            self.metrics.urls_listed += run.urls
+            runs.append(run)
         self.segment_id, self.runs = segment_id, runs
         progress = asyncio.create_task(self.progress_loop())
         try:
@@ -242,55 +237,71 @@ class Daemon:
 class BucketRun:
     """Fetches one bucket of one segment to completion (or until the daemon is told to stop)."""
 
-    def __init__(self, daemon: Daemon, segment_id: str, bucket: int, rows: list[dict[str, Any]], lease: Lease,
-                 resume: ResumeState, listed_urls: int):
+    def __init__(self, daemon: Daemon, segment_id: str, bucket: int, fetchlist: FetchList, lease: Lease,
+                 resume: ResumeState, max_queued: int):
         self.d = daemon
         self.conf = daemon.conf
         self.segment_id = segment_id
         self.bucket = bucket
         self.lease = lease
-        self.listed_urls = listed_urls  # the whole fetch list, including URLs an earlier run already reported
+        self.listed_urls = len(fetchlist)  # the whole fetch list, including URLs an earlier run already reported
         self.out = BucketOutput(daemon.root, segment_id, bucket, daemon.daemon_id, self.conf["fetch.warc_max_bytes"],
                                 daemon.warcinfo(), self.conf["ownership.results_batch_rows"], lease.fenced,
-                                daemon.metrics.warc_written)
+                                daemon.metrics.warc_written, self.conf["fetch.warc_gzip_level"])
         self.sched = HostScheduler(daemon.gate_for, time.monotonic, self._report, recheck_s=_STOP_POLL_S)
         self.hosts = self.sched.hosts  # what `fetchd.metrics` reads
-        self.urls = 0
-        self.listed: set[str] = set()  # a redirect to one of these is not followed: no double fetch
+        # The list is streamed: rows are taken on while the host queues hold fewer than `max_queued` (this run's
+        # share of `fetch.max_queued_urls`).
+        # What is known of the whole list is compact (`fetchd.fetchlist`): the reported results (resume) and the
+        # url_ids, read from their column up front, so a redirect to a URL listed further on is not followed.
+        done = KeySet.of(result_key(url_id, version) for url_id, version in resume.done)
+        resume.done.clear()  # replaced by the compact keys
+        self.listed, self.urls = fetchlist.scan(done)  # urls: rows this run fetches (not reported before)
+        self.reading: Iterator[dict[str, Any]] | None = fetchlist.rows(done)  # None once read to the end
+        self.max_queued = max_queued
+        self.previous_robots = resume.robots  # taken over as each host first appears
         self.tasks: set[asyncio.Task[None]] = set()
         self.wake = asyncio.Event()
         self.outcomes: Counter[str] = Counter()
         self.begun: float | None = None  # monotonic start of the scheduler: ready lag is never counted before it
-        for row in rows:
-            self.add(row)
-        self._take_over(resume)
 
-    def _take_over(self, resume: ResumeState) -> None:
-        """Carry politeness and robots.txt across owners and runs: each host's next request waits one delay
-        after the previous owner's last possible request end, and a robots.txt an earlier run of this bucket
-        published is reused while it is in force (so a resumed bucket does not fetch it again)."""
+    def _take_over(self, host: HostWork) -> None:
+        """Carry politeness and robots.txt across owners and runs, for a host this run just met: its next request
+        waits one delay after the previous owner's last possible request end, and a robots.txt an earlier run of
+        this bucket published is reused while it is in force (so a resumed bucket does not fetch it again)."""
         wall_now, mono_now = time.time(), time.monotonic()
         previous_end = self.lease.previous_end
-        for host in self.hosts.values():
-            if previous_end is not None:
-                host.gate.ended_elsewhere(mono_now + previous_end - wall_now)
-        token, max_bytes = self.conf["crawl.robots_token"], self.conf["robots.max_bytes"]
-        for host_key, row in resume.robots.items():
-            expires = row["expires_at"].timestamp()
-            cached = self.d.robots_cache.get(host_key)
-            if host_key not in self.hosts or expires <= wall_now or (cached is not None and cached[1] > mono_now):
-                continue
-            policy = policy_for_status(row["status_code"], row["body"], token, max_bytes)
-            if policy.state is not RobotsState.DISALLOW_ALL:
-                self.d.robots_cache[host_key] = (policy, mono_now + expires - wall_now)
+        if previous_end is not None:
+            host.gate.ended_elsewhere(mono_now + previous_end - wall_now)
+        row = self.previous_robots.pop(host.host_key, None)
+        if row is None:
+            return
+        expires = row["expires_at"].timestamp()
+        cached = self.d.robots_cache.get(host.host_key)
+        if expires <= wall_now or (cached is not None and cached[1] > mono_now):
+            return
+        policy = policy_for_status(row["status_code"], row["body"], self.conf["crawl.robots_token"],
+                                   self.conf["robots.max_bytes"])
+        if policy.state is not RobotsState.DISALLOW_ALL:
+            self.d.robots_cache[host.host_key] = (policy, mono_now + expires - wall_now)
 
     # --- scheduling: a thin asyncio driver of `crawler.scheduling.HostScheduler` -------------------------
 
     def add(self, row: dict[str, Any]) -> None:
         """Take on one fetch-list row."""
-        self.urls += 1
-        self.listed.add(row["url"])
+        new = row["host_key"] not in self.hosts
         self.sched.add(row)
+        if new:
+            self._take_over(self.hosts[row["host_key"]])
+
+    def _refill(self) -> None:
+        """Read more of the fetch list while the host queues hold fewer than `max_queued` URLs."""
+        while self.reading is not None and self.sched.queued < self.max_queued:
+            row = next(self.reading, None)
+            if row is None:
+                self.reading = None
+            else:
+                self.add(row)
 
     def should_stop(self) -> bool:
         """Whether to stop handing out work: the daemon is stopping, or the bucket's lease is lost (fenced). An
@@ -324,19 +335,23 @@ class BucketRun:
         started = time.time()
         self.begun = time.monotonic()
         while not self.should_stop():
+            self._refill()
             wait = await self._dispatch_ready()
             if wait is None and not self.tasks:
-                break
+                if self.reading is None:
+                    break
+                continue  # queues empty: read on at once
             self.wake.clear()
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(self.wake.wait(), _STOP_POLL_S if wait is None else min(wait, _STOP_POLL_S))
         await self._drain()
+        unread, self.reading = self.reading is not None, None  # dropping the reader closes its file
         if self.lease.fenced():
             self.out.abandon()
             log.warning("bucket %05d of %s: lease lost, stopped at once; its next owner resumes it",
                         self.bucket, self.segment_id)
             return None
-        if self.sched.unfinished():
+        if unread or self.sched.unfinished():
             self.out.close_current()
             log.info("bucket %05d of %s: stopped before finishing; results so far are published and the next run "
                      "resumes it", self.bucket, self.segment_id)
@@ -414,30 +429,35 @@ class BucketRun:
 
     # --- WARC -------------------------------------------------------------------------------------------
 
-    def _write_exchange(self, response: FetchResponse, outcome: FetchOutcome | None = None,
-                        last_fetch_at: datetime | None = None) -> tuple[str, WrittenRecord]:
+    async def _write_exchange(self, response: FetchResponse, outcome: FetchOutcome | None = None,
+                              last_fetch_at: datetime | None = None) -> tuple[str, WrittenRecord]:
         """Request + response (or revisit for a 304) records of one exchange, then a metadata record about the
-        fetch; where the response landed. A 304's revisit refers to the URL's previous fetch, `last_fetch_at`."""
+        fetch, as one writer job (contiguous); the file and where the response landed, once written. A 304's
+        revisit refers to the URL's previous fetch, `last_fetch_at`."""
         warc = self.out.warc()
+        relpath = self.out.warc_relpath()  # now: the output may rotate to a new file while this awaits
         date = _warc_date(response.started_at)
         request_id, response_id = new_record_id(), new_record_id()
         request_headers = http_request_headers("GET", response.request_path, response.request_headers)
-        warc.write_request(response.url, request_headers, date, response.remote_ip, request_id, response_id)
         http_headers = http_response_headers(response.status or 0, response.reason, response.headers)
         truncated_reason = (response.truncated_reason or "unspecified") if response.truncated else None
         if response.status == 304:
-            written = warc.write_not_modified(
+            answer = warc.not_modified_record(
                 response.url, http_headers, date, response.remote_ip, response_id, request_id,
                 refers_to_date=_warc_date(last_fetch_at.timestamp()) if last_fetch_at else None,
             )
         else:
-            written = warc.write_response(
+            answer = warc.response_record(
                 response.url, http_headers, response.body, date, response.remote_ip, response_id, request_id,
                 truncated_reason=truncated_reason,
             )
-        warc.write_fetch_metadata(response.url, date, response_id, response.elapsed_ms, response.remote_ip,
-                                  truncated_reason, outcome.value if outcome else None)
-        return self.out.warc_relpath(), written
+        written = await warc.write([
+            warc.request_record(response.url, request_headers, date, response.remote_ip, request_id, response_id),
+            answer,
+            warc.fetch_metadata_record(response.url, date, response_id, response.elapsed_ms, response.remote_ip,
+                                       truncated_reason, outcome.value if outcome else None),
+        ])
+        return relpath, written[1]
 
     # --- host preparation: SSRF check + robots.txt ------------------------------------------------------
 
@@ -494,7 +514,7 @@ class BucketRun:
         location: tuple[str, WrittenRecord] | None = None
         for hop in range(self.conf["robots.max_redirects"] + 1):
             response = await self._gated_get(url, max_bytes)
-            location = self._write_exchange(response) if response.status is not None else None
+            location = await self._write_exchange(response) if response.status is not None else None
             target = response.header("Location") if response.status and 300 <= response.status < 400 else None
             if target is None or hop == self.conf["robots.max_redirects"]:
                 break
@@ -574,14 +594,14 @@ class BucketRun:
                 if not await self._take_gate(host.gate, stoppable=True):
                     note = "redirect not followed: host paused or daemon stopping"
                     break
-                self._write_exchange(response, FetchOutcome.REDIRECT)  # the hop's 3xx, before the next request
+                await self._write_exchange(response, FetchOutcome.REDIRECT)  # the hop's 3xx, before the next one
                 chain.append(target)
                 async with self.d.slots:
                     response = await self._page_get(target)
                 retry_after = self._request_finished(host.gate, response)
             if response.status is None or not 300 <= response.status < 400:
                 target = response.url if len(chain) > 1 else None
-            self._emit(self._page_row(host, item, response, retry_after, target, note))
+            self._emit(await self._page_row(host, item, response, retry_after, target, note))
         finally:
             self.sched.finished(host)
             self._after_request(host)
@@ -632,8 +652,9 @@ class BucketRun:
             return target, "redirect target disallowed by robots.txt", False
         return target, None, True
 
-    def _page_row(self, host: HostWork, item: dict[str, Any], response: FetchResponse, retry_after: float | None,
-                  redirect_to: str | None = None, note: str | None = None) -> dict[str, Any]:
+    async def _page_row(self, host: HostWork, item: dict[str, Any], response: FetchResponse,
+                        retry_after: float | None, redirect_to: str | None = None,
+                        note: str | None = None) -> dict[str, Any]:
         common = dict(fetched_at=_utc(response.started_at), elapsed_ms=response.elapsed_ms,
                       remote_ip=response.remote_ip, error=note or response.error, redirect_to=redirect_to)
         if response.blocked:
@@ -650,7 +671,7 @@ class BucketRun:
             outcome = FetchOutcome.REDIRECT
         else:
             outcome = FetchOutcome.HTTP_ERROR
-        warc_filename, written = self._write_exchange(response, outcome, item.get("last_fetch_at"))
+        warc_filename, written = await self._write_exchange(response, outcome, item.get("last_fetch_at"))
         return self._row(
             item, outcome, **common,
             status_code=status,

@@ -23,7 +23,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from crawler import layout, records
-from fetchd.warc import WARC_SUFFIX, WarcFile, iipc_stem, read_results, recover_open_warc
+from fetchd.warc import DEFAULT_GZIP_LEVEL, WARC_SUFFIX, WarcFile, iipc_stem, read_results, recover_open_warc
 
 log = logging.getLogger("fetchd")
 
@@ -142,24 +142,36 @@ def bucket_totals(root: str, segment_id: str, bucket: int) -> dict[str, Any]:
             "warc_files": len(sizes), "warc_bytes": sum(sizes)}
 
 
+def _by_warc(rows: list[dict[str, Any]], current: str) -> dict[str, list[dict[str, Any]]]:
+    """Rows by the stem of the WARC they point into (`current` for rows without a record): a fetch whose records
+    went into a file that was rotated away while it awaited them still names that file's result files."""
+    groups: dict[str, list[dict[str, Any]]] = {}
+    for row in rows:
+        name = row.get("warc_filename")
+        groups.setdefault(os.path.basename(name).removesuffix(WARC_SUFFIX) if name else current, []).append(row)
+    return groups
+
+
 class BucketOutput:
     """The files of one bucket being written: the current WARC and the result rows not yet published.
     `fenced()` is asked before every write: once the bucket's lease is gone this output writes nothing."""
 
     def __init__(self, root: str, segment_id: str, bucket: int, daemon_id: str, warc_max_bytes: int,
                  warcinfo: dict[str, str], batch_rows: int, fenced: Callable[[], bool] = lambda: False,
-                 on_write: Callable[[int], None] = lambda n: None):
+                 on_write: Callable[[int], None] = lambda n: None, gzip_level: int = DEFAULT_GZIP_LEVEL):
         self.root, self.segment_id, self.bucket, self.daemon_id = root, segment_id, bucket, daemon_id
         self.warc_max_bytes = warc_max_bytes
         self.warcinfo = warcinfo
         self.batch_rows = batch_rows
         self.fenced = fenced
         self.on_write = on_write
+        self.gzip_level = gzip_level
         self.seq = 0
         self.batch = 0
         self.warc_files = 0  # closed by this run, and their bytes (for `/status`)
         self.warc_bytes = 0
         self.current: WarcFile | None = None
+        self.current_relpath = ""  # of `current`, computed once (relpath asks the OS for the working directory)
         self.pending: dict[str, list[dict[str, Any]]] = {kind: [] for kind in RESULT_KINDS}
         self.dirs = _result_dirs(root, segment_id, bucket)
         self.warc_dir = layout.warc_dir(root, segment_id, bucket)
@@ -181,25 +193,29 @@ class BucketOutput:
         self.check()
         if self.current is None:
             self.current = WarcFile(os.path.join(self.warc_dir, self._stem() + WARC_SUFFIX), self.warcinfo,
-                                    self.on_write)
+                                    self.on_write, self.gzip_level)
+            self.current_relpath = os.path.relpath(self.current.path, self.root).replace(os.sep, "/")
         return self.current
 
     def warc_relpath(self) -> str:
         """The current WARC's final name relative to the storage root (what result rows store)."""
-        return os.path.relpath(self.warc().path, self.root).replace(os.sep, "/")
+        self.warc()
+        return self.current_relpath
 
     def add(self, kind: str, row: dict[str, Any], logged: bool) -> None:
-        """Queue a result row for publishing; `logged` rows (those that cost a request) also go into the WARC."""
+        """Queue a result row for publishing; `logged` rows (those that cost a request) also go into the WARC,
+        queued to its writer after the records the row points at (the publish that follows syncs it first)."""
         self.check()
         if logged:
             date = row["fetched_at"].strftime("%Y-%m-%dT%H:%M:%S.%fZ")
-            self.warc().write_result(row.get("url") or row["host_key"], date, kind,
-                                     records.row_to_json(row, RESULT_KINDS[kind]))
+            warc = self.warc()
+            warc.log(warc.result_record(row.get("url") or row["host_key"], date, kind,
+                                        records.row_to_json(row, RESULT_KINDS[kind])))
         self.pending[kind].append(row)
 
     def after_result(self) -> None:
         """Rotate a full WARC; publish a full batch of rows."""
-        if self.current is not None and self.current.size >= self.warc_max_bytes:
+        if self.current is not None and self.current.reached(self.warc_max_bytes):
             self.close_current()
         elif sum(map(len, self.pending.values())) >= self.batch_rows:
             self.publish()
@@ -211,11 +227,11 @@ class BucketOutput:
             return
         if self.current is not None:
             self.current.sync()
-        stem = self._stem()
+        current = self._stem()
         for kind, rows in self.pending.items():
-            if rows:
+            for stem, group in _by_warc(rows, current).items():
                 path = os.path.join(self.dirs[kind], f"{stem}-r{self.batch:04d}.parquet")
-                write_parquet_atomic(rows, RESULT_KINDS[kind], path)
+                write_parquet_atomic(group, RESULT_KINDS[kind], path)
         self.batch += 1
         self.pending = {kind: [] for kind in RESULT_KINDS}
 
@@ -226,9 +242,9 @@ class BucketOutput:
         if self.current is not None:
             self.check()
             if self.current.records:
+                self.current.close()
                 self.warc_files += 1
                 self.warc_bytes += self.current.size
-                self.current.close()
             else:
                 self.current.discard()
             self.current = None

@@ -7,6 +7,7 @@ survive, as fastwarc sees them.
 
 from __future__ import annotations
 
+import asyncio
 import gzip
 import json
 import os
@@ -207,6 +208,43 @@ def test_rotation_at_warc_max_bytes(edge, base_conf, root):
         assert stem + ".warc.gz" == Path(row["warc_filename"]).name
 
 
+def test_rotation_under_concurrency_keeps_exchanges_whole_and_results_with_their_files(edge, base_conf, root):
+    """Many hosts at once and tiny files: an exchange may still be in the writer's queue when its file is
+    rotated away. Its records stay contiguous in that file, its row is published in a result file named after
+    it and points at its response, and its result record comes after it (later in the file, or in a later file)."""
+    hosts = [f"h{i}.test" for i in range(8)]
+    conf = edge_conf(base_conf, edge, **{"fetch.warc_max_bytes": 2_000, "politeness.min_delay_s": 0.0,
+                                         "fetch.concurrency": 16, "fetch.warc_gzip_level": 1,
+                                         "fetch.static_hosts": {h: "127.0.0.1" for h in hosts}})
+    urls_listed = [edge.url(h, f"/r{i}") for h in hosts for i in range(6)]
+    write_fetchlist(root, SEGMENT, [{"url": u} for u in urls_listed], conf["crawl.buckets"])
+    fetch_segment(conf, root, SEGMENT)
+    rows = read_results(root, SEGMENT)
+    assert sorted(r["url"] for r in rows) == sorted(urls_listed)
+    serial = {}  # file name -> (bucket, serial)
+    results = []  # (file, offset of the result record, row)
+    for path in warc_files(root):
+        name = os.path.basename(path)
+        serial[name] = (re.search(r"bucket=(\d{5})", path).group(1), int(re.search(r"-\d{17}-(\d{5})-", name).group(1)))
+        recs = read_warc(path)
+        assert all(r["block_ok"] for r in recs)
+        body = [r for r in recs[1:] if "result" not in r]
+        for request, response, metadata in zip(body[0::3], body[1::3], body[2::3], strict=True):
+            assert request["type"] == WarcRecordType.request and metadata["type"] == WarcRecordType.metadata
+            assert response["headers"]["WARC-Concurrent-To"] == request["headers"]["WARC-Record-ID"]
+            assert recs.index(response) == recs.index(request) + 1 == recs.index(metadata) - 1  # contiguous
+        results += [(name, r["offset"], r["result"]["row"]) for r in recs if "result" in r]
+    for row in rows:
+        name = Path(row["warc_filename"]).name
+        assert re.sub(r"-(r\d{4}|recovered)\.parquet$", "", Path(row["_file"]).name) + ".warc.gz" == name
+        assert record_at(root, row["warc_filename"], row["warc_offset"]).headers["WARC-Target-URI"] == row["url"]
+    assert len(results) == len(rows) + len(hosts)  # one per page and per robots.txt
+    for name, offset, row in results:
+        target = Path(row["warc_filename"]).name
+        assert serial[target][0] == serial[name][0]
+        assert (serial[target][1], row["warc_offset"]) < (serial[name][1], offset)
+
+
 # ---- .open recovery ------------------------------------------------------------------------------------
 
 
@@ -326,3 +364,57 @@ def test_recovery_refuses_a_closed_name(tmp_path):
     with pytest.raises(ValueError):
         recover_open_warc(str(path))
     assert path.exists()
+
+
+# ---- the writer thread ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("level", [1, 9])
+def test_writer_thread_output_reads_back_with_fastwarc_at_the_offsets_it_returned(tmp_path, level):
+    """Exchanges submitted concurrently from an event loop: each job's records are contiguous and in order,
+    at exactly the offsets and lengths the futures returned, with sound digests."""
+    rng = random.Random(level)
+    path = str(tmp_path / f"thread-{level}.warc.gz")
+    warc = WarcFile(path, {"software": "test"}, gzip_level=level)
+    non_ascii = ("X-Name", "caf\u00e9")  # percent-encoded as warcio would
+
+    async def exchange(i: int) -> tuple[list[str], list]:
+        uri, date = f"http://example.test/t{i}", "2024-01-01T00:00:00.000000Z"
+        request_id, response_id = new_record_id(), new_record_id()
+        body = rng.randbytes(rng.choice([0, 10, 5_000, 300_000])) if i % 3 else b"<p>hello</p>" * rng.randrange(1, 900)
+        headers = http_response_headers(200, "OK", [("Content-Length", str(len(body)))] + ([non_ascii] if i == 5
+                                                                                          else []))
+        records = [warc.request_record(uri, http_request_headers("GET", f"/t{i}", [("Host", "example.test")]),
+                                       date, "127.0.0.1", request_id, response_id),
+                   warc.response_record(uri, headers, body, date, "127.0.0.1", response_id, request_id),
+                   warc.fetch_metadata_record(uri, date, response_id, i, "127.0.0.1", None, "success")]
+        written = await warc.write(records)
+        result = await warc.write([warc.result_record(uri, date, "fetched", json.dumps({"i": i}))])
+        return [request_id, response_id], written + result
+
+    async def main() -> list:
+        return await asyncio.gather(*(exchange(i) for i in range(40)))
+
+    jobs = asyncio.run(main())
+    assert warc.records == 40 * 4
+    warc.close()
+    data = Path(path).read_bytes()
+    found = {start: (end, rid, kind) for start, end, rid, kind, _ in boundaries(data)}
+    assert len(found) == 1 + 40 * 4
+    recs = read_warc(path)
+    assert all(r["block_ok"] and r.get("payload_ok", True) for r in recs)
+    assert sum("payload_ok" in r for r in recs) == 80  # requests and responses
+    for (request_id, response_id), written in jobs:
+        request, response, metadata, result = written
+        assert response.offset == request.offset + request.length  # one job: contiguous
+        assert metadata.offset == response.offset + response.length
+        assert result.offset >= metadata.offset + metadata.length  # awaited after: lands later
+        for record in written:
+            assert found[record.offset][0] == record.offset + record.length
+        assert [found[r.offset][1:] for r in written[:2]] == [(request_id, "request"), (response_id, "response")]
+        assert [found[r.offset][2] for r in written[2:]] == ["metadata", "metadata"]
+        payload = gzip.decompress(data[response.offset:response.offset + response.length])
+        assert f"WARC-Payload-Digest: {response.payload_digest}\r\n".encode() in payload
+    [odd] = [r for r in recs if r["type"] == WarcRecordType.response
+             and r["headers"]["WARC-Target-URI"] == "http://example.test/t5"]
+    assert b"\r\nX-Name: caf%C3%A9\r\n" in gzip.decompress(data[odd["offset"]:found[odd["offset"]][0]])
