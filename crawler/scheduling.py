@@ -38,6 +38,7 @@ class HostWork:
     policy: RobotsPolicy | None = None
     heap_at: float | None = None  # ready time of the host's live heap entry (older entries are stale)
     left: int = 0               # URLs not reported yet: queued or in flight (an active host for the metrics)
+    head_allowed: bool = False  # robots.txt already said yes to the head of the queue (checked once per URL)
 
     def wants_dispatch(self) -> bool:
         return not self.preparing and (not self.prepared or bool(self.queue))
@@ -133,6 +134,7 @@ class HostScheduler:
             return None
         host.gate.started(now)
         item = host.queue.popleft()
+        host.head_allowed = False
         self.queued -= 1
         self._schedule(host)
         return item
@@ -182,8 +184,11 @@ class HostScheduler:
         elif host.gate.paused or host.policy is None or host.policy.state is RobotsState.DISALLOW_ALL:
             self._report_all(host, FetchOutcome.DEFERRED)
         else:
-            while host.queue and not host.policy.allowed(host.queue[0]["url"]):
-                self._report_one(host, FetchOutcome.ROBOTS_DENIED)
+            while host.queue and not host.head_allowed:
+                if host.policy.allowed(host.queue[0]["url"]):
+                    host.head_allowed = True
+                else:
+                    self._report_one(host, FetchOutcome.ROBOTS_DENIED)
 
     def _report_all(self, host: HostWork, outcome: FetchOutcome, error: str | None = None) -> None:
         while host.queue:
@@ -192,4 +197,5 @@ class HostScheduler:
     def _report_one(self, host: HostWork, outcome: FetchOutcome, error: str | None = None) -> None:
         host.left -= 1
         self.queued -= 1
+        host.head_allowed = False
         self.report(Report(host.queue.popleft(), outcome, error))

@@ -27,7 +27,12 @@ _UNRESERVED = frozenset(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz01
 def normalize_percent_encoding(text: str) -> str:
     """Percent-encoding normal form: non-ASCII as UTF-8 %XX, uppercase hex, unreserved characters decoded,
     so `/%7efoo`, `/~foo` and `/%7Efoo` compare equal (canonical URLs and robots.txt rules both use it)."""
-    encoded = "".join(ch if ord(ch) < 128 else "".join(f"%{b:02X}" for b in ch.encode("utf-8")) for ch in text)
+    if text.isascii():
+        if "%" not in text:
+            return text
+        encoded = text
+    else:
+        encoded = "".join(ch if ord(ch) < 128 else "".join(f"%{b:02X}" for b in ch.encode("utf-8")) for ch in text)
 
     def fix(match: re.Match[str]) -> str:
         byte = int(match.group(1), 16)

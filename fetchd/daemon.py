@@ -523,6 +523,8 @@ class BucketRun:
                 break
             url = next_url
         assert response is not None
+        if response.blocked and urls.host_key(url) == host.host_key:
+            host.blocked = response.error  # the name now resolves to a refused address: nothing goes to this host
         body = response.decoded_body(max_bytes).decode("utf-8", "replace") if response.status is not None else None
         status = None if response.blocked else response.status
         policy = policy_for_status(status, body, token, max_bytes)

@@ -142,8 +142,9 @@ def test_rebinding_right_after_the_pre_check_never_connects(server, base_conf, r
     assert server.log == []
     [robots] = read_results(root, SEGMENT, kind="robots")
     assert robots["status_code"] is None and "refused address for rebind.test: 127.0.0.2" in robots["error"]
-    # robots.txt unreachable -> the host's URLs wait for the next cycle (they are not requested)
-    assert [r["outcome"] for r in rows] == ["deferred"] * 2
+    # the host now resolves to a refused address: its URLs are reported blocked, never requested
+    assert [r["outcome"] for r in rows] == ["blocked"] * 2
+    assert all("refused address" in r["error"] for r in rows)
 
 
 def _fetch(conf, root: str) -> list[dict]:
