@@ -113,6 +113,8 @@ _RULES: dict[str, tuple[Any, str]] = {
     "fetch.progress_interval_s": (_positive, "must be > 0"),
     "fetch.dns_cache_ttl_s": (_non_negative, "must be >= 0"),
     "fetch.poll_interval_s": (_positive, "must be > 0"),
+    "fetch.storage_retry_s": (_positive, "must be > 0"),
+    "fetch.storage_retry_max_s": (_positive, "must be > 0"),
     "fetch.metrics_port": (lambda v: 0 <= v <= 65535, "must be between 0 (no endpoint) and 65535"),
     "fetch.metrics_host": (_ip, "must be an IP address such as 127.0.0.1"),
     "fetch.allow_networks": (_networks, "must be a list of CIDR networks such as 127.0.0.0/8"),

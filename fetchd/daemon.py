@@ -150,7 +150,11 @@ class Daemon:
         """Own the bucket: already owned, or taken now under the lease rule."""
         if bucket in self.leases and not self.leases[bucket].fenced():
             return True
-        lease = self.store.try_acquire(bucket)
+        try:
+            lease = self.store.try_acquire(bucket)
+        except OSError as exc:  # storage trouble: try again at the next look for work
+            log.warning("cannot take bucket %05d: %s", bucket, exc)
+            return False
         if lease is None:
             return False
         self.leases[bucket] = lease
@@ -159,7 +163,10 @@ class Daemon:
     def release(self, bucket: int) -> None:
         lease = self.leases.pop(bucket, None)
         if lease is not None:
-            self.store.release(lease, time.time())
+            try:
+                self.store.release(lease, time.time())
+            except OSError as exc:  # the lease then lapses by itself
+                log.warning("cannot release bucket %05d: %s", bucket, exc)
 
     async def heartbeat_loop(self) -> None:
         """Renew every owned lease each `ownership.renew_interval_s`; a lease that could not be renewed in time
@@ -167,7 +174,12 @@ class Daemon:
         while True:
             await asyncio.sleep(self.conf["ownership.renew_interval_s"])
             for bucket, lease in list(self.leases.items()):
-                if not self.store.renew(lease):
+                try:
+                    renewed = self.store.renew(lease)
+                except OSError as exc:  # not renewed: the lease fences itself at its deadline if this goes on
+                    log.warning("cannot renew bucket %05d: %s", bucket, exc)
+                    continue
+                if not renewed:
                     self.leases.pop(bucket, None)
 
     def gate_for(self, host_key: str) -> HostGate:
@@ -212,26 +224,71 @@ class Daemon:
     async def fetch_buckets(self, segment_id: str, buckets: list[int]) -> list[dict[str, Any]]:
         """Fetch the given buckets of a segment (each must be owned: `acquire`) concurrently, resuming what an
         earlier run left; the manifests of those that finished."""
-        runs = []
         share = max(1, self.conf["fetch.max_queued_urls"] // max(1, len(buckets)))  # queued rows per bucket run
-        for bucket in buckets:
-            lease = self.leases.get(bucket)
-            if lease is None or lease.fenced():  # lost since it was claimed
-                continue
-            resume = recover_bucket_output(self.root, segment_id, bucket)
-            run = BucketRun(self, segment_id, bucket, read_fetchlist(self.root, segment_id, bucket), lease, resume,
-                            share)
-            self.total += run.urls
-            self.metrics.urls_listed += run.urls
-            runs.append(run)
-        self.segment_id, self.runs = segment_id, runs
+        self.segment_id, self.runs = segment_id, []
         progress = asyncio.create_task(self.progress_loop())
         try:
-            manifests = await asyncio.gather(*(run.run() for run in runs))
+            manifests = await asyncio.gather(*(self._fetch_bucket(segment_id, b, share) for b in buckets))
         finally:
             progress.cancel()
             self.log_progress()
         return [m for m in manifests if m is not None]
+
+    async def _fetch_bucket(self, segment_id: str, bucket: int, max_queued: int) -> dict[str, Any] | None:
+        """One owned bucket to its end. When its files cannot be written (a full disk, I/O errors), the bucket
+        stops fetching at once (nothing is fetched that cannot be stored), waits with growing pauses up to
+        `fetch.storage_retry_max_s`, and resumes from what is durable once a probe write succeeds."""
+        pause = self.conf["fetch.storage_retry_s"]
+        while True:
+            lease = self.leases.get(bucket)
+            if lease is None or lease.fenced() or self.stop.is_set():  # lost since it was claimed, or stopping
+                return None
+            try:
+                resume = recover_bucket_output(self.root, segment_id, bucket)
+                run = BucketRun(self, segment_id, bucket, read_fetchlist(self.root, segment_id, bucket), lease,
+                                resume, max_queued)
+            except OSError as exc:
+                trouble: BaseException = exc
+            else:
+                self.runs = [r for r in self.runs if r.bucket != bucket] + [run]
+                self.total += run.urls
+                self.metrics.urls_listed += run.urls
+                manifest = await run.run()
+                if run.storage_error is None:
+                    return manifest
+                trouble = run.storage_error
+            self.metrics.storage_errors += 1
+            self.metrics.storage_paused += 1
+            log.warning("bucket %05d of %s: storage trouble (%s); fetching paused, retrying in %.1fs",
+                        bucket, segment_id, trouble, pause)
+            try:
+                while not await self._storage_works(segment_id, bucket, pause, lease):
+                    pause = min(pause * 2, self.conf["fetch.storage_retry_max_s"])
+                    if lease.fenced() or self.stop.is_set():
+                        return None
+            finally:
+                self.metrics.storage_paused -= 1
+            log.info("bucket %05d of %s: storage works again; resuming", bucket, segment_id)
+
+    async def _storage_works(self, segment_id: str, bucket: int, pause: float, lease: Lease) -> bool:
+        """Wait `pause` seconds (less if the daemon stops or the lease goes), then try a small durable write where
+        the bucket's results go."""
+        deadline = time.monotonic() + pause
+        while time.monotonic() < deadline and not self.stop.is_set() and not lease.fenced():
+            await asyncio.sleep(min(_STOP_POLL_S, max(0.0, deadline - time.monotonic())))
+        probe = layout.join(layout.fetched_dir(self.root, segment_id, bucket), ".storage-probe.tmp")
+        try:
+            os.makedirs(os.path.dirname(probe), exist_ok=True)
+            with open(probe, "wb") as fh:
+                fh.write(b"\0" * 65536)
+                fh.flush()
+                os.fsync(fh.fileno())
+            os.remove(probe)
+            return True
+        except OSError:
+            with contextlib.suppress(OSError):
+                os.remove(probe)
+            return False
 
 
 class BucketRun:
@@ -261,6 +318,7 @@ class BucketRun:
         self.max_queued = max_queued
         self.previous_robots = resume.robots  # taken over as each host first appears
         self.tasks: set[asyncio.Task[None]] = set()
+        self.storage_error: OSError | None = None  # why this run's files could not be written, if they could not
         self.wake = asyncio.Event()
         self.outcomes: Counter[str] = Counter()
         self.begun: float | None = None  # monotonic start of the scheduler: ready lag is never counted before it
@@ -304,12 +362,27 @@ class BucketRun:
                 self.add(row)
 
     def should_stop(self) -> bool:
-        """Whether to stop handing out work: the daemon is stopping, or the bucket's lease is lost (fenced). An
-        unfinished bucket is resumed by its next owner from what was published or recorded in the WARC."""
-        return self.d.stop.is_set() or self.lease.fenced()
+        """Whether to stop handing out work: the daemon is stopping, the bucket's lease is lost (fenced), or its
+        files cannot be written. An unfinished bucket is resumed from what was published or recorded in the WARC."""
+        return self.d.stop.is_set() or self.lease.fenced() or self.storage_error is not None
+
+    def _storage_failed(self, exc: OSError) -> None:
+        """A write of this bucket's files failed: stop (the daemon pauses the bucket and resumes it later)."""
+        if self.storage_error is None:
+            log.warning("bucket %05d of %s: cannot write its files: %s", self.bucket, self.segment_id, exc)
+            self.storage_error = exc
+        self.wake.set()
+
+    async def _guarded(self, coro: Any) -> None:
+        """Run a request task; a storage error it hits stops the bucket. Network errors never get here: the
+        fetcher turns them into responses, so an OSError here comes from writing files."""
+        try:
+            await coro
+        except OSError as exc:
+            self._storage_failed(exc)
 
     def _start(self, coro: Any) -> None:
-        task = asyncio.create_task(coro)
+        task = asyncio.create_task(self._guarded(coro))
         self.tasks.add(task)
         task.add_done_callback(self.tasks.discard)
 
@@ -332,6 +405,19 @@ class BucketRun:
         return None
 
     async def run(self) -> dict[str, Any] | None:
+        """Fetch the bucket; its manifest when finished, else None (`storage_error` says if storage stopped it)."""
+        try:
+            return await self._run()
+        except OSError as exc:  # a write from the driver itself (publishing rows, closing a WARC)
+            self._storage_failed(exc)
+            await self._drain()
+        if self.storage_error is not None:
+            self.reading = None
+            with contextlib.suppress(OSError):
+                self.out.abandon()
+        return None
+
+    async def _run(self) -> dict[str, Any] | None:
         started = time.time()
         self.begun = time.monotonic()
         while not self.should_stop():
@@ -346,6 +432,8 @@ class BucketRun:
                 await asyncio.wait_for(self.wake.wait(), _STOP_POLL_S if wait is None else min(wait, _STOP_POLL_S))
         await self._drain()
         unread, self.reading = self.reading is not None, None  # dropping the reader closes its file
+        if self.storage_error is not None:
+            return None
         if self.lease.fenced():
             self.out.abandon()
             log.warning("bucket %05d of %s: lease lost, stopped at once; its next owner resumes it",
@@ -363,7 +451,8 @@ class BucketRun:
         is stopping they get `ownership.shutdown_grace_s` and are then cancelled (their URLs stay unreported)."""
         grace_ends = time.monotonic() + self.conf["ownership.shutdown_grace_s"]
         while self.tasks:
-            over = self.lease.fenced() or (self.d.stop.is_set() and time.monotonic() >= grace_ends)
+            over = (self.lease.fenced() or self.storage_error is not None
+                    or (self.d.stop.is_set() and time.monotonic() >= grace_ends))
             if over:
                 for task in self.tasks:
                     task.cancel()
@@ -478,6 +567,8 @@ class BucketRun:
     async def _prepare(self, host: HostWork) -> None:
         try:
             await self._prepare_host(host)
+        except OSError:
+            raise  # writing failed (name lookups are handled inside): the bucket pauses for its storage
         except Exception:  # never leave a host half-prepared: its URLs would never be reported
             log.exception("preparing %s failed; its URLs are deferred", host.host_key)
             host.policy = RobotsPolicy.disallow_all()

@@ -48,6 +48,8 @@ class Metrics:
     robots_denials: int = 0        # URLs not requested because robots.txt disallows them
     politeness_waits: int = 0      # times a host with URLs queued was held by its gate
     politeness_wait_s: float = 0.0  # seconds of those holds
+    storage_errors: int = 0        # times a bucket paused because its files could not be written
+    storage_paused: int = 0        # buckets paused now, waiting for storage to work again
     started: float = field(default_factory=time.monotonic)
 
     def response(self, body_bytes: int) -> None:
@@ -140,6 +142,7 @@ def snapshot(daemon: Daemon) -> dict[str, Any]:
             "robots_denials": m.robots_denials,
             "politeness_waits": m.politeness_waits,
             "politeness_wait_s": round(m.politeness_wait_s, 6),
+            "storage_errors": m.storage_errors,
         },
         "gauges": {
             "active_hosts": totals.active,
@@ -147,6 +150,7 @@ def snapshot(daemon: Daemon) -> dict[str, Any]:
             "ready_lag_max_s": round(totals.ready_lag_max_s, 6),
             "ready_lag_sum_s": round(totals.ready_lag_sum_s, 6),
             "urls_queued": totals.queued,
+            "storage_paused_buckets": m.storage_paused,
             "urls_per_s": round(done / uptime, 3),
         },
         "buckets": buckets,
@@ -181,6 +185,10 @@ _FAMILIES: tuple[tuple[str, str, str, str], ...] = (
      "counters.politeness_waits"),
     ("fetchd_politeness_wait_seconds_total", "counter", "Seconds hosts with URLs queued were held by their gate.",
      "counters.politeness_wait_s"),
+    ("fetchd_storage_errors_total", "counter", "Times a bucket paused because its files could not be written.",
+     "counters.storage_errors"),
+    ("fetchd_storage_paused_buckets", "gauge", "Buckets paused until storage works again.",
+     "gauges.storage_paused_buckets"),
     ("fetchd_hosts_active", "gauge", "Hosts with URLs left in the buckets being fetched.", "gauges.active_hosts"),
     ("fetchd_hosts_ready", "gauge", "Hosts with URLs queued whose politeness gate is open.", "gauges.ready_hosts"),
     ("fetchd_ready_lag_seconds_max", "gauge", "Largest now - gate opening time over ready hosts.",

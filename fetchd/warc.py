@@ -24,6 +24,7 @@ import asyncio
 import base64
 import concurrent.futures
 import contextlib
+import errno
 import hashlib
 import io
 import json
@@ -339,7 +340,7 @@ class WarcFile:
     def _write_job(self, records: list[Record], bound: int) -> list[WrittenRecord]:
         """Write the records, one gzip member each; where each landed."""
         if self._failed is not None:
-            raise RuntimeError(f"{self.open_path}: an earlier write failed") from self._failed
+            raise OSError(errno.EIO, f"{self.open_path}: an earlier write failed") from self._failed
         try:
             offset = self._fh.tell()
             written = []

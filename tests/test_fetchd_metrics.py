@@ -107,9 +107,9 @@ def test_parser_rejects_what_the_format_forbids():
 def test_exposition_escapes_label_values():
     snap = {"daemon_id": 'a"b\\c\nd', "counters": {"outcomes": {"success": 2}, "urls_listed": 0, "responses": 0,
             "bytes_downloaded": 0, "warc_bytes": 0, "robots_denials": 0, "politeness_waits": 0,
-            "politeness_wait_s": 0.5},
+            "politeness_wait_s": 0.5, "storage_errors": 0},
             "gauges": {"active_hosts": 0, "ready_hosts": 0, "ready_lag_max_s": 0.0, "ready_lag_sum_s": 0.0,
-                       "urls_queued": 0}}
+                       "urls_queued": 0, "storage_paused_buckets": 0}}
     _, samples = parse_exposition(render_prometheus(snap))
     assert values(samples, "fetchd_fetches_total") == {
         frozenset({("daemon", r'a\"b\\c\nd'), ("outcome", "success")}): 2.0}
