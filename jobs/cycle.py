@@ -39,8 +39,9 @@ def describe(result: Any) -> str:
         return result.summary()
     if isinstance(result, dict) and "outcomes" in result:
         outcomes = ", ".join(f"{k}={v}" for k, v in sorted(result["outcomes"].items())) or "-"
+        held = result.get("held_buckets")
         return (f"{result['urls']} URLs ({outcomes}); {result['warc_files']} WARC files, "
-                f"{result['warc_bytes'] / 1e6:.2f} MB")
+                f"{result['warc_bytes'] / 1e6:.2f} MB" + (f"; buckets owned by another daemon: {held}" if held else ""))
     return str(result)
 
 
