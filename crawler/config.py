@@ -18,6 +18,7 @@ from typing import Any
 
 import yaml
 
+from crawler.dedup import MAX_SUPPORTED_HAMMING
 from crawler.ownership import check_timing
 
 DEFAULTS_PATH = Path(os.environ.get("CRAWL_DEFAULTS", Path(__file__).resolve().parents[1] / "conf" / "crawler.yaml"))
@@ -141,6 +142,12 @@ _RULES: dict[str, tuple[Any, str]] = {
     "parse.max_outlinks": (_positive, "must be > 0"),
     "parse.max_html_bytes": (_positive, "must be > 0"),
     "parse.simhash_shingle": (_positive, "must be > 0"),
+    "sitemaps.max_urls": (_positive, "must be > 0"),
+    "sitemaps.max_uncompressed_bytes": (_positive, "must be > 0"),
+    "sitemaps.max_index_depth": (_non_negative, "must be >= 0"),
+    "sitemaps.max_loc_length": (_positive, "must be > 0"),
+    "dedup.max_hamming": (lambda v: 0 <= v <= MAX_SUPPORTED_HAMMING, f"must be between 0 and {MAX_SUPPORTED_HAMMING}"),
+    "dedup.max_bucket_size": (lambda v: v >= 2, "must be >= 2"),
     "spark.shuffle_partitions": (_positive, "must be > 0"),
     "maintain.vacuum_retention_hours": (_non_negative, "must be >= 0"),
     "maintain.target_file_mb": (_positive, "must be > 0"),

@@ -1,0 +1,244 @@
+"""Duplicate rules for the dedup step: one representative per identical payload, near-duplicate clusters by SimHash.
+
+Both kinds pick the same stable representative: the earliest fetched page, then the lowest url_id, so the answer
+does not depend on input order or partitioning. Nothing here drops a page: dedup only marks duplicates.
+
+Near duplicates (Manku, Jain, Das Sarma, "Detecting near-duplicates for web crawling", WWW 2007):
+
+* Banded LSH. With k = the largest Hamming distance kept, the 64 SimHash bits are split into k + 1 bands. Two
+  hashes within distance k differ in at most k bits, so (pigeonhole) at least one band is identical in both:
+  grouping by (band index, band value) finds every pair within distance k. Candidates are then verified by
+  `hamming <= k`, so no pair further apart is ever kept.
+* Bucket cap. A band value shared by very many documents (boilerplate-only pages, and every page with no text,
+  whose SimHash is 0) would need m² comparisons. Members of one bucket are sorted by (SimHash, representative
+  order); rows with identical SimHashes are chained to each other at O(m) (distance 0 is always a match), and
+  each distinct SimHash is compared only with its next `max_bucket_size - 1` distinct neighbours: a bucket of no
+  more distinct values than the cap is compared completely, a larger one costs O(m · cap). Capped buckets and
+  the comparisons skipped are counted, never silent.
+* Clusters are connected components (union-find) of the verified pairs. They are transitive: A~B and B~C put A
+  and C together even when hamming(A, C) > k, so a cluster's diameter can reach k times its chain length. That is
+  accepted because a duplicate mark only lowers crawl priority (outlinks are still followed, pages are kept) and
+  templated near duplicates form tight stars around their original rather than long chains; the tests measure
+  the largest distance from any member to its representative.
+* What k means: an unweighted SimHash moves 64·θ/π bits on average for an angle θ between the pages' shingle
+  vectors, so in a 500-word page one edited word already moves it ~2 bits and a changed nav line ~5. k = 3 keeps
+  edits of a word or two; tests/test_dedup.py measures recall 0.53 at k = 3 and 0.97 at k = 7 on its generated
+  corpus, precision 1.0 at every k up to 7 (unrelated pages sit ~32 bits apart).
+* Scale: k + 1 bands of 64 / (k + 1) bits mean a random 16-bit band bucket (k = 3) holds n / 65 536 documents, so
+  the comparisons grow as n² / 65 536 per band; beyond ~10⁸ documents use Manku's permuted tables (more, wider
+  bands). The functions take numpy arrays of one band's rows, so a Spark job calls them per partition
+  (mapInPandas / applyInPandas over rows partitioned by (band, band value): every row of a bucket in one call).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from crawler.fingerprints import tokens
+
+SIMHASH_BITS = 64
+DEFAULT_MAX_HAMMING = 3
+DEFAULT_MAX_BUCKET_SIZE = 1000
+# Band widths shrink as k grows; below 8 bits a band bucket holds n / 256 documents or more, which no corpus
+# worth deduplicating can afford, so the configuration stops at k = 7.
+MAX_SUPPORTED_HAMMING = 7
+
+
+def normalize_text(text: str) -> str:
+    """Lowercased words joined by single spaces: the text `fingerprints.simhash` actually sees, so
+    `simhash(normalize_text(t)) == simhash(t)` and two texts that normalize alike hash alike."""
+    return " ".join(tokens(text))
+
+
+def _order_key(row: Mapping[str, Any]) -> tuple[bool, Any, str]:
+    fetched = row.get("fetched_at")
+    # A row without a fetch time sorts after every fetched one (and None is never compared with a timestamp).
+    return (fetched is None, fetched if fetched is not None else 0, row["url_id"])
+
+
+def exact_representative(rows: Iterable[Mapping[str, Any]]) -> dict[str, str]:
+    """content_hash -> url_id of its representative: earliest `fetched_at`, then lowest `url_id`.
+
+    Rows are mappings with `url_id`, `fetched_at` and `content_hash`; rows without a content hash are skipped.
+    The result does not depend on row order.
+    """
+    best: dict[str, tuple[bool, Any, str]] = {}
+    for row in rows:
+        digest = row.get("content_hash")
+        if digest is None:
+            continue
+        key = _order_key(row)
+        if digest not in best or key < best[digest]:
+            best[digest] = key
+    return {digest: key[2] for digest, key in best.items()}
+
+
+def band_layout(max_hamming: int) -> tuple[tuple[int, int], ...]:
+    """(shift, width) of each of the max_hamming + 1 bands, widths as equal as possible, covering all 64 bits."""
+    if not 0 <= max_hamming <= MAX_SUPPORTED_HAMMING:
+        raise ValueError(f"max_hamming must be between 0 and {MAX_SUPPORTED_HAMMING}, got {max_hamming}")
+    bands = max_hamming + 1
+    widths = [SIMHASH_BITS // bands + (1 if i < SIMHASH_BITS % bands else 0) for i in range(bands)]
+    shifts = np.cumsum([0, *widths[:-1]]).tolist()
+    return tuple(zip(shifts, widths, strict=True))
+
+
+def _unsigned(simhashes: Any) -> np.ndarray:
+    """SimHashes as uint64 (the tables store them as signed int64; the bits are what matter)."""
+    return np.asarray(simhashes, dtype=np.int64).view(np.uint64)
+
+
+def band_values(simhashes: Any, max_hamming: int = DEFAULT_MAX_HAMMING) -> np.ndarray:
+    """(n, max_hamming + 1) uint64 array: the value of each band of each SimHash; column b is band b's key."""
+    hashes = _unsigned(simhashes)
+    layout = band_layout(max_hamming)
+    out = np.empty((hashes.shape[0], len(layout)), dtype=np.uint64)
+    for band, (shift, width) in enumerate(layout):
+        out[:, band] = (hashes >> np.uint64(shift)) & np.uint64((1 << width) - 1)
+    return out
+
+
+def representative_rank(url_ids: Any, fetched_at: Any) -> np.ndarray:
+    """Rank of each document in representative order (0 = earliest fetched, then lowest url_id).
+
+    `fetched_at` is int64 (e.g. epoch microseconds; Spark timestamps arrive as datetime64 and are converted).
+    """
+    ids = np.asarray(url_ids, dtype=str)
+    times = np.asarray(fetched_at)
+    if np.issubdtype(times.dtype, np.datetime64):
+        times = times.astype("datetime64[us]").astype(np.int64)
+    order = np.lexsort((ids, times.astype(np.int64)))
+    rank = np.empty(order.shape[0], dtype=np.int64)
+    rank[order] = np.arange(order.shape[0], dtype=np.int64)
+    return rank
+
+
+@dataclass(frozen=True)
+class BandPairs:
+    """Verified near-duplicate pairs found in one band (indices into the input arrays), and what the cap cost."""
+
+    left: np.ndarray
+    right: np.ndarray
+    capped_buckets: int       # buckets larger than max_bucket_size (compared only within the window)
+    skipped_comparisons: int  # candidate pairs in those buckets that were never compared
+
+
+def band_pairs(
+    keys: Any,
+    simhashes: Any,
+    rank: Any,
+    max_hamming: int = DEFAULT_MAX_HAMMING,
+    max_bucket_size: int = DEFAULT_MAX_BUCKET_SIZE,
+) -> BandPairs:
+    """Pairs (i, j) sharing a band key whose SimHashes are within `max_hamming` bits, for the rows of one band.
+
+    `keys` is the band value of each row (rows may hold many band values, e.g. one Spark partition of a band),
+    `rank` the representative order from `representative_rank`, used only to make the sort, and so the pairs
+    returned, independent of input order. Rows with identical SimHashes are chained; each distinct SimHash is
+    compared with at most `max_bucket_size - 1` following distinct ones of its bucket in SimHash order.
+    """
+    if max_bucket_size < 2:
+        raise ValueError("max_bucket_size must be >= 2")
+    keys = np.asarray(keys, dtype=np.uint64)
+    hashes = _unsigned(simhashes)
+    order = np.lexsort((np.asarray(rank), hashes, keys))
+    sorted_keys, sorted_hashes = keys[order], hashes[order]
+    # A row repeating its predecessor's SimHash is linked to it and compared with nothing else: its run's first
+    # row stands for the whole run, so a thousand empty pages cost a chain, not a window of pairs each.
+    same = (sorted_keys[1:] == sorted_keys[:-1]) & (sorted_hashes[1:] == sorted_hashes[:-1])
+    repeat = np.r_[False, same][: order.shape[0]]
+    repeats = np.flatnonzero(repeat)
+    lefts, rights = [order[repeats - 1]], [order[repeats]]
+    heads = np.flatnonzero(~repeat)
+    order, sorted_keys, sorted_hashes = order[heads], sorted_keys[heads], sorted_hashes[heads]
+    # Bucket boundaries among the distinct SimHashes, and how many rows of its bucket follow each row.
+    n = order.shape[0]
+    starts = np.flatnonzero(np.r_[True, sorted_keys[1:] != sorted_keys[:-1]][:n])
+    sizes = np.diff(np.r_[starts, n])
+    remaining = np.repeat(starts + sizes, sizes) - np.arange(n) - 1
+    capped = sizes[sizes > max_bucket_size]
+    window = max_bucket_size - 1
+    # Of m(m-1)/2 pairs a capped bucket compares `window` per row, minus the window's overhang at the end.
+    skipped = int((capped * (capped - 1) // 2 - window * capped).sum() + window * max_bucket_size // 2 * capped.size)
+    active = np.flatnonzero(remaining > 0)
+    for offset in range(1, max_bucket_size):
+        active = active[remaining[active] >= offset]
+        if active.size == 0:
+            break
+        partners = active + offset
+        near = np.bitwise_count(sorted_hashes[active] ^ sorted_hashes[partners]) <= max_hamming
+        lefts.append(order[active[near]])
+        rights.append(order[partners[near]])
+    return BandPairs(
+        left=np.concatenate(lefts),
+        right=np.concatenate(rights),
+        capped_buckets=int(capped.size),
+        skipped_comparisons=skipped,
+    )
+
+
+def cluster_representatives(n: int, left: Any, right: Any, rank: Any) -> np.ndarray:
+    """Index of each document's cluster representative: connected components of the pairs (union-find), each
+    represented by its member of lowest `rank`. A document in no pair represents itself."""
+    rank = np.asarray(rank)
+    parent = list(range(n))
+
+    def root(node: int) -> int:
+        while parent[node] != node:
+            parent[node] = parent[parent[node]]
+            node = parent[node]
+        return node
+
+    for a, b in zip(np.asarray(left).tolist(), np.asarray(right).tolist(), strict=True):
+        root_a, root_b = root(a), root(b)
+        if root_a == root_b:
+            continue
+        # The root is always the lowest-ranked member seen so far, so the final root is the representative.
+        if rank[root_b] < rank[root_a]:
+            root_a, root_b = root_b, root_a
+        parent[root_b] = root_a
+    return np.fromiter((root(node) for node in range(n)), dtype=np.int64, count=n)
+
+
+@dataclass(frozen=True)
+class NearDuplicates:
+    """Result of `near_duplicate_clusters`: per-document representative index and what was found and skipped."""
+
+    representative: np.ndarray  # index (into the inputs) of each document's cluster representative
+    pairs: int                  # verified pairs over all bands (a pair found in two bands counts twice)
+    capped_buckets: int
+    skipped_comparisons: int
+
+    def clusters(self) -> int:
+        """Clusters with more than one member."""
+        members = np.bincount(self.representative, minlength=self.representative.shape[0])
+        return int((members > 1).sum())
+
+
+def near_duplicate_clusters(
+    url_ids: Any,
+    fetched_at: Any,
+    simhashes: Any,
+    max_hamming: int = DEFAULT_MAX_HAMMING,
+    max_bucket_size: int = DEFAULT_MAX_BUCKET_SIZE,
+) -> NearDuplicates:
+    """Near-duplicate clusters of a whole set of documents: every band, verified pairs, union-find.
+
+    Pass only documents that have a SimHash (pages with no text hash to 0 and all cluster together).
+    """
+    hashes = np.asarray(simhashes, dtype=np.int64)
+    rank = representative_rank(url_ids, fetched_at)
+    keys = band_values(hashes, max_hamming)
+    found = [band_pairs(keys[:, band], hashes, rank, max_hamming, max_bucket_size) for band in range(keys.shape[1])]
+    left = np.concatenate([pairs.left for pairs in found])
+    right = np.concatenate([pairs.right for pairs in found])
+    return NearDuplicates(
+        representative=cluster_representatives(hashes.shape[0], left, right, rank),
+        pairs=int(left.shape[0]),
+        capped_buckets=sum(pairs.capped_buckets for pairs in found),
+        skipped_comparisons=sum(pairs.skipped_comparisons for pairs in found),
+    )
