@@ -2,8 +2,9 @@
 
 Run on demand, never as a test:
 
-    .venv/bin/python -m bench.fetchd [--only a,b,c] [--hosts-a 200] [--pages-a 60] [--gzip-level 6] [--hosts-b 1000]
-                                     [--pages-b 5] [--rss-urls 100000,1000000] [--root /tmp/cyclecrawl-bench-fetchd]
+    .venv/bin/python -m bench.fetchd [--only a,b,c] [--daemons 2] [--hosts-a 200] [--pages-a 60] [--gzip-level 6]
+                                     [--hosts-b 1000] [--pages-b 5] [--rss-urls 100000,1000000]
+                                     [--root /tmp/cyclecrawl-bench-fetchd]
 
 Everything runs on loopback against the site farm (fetchd/sitefarm.py, latency 0), which runs in its own
 `python -c` subprocess, so the CPU figures are the client's alone. Each client run is a fresh subprocess too
@@ -14,7 +15,9 @@ Everything runs on loopback against the site farm (fetchd/sitefarm.py, latency 0
       allows. fetchd (`fetch_segment`, WARC on) next to a minimal aiohttp GET loop over the same URLs with the
       same connector limits (body read, nothing stored). Pages/s, client CPU seconds per page (and per thread:
       the event loop's, the WARC writer's), the ratios; then a separate cProfile run of fetchd (the event loop
-      thread's CPU time) for the top entries.
+      thread's CPU time) for the top entries. With --daemons N (2), also N daemon processes on one segment, its
+      buckets split between them (`fetch_segment(..., buckets=...)` each), timed from the first request in the
+      farm's log to the last daemon's return: pages/s of the whole, CPU per page summed over them.
   (b) delay bound: --hosts-b hosts, delay --delay-b s, --pages-b pages each. From the farm's own log: per-host
       request rate ÷ (1 / delay) summed over hosts (= achieved ÷ hosts/delay), the ready lag (start − previous
       end − delay) and politeness violations; plus the whole-run figure, list loading and start-up included.
@@ -240,7 +243,9 @@ def run_role(role: str, job: dict[str, Any]) -> dict[str, Any]:
 
 
 def role_fetchd(job: dict[str, Any]) -> dict[str, Any]:
-    """`fetch_segment` once, WARC on; optionally under cProfile (written as text to job["profile"])."""
+    """`fetch_segment` once, WARC on, on all buckets or job["buckets"]; optionally under cProfile (written as text
+    to job["profile"]). With job["barrier"] it prints "ready" once imported and starts on a line on stdin, so a
+    fleet of these processes starts together."""
     import pyarrow.dataset  # noqa: F401 - imported on a daemon's first list read (~1.5 s once per process): not timed
 
     from fetchd.daemon import fetch_segment
@@ -248,13 +253,17 @@ def role_fetchd(job: dict[str, Any]) -> dict[str, Any]:
     conf = config_mod.load().with_overrides(job["overrides"])
     # the event loop thread's CPU time (not waits on a busy box, nor the WARC writer thread's work)
     profiler = cProfile.Profile(time.thread_time) if job.get("profile") else None
-    cpu, wall = client_cpu_s(), time.perf_counter()
+    if job.get("barrier"):
+        print("ready", flush=True)
+        sys.stdin.readline()
+    started, cpu, wall = time.time(), client_cpu_s(), time.perf_counter()
     if profiler is not None:
         profiler.enable()
-    summary = fetch_segment(conf, job["root"], job["segment"])
+    summary = fetch_segment(conf, job["root"], job["segment"], job.get("buckets"))
     if profiler is not None:
         profiler.disable()
     result = {"wall_s": time.perf_counter() - wall, "cpu_s": client_cpu_s() - cpu, "summary": summary,
+              "started": started, "ended": time.time(),
               "threads": threading.active_count(), "thread_cpu_s": thread_cpu_s()}
     if profiler is not None:
         text = io.StringIO()
@@ -292,6 +301,53 @@ async def raw_loop(url_list: list[str], concurrency: int, per_host: int) -> int:
     async with aiohttp.ClientSession(connector=connector) as session:
         await asyncio.gather(*(worker() for _ in range(concurrency)))
     return done
+
+
+def run_fleet(jobs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Run one `fetchd` role per job, each in its own subprocess, released together once all have imported."""
+    procs = []
+    try:
+        for i, job in enumerate(jobs):
+            job_path = os.path.join(job["workdir"], f"job-fleet-{i}-{time.monotonic_ns()}.json")
+            Path(job_path).write_text(json.dumps({**job, "barrier": True}))
+            procs.append(subprocess.Popen([sys.executable, "-m", "bench.fetchd", "--role", "fetchd", "--job", job_path],
+                                          cwd=REPO, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True))
+        for proc in procs:
+            assert proc.stdout is not None
+            if proc.stdout.readline().strip() != "ready":
+                raise RuntimeError("a fleet daemon did not start")
+        for proc in procs:
+            assert proc.stdin is not None
+            proc.stdin.write("go\n")
+            proc.stdin.close()
+        results = []
+        for proc in procs:
+            assert proc.stdout is not None
+            out = proc.stdout.read()
+            if proc.wait():
+                raise RuntimeError(f"a fleet daemon exited with {proc.returncode}")
+            results.append(json.loads(out.strip().splitlines()[-1]))
+        return results
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+
+
+def split_buckets(by_host: dict[str, list[str]], buckets: int, parts: int) -> list[list[int]]:
+    """The segment's buckets in `parts` disjoint sets of near-equal URL counts (largest bucket first, to the
+    lightest set), as an operator would assign them with `fetch_segment(..., buckets=...)`."""
+    sizes: dict[int, int] = defaultdict(int)
+    for key, found in by_host.items():
+        sizes[urls.bucket_of(key, buckets)] += len(found)
+    sets: list[list[int]] = [[] for _ in range(parts)]
+    loads = [0] * parts
+    for bucket in sorted(sizes, key=lambda b: (-sizes[b], b)):
+        lightest = loads.index(min(loads))
+        sets[lightest].append(bucket)
+        loads[lightest] += sizes[bucket]
+    return [sorted(s) for s in sets if s]
 
 
 def role_raw(job: dict[str, Any]) -> dict[str, Any]:
@@ -363,14 +419,46 @@ def run_a(args: argparse.Namespace, base: config_mod.Config, workdir: str) -> di
             offset, farm_cpu = farm.log_size(), farm.cpu_s()
             result = run_role("raw" if name == "raw" else "fetchd", {**job, "workdir": workdir})
             result["farm_cpu_s"] = farm.cpu_s() - farm_cpu
-            result["requests"] = len(farm.log_since(offset))
+            log = farm.log_since(offset)
+            result["requests"] = len(log)
+            if "ended" in result:  # the fleet's measure, for comparison: first request (farm log) to the return
+                result["from_first_request_s"] = result["ended"] - min(r["start"] for r in log)
             result["pages"] = result.get("pages") or result["summary"]["urls"]
             figures[name] = result
             progress(f"(a) {name}: {result['pages']:,} pages in {result['wall_s']:.1f}s, client CPU "
                      f"{result['cpu_s']:.1f}s, farm CPU {result['farm_cpu_s']:.1f}s, {result['requests']:,} requests")
+            if name == "fetchd" and args.daemons:
+                figures["fleet"] = run_a_fleet(args, base, workdir, farm, by_host, overrides)
         if args.profile:
             figures["profile_text"] = Path(runs[-1][1]["profile"]).read_text()
     return figures
+
+
+def run_a_fleet(args: argparse.Namespace, base: config_mod.Config, workdir: str, farm: FarmProcess,
+                by_host: dict[str, list[str]], overrides: dict[str, Any]) -> dict[str, Any]:
+    """(a) with --daemons processes on one segment, its buckets split between them; each daemon has the
+    single daemon's configuration (so --concurrency each). The whole is timed from the first request in the
+    farm's log to the last daemon's return (its results published)."""
+    root, segment = os.path.join(workdir, "root-a-fleet"), "bench-a-fleet"
+    write_fetchlist(root, segment, by_host, base["crawl.buckets"], 0.0)
+    sets = split_buckets(by_host, base["crawl.buckets"], args.daemons)
+    progress(f"(a) fleet: {len(sets)} daemons on buckets {sets}")
+    offset, farm_cpu = farm.log_size(), farm.cpu_s()
+    daemons = run_fleet([{"overrides": overrides, "root": root, "segment": segment, "buckets": bucket_set,
+                          "workdir": workdir} for bucket_set in sets])
+    log = farm.log_since(offset)
+    first, last = min(r["start"] for r in log), max(d["ended"] for d in daemons)
+    result = {
+        "daemons": daemons, "buckets": sets, "requests": len(log), "farm_cpu_s": farm.cpu_s() - farm_cpu,
+        "pages": sum(d["summary"]["urls"] for d in daemons), "cpu_s": sum(d["cpu_s"] for d in daemons),
+        "wall_s": last - first, "span_s": last - min(d["started"] for d in daemons),
+        "held": sum(len(d["summary"]["held_buckets"]) for d in daemons),
+    }
+    progress(f"(a) fleet: {result['pages']:,} pages in {result['wall_s']:.1f}s (first request to last result), "
+             f"client CPU {result['cpu_s']:.1f}s, farm CPU {result['farm_cpu_s']:.1f}s, {len(log):,} requests")
+    if not args.keep:
+        shutil.rmtree(root, ignore_errors=True)
+    return result
 
 
 def run_b(args: argparse.Namespace, base: config_mod.Config, workdir: str) -> dict[str, Any]:
@@ -488,6 +576,13 @@ def report(a: dict[str, Any] | None, b: dict[str, Any] | None, c: list[dict[str,
                   f"{r['cpu_s']:>7.2f} {1000 * r['cpu_s'] / r['pages']:>12.3f} {r['cpu_s'] / r['wall_s']:>16.2f} "
                   f"{r['farm_cpu_s'] / r['wall_s']:>14.2f} {r['requests']:>9,}")
         raw, fetchd = a["raw"], a["fetchd"]
+        fleet = a.get("fleet")
+        if fleet is not None:
+            name = f"fetchd×{len(fleet['daemons'])}"
+            print(f"    {name:8} {fleet['pages']:>7,} {fleet['wall_s']:>7.2f} {fleet['pages'] / fleet['wall_s']:>8.0f} "
+                  f"{fleet['cpu_s']:>7.2f} {1000 * fleet['cpu_s'] / fleet['pages']:>12.3f} "
+                  f"{fleet['cpu_s'] / fleet['wall_s']:>16.2f} {fleet['farm_cpu_s'] / fleet['wall_s']:>14.2f} "
+                  f"{fleet['requests']:>9,}")
         rate = (fetchd["pages"] / fetchd["wall_s"]) / (raw["pages"] / raw["wall_s"])
         cpu = (raw["cpu_s"] / raw["pages"]) / (fetchd["cpu_s"] / fetchd["pages"])
         summary = fetchd["summary"]
@@ -498,6 +593,23 @@ def report(a: dict[str, Any] | None, b: dict[str, Any] | None, c: list[dict[str,
                      verdict(rate >= TARGET_RAW_RATIO)))
         rows.append(("(a) raw CPU/page ÷ fetchd CPU/page", pct(cpu), f">= {pct(TARGET_RAW_RATIO)}",
                      verdict(cpu >= TARGET_RAW_RATIO)))
+        if fleet is not None:
+            n = len(fleet["daemons"])
+            print(f"    fetchd from its first request (farm log) to its return, as the fleet is timed: "
+                  f"{fetchd['from_first_request_s']:.2f}s, "
+                  f"{fetchd['pages'] / fetchd['from_first_request_s']:.0f} pages/s")
+            print(f"    fetchd×{n}: buckets {fleet['buckets']}, --concurrency {args.concurrency} each; wall = first "
+                  f"request (farm log) to the last daemon's return; from the first daemon's start "
+                  f"{fleet['span_s']:.2f}s; held buckets {fleet['held']}")
+            for i, d in enumerate(fleet["daemons"]):
+                print(f"      daemon {i}: {d['summary']['urls']:,} pages in {d['wall_s']:.2f}s, CPU {d['cpu_s']:.2f}s "
+                      f"({d['cpu_s'] / d['wall_s']:.2f} of a CPU); by thread "
+                      f"{', '.join(f'{t} {s:.2f}' for t, s in sorted(d['thread_cpu_s'].items()))}")
+            fleet_rate = (fleet["pages"] / fleet["wall_s"]) / (raw["pages"] / raw["wall_s"])
+            fleet_cpu = (raw["cpu_s"] / raw["pages"]) / (fleet["cpu_s"] / fleet["pages"])
+            rows.append((f"(a) fetchd×{n} pages/s ÷ raw pages/s", pct(fleet_rate), f">= {pct(TARGET_RAW_RATIO)}",
+                         verdict(fleet_rate >= TARGET_RAW_RATIO)))
+            rows.append((f"(a) raw CPU/page ÷ fetchd×{n} CPU/page", pct(fleet_cpu), "(info)", ""))
     if b is not None:
         r = b["result"]
         print(f"(b) delay bound: {b['urls']:,} URLs over {b['hosts']:,} hosts, delay {b['delay']}s; "
@@ -541,6 +653,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--only", default="a,b,c", help="comma-separated runs to do: a, b, c")
     parser.add_argument("--concurrency", type=int, default=64, help="fetch.concurrency (and the raw loop's)")
+    parser.add_argument("--daemons", type=int, default=2,
+                        help="(a) daemon processes sharing the segment's buckets in the fleet figure (0: skip it)")
     parser.add_argument("--per-host", type=int, default=1, help="(a) politeness.max_concurrency_per_host")
     parser.add_argument("--hosts-a", type=int, default=200, help="(a) farm hosts")
     parser.add_argument("--pages-a", type=int, default=60, help="(a) farm pages per host")
@@ -562,9 +676,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     args.runs = {s.strip() for s in args.only.split(",") if s.strip()}
     args.rss_sizes = [int(s.replace("_", "")) for s in args.rss_urls.split(",") if s.strip()]
-    if not args.runs <= {"a", "b", "c"} or min(args.hosts_a, args.hosts_b, args.hosts_c, args.pages_a,
-                                                  args.pages_b, args.concurrency, args.per_host) <= 0:
-        parser.error("--only takes a, b, c; host, page and concurrency counts must be positive")
+    counts = (args.hosts_a, args.hosts_b, args.hosts_c, args.pages_a, args.pages_b, args.concurrency, args.per_host)
+    if not args.runs <= {"a", "b", "c"} or args.daemons < 0 or min(counts) <= 0:
+        parser.error("--only takes a, b, c; host, page and concurrency counts must be positive, --daemons >= 0")
     if not args.rss_sizes or min(args.rss_sizes) < args.hosts_c:
         parser.error("--rss-urls sizes must be at least --hosts-c")
     return args
