@@ -94,8 +94,11 @@ def analyze_record(
     max_outlinks: int,
     shingle: int,
     strip_rules: dict[str, list[str]] | None = None,
+    robots_token: str | None = None,
+    max_parse_seconds: float | None = None,
 ) -> dict[str, Any]:
-    """The content fields of one fetched page from its WARC record (no Spark, no I/O).
+    """The content fields of one fetched page from its WARC record (no Spark, no I/O). A page whose extraction ran
+    out of `max_parse_seconds` keeps what was extracted but gets no SimHash (its text may be cut or empty).
 
     Raises ValueError when the record is not the response for `url` (a wrong offset).
     """
@@ -106,10 +109,11 @@ def analyze_record(
     content_type = content_type or record.content_type
     fields: dict[str, Any] = {"content_type": content_type, "content_hash": content_hash(record.payload)}
     if not is_html(content_type, record.payload):
-        noindex, nofollow = robots_directives(record.headers.get("x-robots-tag"))
+        noindex, nofollow = robots_directives(record.headers.get("x-robots-tag"), robots_token)
         fields.update(meta_noindex=noindex, meta_nofollow=nofollow, outlinks=[])
         return fields
-    page = extract(record.payload, url, max_outlinks=max_outlinks, headers=record.headers)
+    page = extract(record.payload, url, max_outlinks=max_outlinks, headers=record.headers, robots_token=robots_token,
+                   max_parse_seconds=max_parse_seconds)
     fields.update(
         title=page.title,
         canonical_url=page.canonical_url,
@@ -117,7 +121,7 @@ def analyze_record(
         meta_nofollow=page.meta_nofollow,
         language=page.language,
         outlink_count=len(page.outlinks),
-        simhash=simhash(page.text, shingle),
+        simhash=None if page.time_limited else simhash(page.text, shingle),
         outlinks=_outlink_rows(page.outlinks, strip_rules or {}),
     )
     return fields
@@ -154,7 +158,7 @@ def _open_warc(root: str, relative: str) -> BinaryIO:
 
 def parse_partition(
     batches: Iterator[pa.RecordBatch], *, root: str, max_bytes: int, max_outlinks: int, shingle: int,
-    strip_rules: dict[str, list[str]],
+    strip_rules: dict[str, list[str]], robots_token: str | None = None, max_parse_seconds: float | None = None,
 ) -> Iterator[pa.RecordBatch]:
     """mapInArrow body: rows sorted by (warc_filename, warc_offset); each WARC file is opened once."""
     current_name: str | None = None
@@ -185,7 +189,7 @@ def parse_partition(
                     page.update(
                         analyze_record(
                             record, captured_url, row["content_type"], max_outlinks=max_outlinks, shingle=shingle,
-                            strip_rules=strip_rules,
+                            strip_rules=strip_rules, robots_token=robots_token, max_parse_seconds=max_parse_seconds,
                         )
                     )
                 except Exception as exc:  # one bad record never fails the job
@@ -233,6 +237,8 @@ def _parse(fetched: DataFrame, root: str, segment_id: str, conf: Config) -> Data
         "max_outlinks": conf["parse.max_outlinks"],
         "shingle": conf["parse.simhash_shingle"],
         "strip_rules": conf["scope.strip_query_params"],
+        "robots_token": conf["crawl.robots_token"],
+        "max_parse_seconds": conf["parse.max_parse_seconds"],
     }
     return (
         unique.repartition("warc_filename")

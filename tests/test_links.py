@@ -83,7 +83,8 @@ def test_meta_robots_and_x_robots_tag():
     header = extract(b"<a href=/x>x</a>", PAGE, max_outlinks=10, headers={"X-Robots-Tag": "nofollow"})
     assert (header.meta_noindex, header.meta_nofollow) == (False, True)
     assert header.outlinks[0].nofollow is True
-    assert robots_directives("googlebot: noindex, noarchive") == (True, False)
+    assert robots_directives("googlebot: noindex, noarchive") == (False, False)  # another agent's directive
+    assert robots_directives("googlebot: noindex, noarchive", "GoogleBot") == (True, False)
     assert robots_directives(None) == (False, False)
 
 
