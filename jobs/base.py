@@ -42,6 +42,9 @@ def spark_session(conf: Config, app_name: str = "cyclecrawl") -> SparkSession:
         .config("spark.sql.extensions", "io.delta.sql.DeltaSparkSessionExtension")
         .config("spark.sql.catalog.spark_catalog", "org.apache.spark.sql.delta.catalog.DeltaCatalog")
         .config("spark.sql.shuffle.partitions", str(conf["spark.shuffle_partitions"]))
+        # Delta rebuilds a table's snapshot from its log in 50 partitions unless told otherwise; on a few cores
+        # that is about half the time of a small job (update of 21 URLs: 111 s -> 58 s). The shuffle width fits.
+        .config("spark.databricks.delta.snapshotPartitions", str(conf["spark.shuffle_partitions"]))
         .config("spark.sql.session.timeZone", "UTC")
         .config("spark.driver.memory", conf["spark.driver_memory"])
         .config("spark.ui.enabled", "false")
