@@ -5,6 +5,12 @@
     ROOT/segments/<segment_id>/warc/bucket=NNNNN/          *.warc.gz (written as *.warc.gz.open, renamed when closed)
     ROOT/segments/<segment_id>/fetched/bucket=NNNNN/       fetched-results Parquet + _DONE.json bucket manifest
     ROOT/segments/<segment_id>/robots/bucket=NNNNN/        robots.txt observations Parquet
+    ROOT/segments/<segment_id>/cdxj/bucket=NNNNN/          <warc name>.cdxj: one CDXJ file per closed WARC file
+                                                           (written by `crawl index`)
+
+CDXJ files live in their own folder, not next to the WARC files: the daemon owns its warc/ folder (its resume
+removes and renames files there), and a replay tool can be pointed at cdxj/ alone. The WARC paths a CDXJ line
+names (`filename`) are relative to ROOT, like every `warc_filename` column.
 
 Paths are plain strings joined with "/" so the same code serves local folders and s3:// roots.
 """
@@ -14,7 +20,7 @@ from __future__ import annotations
 import os
 import re
 
-TABLES = ("urls", "hosts", "fetches", "pages", "links", "index_events", "segments")
+TABLES = ("urls", "hosts", "fetches", "pages", "links", "index_events", "segments", "records")
 BUCKET_DIR = re.compile(r"^bucket=(\d{5})$")
 DONE_MANIFEST = "_DONE.json"
 OPEN_SUFFIX = ".open"
@@ -67,6 +73,15 @@ def fetched_dir(root: str, segment_id: str, bucket: int | None = None) -> str:
 def robots_dir(root: str, segment_id: str, bucket: int | None = None) -> str:
     base = join(segment_dir(root, segment_id), "robots")
     return base if bucket is None else join(base, bucket_dirname(bucket))
+
+
+def cdxj_filename(warc_filename: str) -> str:
+    """The CDXJ file of a WARC file, both relative to the root: segments/<id>/warc/bucket=NNNNN/<name> ->
+    segments/<id>/cdxj/bucket=NNNNN/<name>.cdxj."""
+    parts = warc_filename.split("/")
+    if len(parts) != 5 or parts[0] != "segments" or parts[2] != "warc" or parse_bucket_dirname(parts[3]) is None:
+        raise ValueError(f"not a segment WARC path: {warc_filename!r}")
+    return "/".join([parts[0], parts[1], "cdxj", parts[3], parts[4] + ".cdxj"])
 
 
 def done_manifest(root: str, segment_id: str, bucket: int) -> str:

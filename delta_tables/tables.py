@@ -1,8 +1,8 @@
 """Table definitions. Jobs never write an ad-hoc schema: they select these columns and MERGE.
 
 Layout (see docs/architecture.md): `urls` and `hosts` are partitioned by `bucket` so generate and update
-prune by bucket; `fetches` and `links` by `segment_id` so a segment's rows are replaced or read alone;
-deletion vectors keep MERGE rewrites small. All timestamps are UTC.
+prune by bucket; `fetches` and `links` by `segment_id` (`records` by `warc_segment`) so a segment's rows are
+replaced or read alone; deletion vectors keep MERGE rewrites small. All timestamps are UTC.
 """
 
 from __future__ import annotations
@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql.pandas.types import from_arrow_schema
 from pyspark.sql.types import (
     ArrayType,
     BooleanType,
@@ -24,6 +25,7 @@ from pyspark.sql.types import (
 )
 
 from crawler import layout
+from crawler.ccindex import RECORD_INDEX
 
 
 def _f(name: str, dtype, nullable: bool = True) -> StructField:
@@ -255,7 +257,17 @@ SEGMENTS = TableDef(
     doc="One row per (segment_id, bucket) with its state through the cycle.",
 )
 
-TABLES: dict[str, TableDef] = {t.name: t for t in (URLS, HOSTS, FETCHES, PAGES, LINKS, INDEX_EVENTS, SEGMENTS)}
+RECORDS = TableDef(
+    "records",
+    from_arrow_schema(RECORD_INDEX),  # crawler/ccindex.py: Common Crawl's cc-index column names
+    partition_by=("warc_segment",),
+    properties=_COMMON_PROPS,
+    doc="Record index: one row per WARC record with a target URI, located by (warc_filename, warc_record_offset).",
+)
+
+TABLES: dict[str, TableDef] = {
+    t.name: t for t in (URLS, HOSTS, FETCHES, PAGES, LINKS, INDEX_EVENTS, SEGMENTS, RECORDS)
+}
 assert set(TABLES) == set(layout.TABLES)
 
 

@@ -35,6 +35,7 @@ def _parser() -> argparse.ArgumentParser:
         ("fetch", "run a fetch daemon in the foreground until the segment's buckets are done"),
         ("parse", "parse the segment's WARC records into pages and links"),
         ("update", "merge the segment's results, discoveries and host state into the tables"),
+        ("index", "index the segment's closed WARC files into `records` and a CDXJ file per WARC file"),
     ):
         p = sub.add_parser(name, parents=[common], help=text)
         p.add_argument("--segment", required=True, help="segment id")
@@ -111,6 +112,10 @@ def main(argv: list[str] | None = None) -> int:
         from jobs import parse
 
         print(f"parse: {describe(parse.run(spark, conf, root, args.segment))}")
+    elif args.command == "index":
+        from jobs import index
+
+        print(f"index: {describe(index.run(spark, conf, root, args.segment))}")
     elif args.command == "update":
         from jobs import update
 

@@ -15,6 +15,7 @@ BREAKDOWN = {
     "links": "rel_nofollow",
     "index_events": "kind",
     "segments": "state",
+    "records": "warc_record_type",
 }
 
 

@@ -1,0 +1,169 @@
+"""index: a segment's closed WARC files -> the `records` table (Common Crawl's cc-index columns) and one CDXJ
+file per WARC file for replay tools (`crawler/ccindex.py` holds every rule; this is plumbing).
+
+Distributed by WARC file: one task streams one file with `index_warc` (headers parsed, bodies skipped in chunks),
+emits its rows in batches and writes the file's CDXJ (a temporary name, then rename: a re-run or a retried task
+replaces it whole). A torn or damaged file yields its complete records and a stop reason, counted per reason in
+the result; a file that cannot be read at all is an error. Neither fails the job.
+
+Idempotent: the segment's `records` partition is replaced as a whole (`replaceWhere warc_segment = ...`), like
+parse does for `links`, rather than a MERGE insert-if-absent on (warc_filename, warc_record_offset): the
+partition is a pure function of the segment's closed WARC files, so a rewrite needs no join against a growing
+table, and a re-run after a rule change (the SURT form, a column) rewrites the old rows instead of keeping them.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+import pyarrow as pa
+from pyspark.sql import SparkSession
+from pyspark.sql import functions as F
+from pyspark.sql.pandas.types import from_arrow_schema
+
+from crawler import layout
+from crawler.ccindex import RECORD_INDEX, cdxj_lines, index_warc
+from crawler.config import Config
+from delta_tables import tables
+from jobs.base import step
+
+_SEGMENT_ID = re.compile(r"^[A-Za-z0-9_.\-]+$")
+_OUTPUT_BATCH_ROWS = 1000
+_ERROR_MAX_CHARS = 500
+WARC_SUFFIXES = (".warc.gz", ".warc")
+
+# What a task emits: the index rows of a file, then one summary row for the file (`file_summary` true, the
+# record columns null but warc_filename and warc_segment).
+INDEXED = pa.schema(
+    [
+        *RECORD_INDEX,
+        ("file_summary", pa.bool_()),
+        ("stop_reason", pa.string()),   # why a file's indexing ended before its end (torn, damaged)
+        ("error", pa.string()),         # why a file could not be indexed at all
+        ("cdxj_lines", pa.int64()),
+    ]
+)
+
+
+@dataclass(frozen=True)
+class IndexResult:
+    files: int                                   # closed WARC files of the segment
+    records: int                                 # rows written to `records`
+    by_type: dict[str, int]                      # rows per warc_record_type
+    cdxj_lines: int                              # lines in the segment's CDXJ files
+    errors: int                                  # files that could not be indexed at all
+    stop_reasons: dict[str, int] = field(default_factory=dict)  # damaged files per reason (offsets as N)
+    damaged: tuple[tuple[str, str], ...] = ()    # (warc_filename, stop reason or error) of every such file
+
+    def summary(self) -> str:
+        types = ", ".join(f"{kind}={count}" for kind, count in sorted(self.by_type.items())) or "none"
+        text = f"{self.files} WARC files: {self.records} records ({types}), {self.cdxj_lines} CDXJ lines, " \
+               f"{self.errors} errors"
+        if self.stop_reasons:
+            text += "; stopped early: " + ", ".join(f"{reason} x{n}" for reason, n in self.stop_reasons.items())
+        return text
+
+
+def reason_kind(reason: str) -> str:
+    """A stop reason without its offsets and sizes, so reasons of the same kind count together."""
+    return re.sub(r"\d+", "N", reason)
+
+
+def closed_warc_files(root: str, segment_id: str) -> list[str]:
+    """The segment's closed WARC files, relative to the root (a `*.open` file is still being written)."""
+    base = layout.warc_dir(root, segment_id)
+    found = []
+    for folder, _, names in os.walk(base):
+        bucket_dir = os.path.basename(folder)
+        if layout.parse_bucket_dirname(bucket_dir) is None:
+            continue
+        found.extend(layout.join("segments", segment_id, "warc", bucket_dir, name)
+                     for name in names if name.endswith(WARC_SUFFIXES))
+    return sorted(found)
+
+
+def _write_atomically(path: str, lines: list[str]) -> None:
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    partial = path + ".partial"
+    with open(partial, "w", encoding="ascii") as out:
+        out.writelines(line + "\n" for line in lines)
+    os.replace(partial, path)
+
+
+def index_file(root: str, warc_filename: str, segment_id: str) -> Iterator[dict]:
+    """The index rows of one WARC file, then its summary row; writes its CDXJ file on the way (one pass over
+    the file). The CDXJ lines of a file are held until its end: they must be sorted (see `cdxj_lines`)."""
+    summary = dict.fromkeys(INDEXED.names)
+    summary.update(warc_filename=warc_filename, warc_segment=segment_id, file_summary=True, cdxj_lines=0)
+    lines: list[str] = []
+    try:
+        indexed = index_warc(layout.join(root, warc_filename), warc_filename, segment_id)
+        for row in indexed:
+            lines.extend(cdxj_lines([row]))
+            row["file_summary"] = False
+            yield row
+        lines.sort()
+        _write_atomically(layout.join(root, layout.cdxj_filename(warc_filename)), lines)
+        summary.update(stop_reason=indexed.stop_reason, cdxj_lines=len(lines))
+    except Exception as exc:  # a missing or unreadable file is counted, never fails the job
+        summary["error"] = f"{type(exc).__name__}: {exc}"[:_ERROR_MAX_CHARS]
+    yield summary
+
+
+def index_partition(batches: Iterator[pa.RecordBatch], *, root: str, segment_id: str) -> Iterator[pa.RecordBatch]:
+    """mapInArrow body: rows of WARC file names in, index rows out in batches of at most _OUTPUT_BATCH_ROWS."""
+    out: list[dict] = []
+    for batch in batches:
+        for name in batch.column("warc_filename").to_pylist():
+            for row in index_file(root, name, segment_id):
+                out.append(row)
+                if len(out) >= _OUTPUT_BATCH_ROWS:
+                    yield pa.RecordBatch.from_pylist(out, schema=INDEXED)
+                    out = []
+    if out:
+        yield pa.RecordBatch.from_pylist(out, schema=INDEXED)
+
+
+def run(spark: SparkSession, conf: Config, root: str, segment_id: str) -> IndexResult:
+    """Index one segment's closed WARC files into `records` and CDXJ files; safe to re-run."""
+    if not _SEGMENT_ID.match(segment_id):
+        raise ValueError(f"invalid segment id {segment_id!r}")
+    root = layout.normalize_root(root)
+    tables.create_all(spark, root)
+    names = closed_warc_files(root, segment_id)
+    if not names:
+        return IndexResult(files=0, records=0, by_type={}, cdxj_lines=0, errors=0)
+    with step(f"index {segment_id}"):
+        files = spark.createDataFrame([(name,) for name in names], "warc_filename string").repartition(len(names))
+        indexed = files.mapInArrow(lambda batches: index_partition(batches, root=root, segment_id=segment_id),
+                                   from_arrow_schema(INDEXED)).persist()
+        try:
+            rows = indexed.filter(~F.col("file_summary"))
+            by_type = {r["warc_record_type"]: int(r["count"])
+                       for r in rows.groupBy("warc_record_type").count().collect()}
+            summaries = indexed.filter(F.col("file_summary")).select(
+                "warc_filename", "stop_reason", "error", "cdxj_lines").collect()
+            (
+                tables.conform(rows, "records")
+                .write.format("delta")
+                .mode("overwrite")
+                .option("replaceWhere", f"warc_segment = '{segment_id}'")
+                .save(tables.table_path(root, "records"))
+            )
+        finally:
+            indexed.unpersist()
+    damaged = tuple(sorted((s["warc_filename"], s["error"] or s["stop_reason"])
+                           for s in summaries if s["error"] or s["stop_reason"]))
+    return IndexResult(
+        files=len(names),
+        records=sum(by_type.values()),
+        by_type=by_type,
+        cdxj_lines=sum(s["cdxj_lines"] for s in summaries),
+        errors=sum(1 for s in summaries if s["error"]),
+        stop_reasons=dict(Counter(reason_kind(s["stop_reason"]) for s in summaries if s["stop_reason"])),
+        damaged=damaged,
+    )
