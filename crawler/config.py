@@ -149,6 +149,7 @@ _RULES: dict[str, tuple[Any, str]] = {
     "sitemaps.max_loc_length": (_positive, "must be > 0"),
     "dedup.max_hamming": (lambda v: 0 <= v <= MAX_SUPPORTED_HAMMING, f"must be between 0 and {MAX_SUPPORTED_HAMMING}"),
     "dedup.max_bucket_size": (lambda v: v >= 2, "must be >= 2"),
+    "dedup.duplicate_priority_factor": (lambda v: 0 < v <= 1, "must be in (0, 1]"),
     "spark.shuffle_partitions": (_positive, "must be > 0"),
     "maintain.vacuum_retention_hours": (_non_negative, "must be >= 0"),
     "maintain.target_file_mb": (_positive, "must be > 0"),

@@ -34,12 +34,14 @@ def _parser() -> argparse.ArgumentParser:
     for name, text in (
         ("fetch", "run a fetch daemon in the foreground until the segment's buckets are done"),
         ("parse", "parse the segment's WARC records into pages and links"),
+        ("dedup", "mark the segment's exact and near-duplicate pages and lower their URLs' priority"),
         ("update", "merge the segment's results, discoveries and host state into the tables"),
         ("index", "index the segment's closed WARC files into `records` and a CDXJ file per WARC file"),
     ):
         p = sub.add_parser(name, parents=[common], help=text)
         p.add_argument("--segment", required=True, help="segment id")
-    p = sub.add_parser("cycle", parents=[common], help="inject (if --seeds) -> generate -> fetch -> parse -> update")
+    p = sub.add_parser("cycle", parents=[common],
+                       help="inject (if --seeds) -> generate -> fetch -> parse -> dedup -> update")
     p.add_argument("--seeds", help="seeds file to inject first")
     p.add_argument("--cycles", type=int, default=1, help="how many cycles to run (default 1)")
     p = sub.add_parser("demo", parents=[common], help="crawl the bundled demo site farm on loopback")
@@ -112,6 +114,10 @@ def main(argv: list[str] | None = None) -> int:
         from jobs import parse
 
         print(f"parse: {describe(parse.run(spark, conf, root, args.segment))}")
+    elif args.command == "dedup":
+        from jobs import dedup
+
+        print(f"dedup: {describe(dedup.run(spark, conf, root, args.segment))}")
     elif args.command == "index":
         from jobs import index
 

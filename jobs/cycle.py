@@ -1,4 +1,4 @@
-"""One crawl cycle on the embedded default: inject (if seeds) -> generate -> fetch -> parse -> update.
+"""One crawl cycle on the embedded default: inject (if seeds) -> generate -> fetch -> parse -> dedup -> update.
 
 The fetch step runs a daemon in this process; on a cluster the same steps run as separate Spark
 submissions and long-lived daemons (see airflow_dags/ and docs/architecture.md).
@@ -57,7 +57,7 @@ def _timed(report: CycleReport, name: str, func, *args, **kwargs):
 
 def run_cycle(spark: SparkSession, conf: Config, root: str, seeds: str | None = None) -> CycleReport:
     from fetchd.daemon import fetch_segment
-    from jobs import generate, inject, parse, update
+    from jobs import dedup, generate, inject, parse, update
 
     report = CycleReport(segment_id=None)
     if seeds:
@@ -68,5 +68,7 @@ def run_cycle(spark: SparkSession, conf: Config, root: str, seeds: str | None = 
     report.segment_id = generated.segment_id
     _timed(report, "fetch", fetch_segment, conf, root, generated.segment_id)
     _timed(report, "parse", parse.run, spark, conf, root, generated.segment_id)
+    # Before update: update copies pages.duplicate_of into index_events and takes a parent's (lowered) priority.
+    _timed(report, "dedup", dedup.run, spark, conf, root, generated.segment_id)
     _timed(report, "update", update.run, spark, conf, root, generated.segment_id)
     return report

@@ -1,0 +1,167 @@
+"""The dedup step on real Delta tables: exact and near marks on the segment's pages with representatives chosen
+over every segment, priorities lowered once, a re-run that changes nothing, update after dedup carrying the marks
+into index_events and still following a duplicate's outlinks, and no second lowering for a URL that stays a
+duplicate in a later segment."""
+
+from __future__ import annotations
+
+import os
+from datetime import UTC, datetime, timedelta
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from crawler import dedup as rules
+from crawler import layout, urls
+from crawler.records import FETCHED
+from delta_tables import tables
+from jobs import dedup, generate, inject, update
+
+SEG, OLD_SEG, NEXT_SEG = "seg-d1", "seg-d0", "seg-d2"
+BASE = 0x5A5A_F0F0_1234_8765
+FAR = ~BASE  # 64 bits from BASE
+A = "http://a.test/"
+ORIG, COPY, NEAR, UNIQUE, EMPTY1, EMPTY2, BINARY, LATE, OLD = (
+    A + p for p in ("orig", "copy", "near", "unique", "empty1", "empty2", "binary", "late", "old"))
+ONLY_FROM_COPY = A + "only-from-copy"
+# url -> (content_hash, simhash, seconds after the segment's first fetch); OLD is a page of an earlier segment.
+PAGES = {
+    ORIG: ("h-orig", BASE, 0),
+    COPY: ("h-orig", BASE, 1),           # identical payload, fetched later: exact duplicate of ORIG
+    NEAR: ("h-near", BASE ^ 0b101, 2),   # two bits apart: near duplicate of ORIG only
+    UNIQUE: ("h-unique", FAR, 3),
+    EMPTY1: ("h-empty1", 0, 4),          # no text: SimHash 0 never clusters
+    EMPTY2: ("h-empty2", 0, 5),
+    BINARY: ("h-binary", None, 6),       # not HTML: no SimHash
+    LATE: ("h-old", 0x0F0F_0000_FFFF_1111, 7),  # same payload as OLD, fetched in an earlier segment
+}
+SEEDS = [ORIG, COPY, NEAR, UNIQUE, EMPTY1, EMPTY2, BINARY, LATE]
+
+
+def uid(url: str) -> str:
+    return urls.url_id(url)
+
+
+def page_row(url: str, segment: str, version: int, at: datetime, content_hash: str, simhash: int | None) -> dict:
+    return {"url_id": uid(url), "state_version": version, "url": url, "segment_id": segment, "fetched_at": at,
+            "content_hash": content_hash, "simhash": simhash}
+
+
+def append_rows(spark, root: str, name: str, rows: list[dict]) -> None:
+    schema = tables.TABLES[name].schema
+    df = spark.createDataFrame([tuple(r.get(f.name) for f in schema.fields) for r in rows], schema)
+    df.write.format("delta").mode("append").save(tables.table_path(root, name))
+
+
+def table_rows(spark, root: str, name: str) -> list[str]:
+    return sorted(str(r) for r in tables.table_df(spark, root, name).collect())
+
+
+def by_url(spark, root: str, name: str, key: str = "url") -> dict:
+    return {(r[key], r["state_version"]) if name == "pages" else r[key]: r
+            for r in tables.table_df(spark, root, name).collect()}
+
+
+def write_fetched(root: str, at: datetime) -> None:
+    rows = [{"segment_id": SEG, "bucket": urls.bucket_of(urls.host_key(u), 4), "url_id": uid(u), "state_version": 1,
+             "url": u, "host_key": urls.host_key(u), "fetched_at": at + timedelta(seconds=PAGES[u][2]),
+             "outcome": "success", "status_code": 200, "warc_filename": f"segments/{SEG}/warc/x.warc.gz",
+             "warc_offset": 100, "warc_length": 50} for u in SEEDS]
+    bucket = rows[0]["bucket"]
+    path = layout.fetched_dir(root, SEG, bucket)
+    os.makedirs(path, exist_ok=True)
+    pq.write_table(pa.Table.from_pylist(rows, schema=FETCHED), os.path.join(path, "part-00000.parquet"))
+
+
+@pytest.fixture(scope="module")
+def crawled(spark, base_conf, tmp_path_factory):
+    """One root through: dedup, dedup again, update, then a later segment's dedup; snapshots at each stage."""
+    root = str(tmp_path_factory.mktemp("dedup") / "root")
+    seeds = tmp_path_factory.mktemp("seeds") / "seeds.txt"
+    seeds.write_text("\n".join(SEEDS))
+    inject.run(spark, base_conf, root, str(seeds))
+    now = datetime.now(UTC).replace(microsecond=0) + timedelta(minutes=1)
+    assert generate.run(spark, base_conf, root, SEG, now).url_count == len(SEEDS)
+    at = now + timedelta(seconds=10)
+    write_fetched(root, at)
+    append_rows(spark, root, "pages", [page_row(OLD, OLD_SEG, 1, at - timedelta(days=1), "h-old", 0x77)] + [
+        page_row(u, SEG, 1, at + timedelta(seconds=s), h, sim) for u, (h, sim, s) in PAGES.items()])
+    append_rows(spark, root, "links", [
+        {"segment_id": SEG, "from_url_id": uid(COPY), "from_state_version": 1, "to_url_id": uid(ONLY_FROM_COPY),
+         "to_url": ONLY_FROM_COPY, "rel_nofollow": False}])
+    priorities = {u: r.priority for u, r in by_url(spark, root, "urls").items()}
+    stages = {"priorities": priorities, "first": dedup.run(spark, base_conf, root, SEG)}
+    stages["after_first"] = {name: table_rows(spark, root, name) for name in layout.TABLES}
+    stages["pages"] = by_url(spark, root, "pages")
+    stages["urls"] = by_url(spark, root, "urls")
+    stages["again"] = dedup.run(spark, base_conf, root, SEG)
+    stages["after_again"] = {name: table_rows(spark, root, name) for name in layout.TABLES}
+    update.run(spark, base_conf, root, SEG)
+    stages["updated_urls"] = by_url(spark, root, "urls")
+    stages["events"] = by_url(spark, root, "index_events")
+    # A later segment: COPY stays an exact duplicate, UNIQUE changes into one.
+    later = at + timedelta(hours=1)
+    append_rows(spark, root, "pages", [page_row(COPY, NEXT_SEG, 2, later, "h-orig", BASE),
+                                       page_row(UNIQUE, NEXT_SEG, 2, later, "h-orig", BASE)])
+    stages["next"] = dedup.run(spark, base_conf, root, NEXT_SEG)
+    stages["next_pages"] = by_url(spark, root, "pages")
+    stages["next_urls"] = by_url(spark, root, "urls")
+    return stages
+
+
+def test_exact_and_near_marks_with_stable_representatives(crawled):
+    pages = crawled["pages"]
+    marks = {url: (pages[(url, 1)].duplicate_of, pages[(url, 1)].near_duplicate_cluster) for url in PAGES}
+    assert marks == {
+        ORIG: (None, uid(ORIG)),              # represents both its cluster and its payload
+        COPY: (uid(ORIG), uid(ORIG)),
+        NEAR: (None, uid(ORIG)),
+        UNIQUE: (None, None),
+        EMPTY1: (None, None),
+        EMPTY2: (None, None),
+        BINARY: (None, None),
+        LATE: (uid(OLD), None),               # represented by a page of an earlier segment
+    }
+    old = pages[(OLD, 1)]
+    assert (old.duplicate_of, old.near_duplicate_cluster) == (None, None)  # other segments' rows are not rewritten
+    # The job's exact representatives agree with the pure rule over the same rows.
+    rows = [{"url_id": r.url_id, "fetched_at": r.fetched_at, "content_hash": r.content_hash} for r in pages.values()]
+    expected = rules.exact_representative(rows)
+    assert all(expected[r.content_hash] == (r.duplicate_of or r.url_id) for r in pages.values() if r.segment_id == SEG)
+    first = crawled["first"]
+    assert (first.corpus, first.examined, first.exact_duplicates, first.near_duplicates) == (9, 8, 2, 2)
+    assert (first.near_clusters, first.capped_buckets, first.skipped_comparisons, first.marked) == (1, 0, 0, 4)
+    # ORIG~COPY (distance 0) is found in all 4 bands; NEAR, in the 3 bands its edit misses, is compared with the
+    # run of identical SimHashes ORIG heads, not with COPY again.
+    assert first.pairs == 4 + 3
+
+
+def test_duplicates_priority_lowered_once_and_rerun_changes_nothing(crawled, base_conf):
+    factor = base_conf["dedup.duplicate_priority_factor"]
+    before, after = crawled["priorities"], crawled["urls"]
+    lowered = {u for u in SEEDS if after[u].priority != before[u]}
+    assert lowered == {COPY, NEAR, LATE}
+    assert all(after[u].priority == pytest.approx(before[u] * factor) for u in lowered)
+    again = crawled["again"]
+    assert (again.marked, again.priority_lowered) == (0, 0)
+    assert (again.exact_duplicates, again.near_duplicates, again.pairs) == (2, 2, 7)
+    assert crawled["after_again"] == crawled["after_first"]
+
+
+def test_update_after_dedup_carries_marks_and_follows_a_duplicates_outlinks(crawled, base_conf):
+    events = crawled["events"]
+    assert events[COPY].duplicate_of == uid(ORIG) and events[LATE].duplicate_of == uid(OLD)
+    assert events[ORIG].duplicate_of is None and events[NEAR].duplicate_of is None
+    discovered = crawled["updated_urls"][ONLY_FROM_COPY]
+    assert discovered.source == "link"
+    # A discovery inherits its parent's (lowered) priority times the discovery factor.
+    assert discovered.priority == pytest.approx(crawled["urls"][COPY].priority * 0.8)
+
+
+def test_a_later_segment_lowers_only_pages_that_became_duplicates(crawled):
+    pages, before, after = crawled["next_pages"], crawled["updated_urls"], crawled["next_urls"]
+    assert pages[(COPY, 2)].duplicate_of == uid(ORIG) and pages[(UNIQUE, 2)].duplicate_of == uid(ORIG)
+    assert pages[(UNIQUE, 1)].duplicate_of is None  # the earlier version keeps its own segment's verdict
+    assert {u for u in after if after[u].priority != before[u].priority} == {UNIQUE}
+    assert (crawled["next"].examined, crawled["next"].priority_lowered) == (2, 1)
