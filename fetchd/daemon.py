@@ -22,7 +22,7 @@ import socket
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from typing import Any
@@ -53,6 +53,13 @@ log = logging.getLogger("fetchd")
 SOFTWARE = "cyclecrawl-fetchd/0.1"
 WARC_CONFORMS_TO = "http://iipc.github.io/warc-specifications/specifications/warc-format/warc-1.1/"
 _STOP_POLL_S = 0.5  # how often an idle scheduler looks at the stop flag
+
+
+async def _sleep(seconds: float, interrupted: Callable[[], bool]) -> None:
+    """Sleep `seconds`, looking every `_STOP_POLL_S` whether to give up early."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline and not interrupted():
+        await asyncio.sleep(min(_STOP_POLL_S, max(0.0, deadline - time.monotonic())))
 
 
 def daemon_identity(conf: Config) -> str:
@@ -273,9 +280,7 @@ class Daemon:
     async def _storage_works(self, segment_id: str, bucket: int, pause: float, lease: Lease) -> bool:
         """Wait `pause` seconds (less if the daemon stops or the lease goes), then try a small durable write where
         the bucket's results go."""
-        deadline = time.monotonic() + pause
-        while time.monotonic() < deadline and not self.stop.is_set() and not lease.fenced():
-            await asyncio.sleep(min(_STOP_POLL_S, max(0.0, deadline - time.monotonic())))
+        await _sleep(pause, lambda: self.stop.is_set() or lease.fenced())
         probe = layout.join(layout.fetched_dir(self.root, segment_id, bucket), ".storage-probe.tmp")
         try:
             os.makedirs(os.path.dirname(probe), exist_ok=True)
@@ -861,9 +866,7 @@ async def _serve(conf: Config, root: str, stop: threading.Event) -> None:
                     fetched = True
             if fetched:
                 continue  # look for work again at once (a peer's lapsed bucket, the next segment)
-            deadline = time.monotonic() + conf["fetch.poll_interval_s"]
-            while not stop.is_set() and time.monotonic() < deadline:
-                await asyncio.sleep(min(_STOP_POLL_S, max(0.0, deadline - time.monotonic())))
+            await _sleep(conf["fetch.poll_interval_s"], stop.is_set)
     finally:
         await daemon.close()
 
