@@ -8,6 +8,14 @@ from that log alone — never from the crawler's account of itself.
 Opt-in extra hosts (FarmSpec.trap_hosts, FarmSpec.large_host_pages) test the frontier's trap rules: two crawler
 traps whose pages are generated on the fly for any valid URL (an infinite calendar, a faceted search), and
 ordinary large news-like hosts that the trap rules must not cut.
+
+Sitemaps (FarmSpec.sitemaps, on by default) on the ordinary sites, by host index (`_sitemap_role`): hosts
+0, 3, 6, ... that serve a robots.txt name a sitemap index there (a gzip child and a plain child), hosts 1, 4,
+7, ... serve only /sitemap.xml (found by probing), the rest have none (404). Their urlsets list existing
+pages, orphan pages no HTML page links to, one URL on the neighbour host (outside the sitemap's scope), one
+malformed loc and, where robots.txt disallows something, one disallowed URL. `sitemap_urls`,
+`sitemap_entries`, `orphan_urls`, `out_of_scope_sitemap_urls` and `expected_fetches(..., with_sitemaps=True)`
+say what a correct crawl makes of them.
 """
 
 from __future__ import annotations
@@ -15,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import calendar
 import datetime
+import gzip
 import html
 import json
 import math
@@ -58,6 +67,16 @@ ARTICLES_PER_TOPIC = 50  # a large host's articles are grouped in topics of this
 MAX_LARGE_HOST_PAGES = len(_WORDS) ** 2 * ARTICLES_PER_TOPIC  # one distinct word or word pair per topic
 LATEST_ARTICLES = 10  # a large host's home page also links to its newest articles
 EXTRA_ROBOTS = "User-agent: *\nAllow: /\n"  # trap and large hosts allow everything: only trap rules bound them
+SITEMAP_NS = "http://www.sitemaps.org/schemas/sitemap/0.9"
+# The farm's "today" for lastmod values: fixed, so the farm stays deterministic and takes no clock.
+SITEMAP_DATE = datetime.datetime(2026, 1, 15, tzinfo=datetime.timezone.utc)
+PROBE_PATH = "/sitemap.xml"
+SITEMAP_INDEX_PATH = "/sitemaps/index.xml"
+SITEMAP_GZ_PATH = "/sitemaps/pages.xml.gz"
+SITEMAP_EXTRA_PATH = "/sitemaps/extra.xml"
+MALFORMED_LOC = "ht!tp://bad"
+SITEMAP_LISTED_PAGES = 6  # existing pages each host's urlsets list
+CHANGEFREQS = ("always", "hourly", "daily", "weekly", "monthly", "yearly", "never")
 
 
 @dataclass
@@ -74,6 +93,8 @@ class FarmSpec:
     # One ordinary large host per entry, large-<i>.farm.test, with that many articles in topics of
     # ARTICLES_PER_TOPIC (home -> topic index -> article: every page within 2 hops of the home page).
     large_host_pages: tuple[int, ...] = ()
+    # Sitemaps on the ordinary sites (see the module docstring); HTML pages are the same with or without them.
+    sitemaps: bool = True
 
 
 @dataclass(frozen=True)
@@ -87,9 +108,32 @@ class _Resource:
     links: tuple[str, ...] = ()
 
 
+@dataclass(frozen=True)
+class _Sitemap:
+    """One sitemap file as the farm wrote it: how a crawler finds it and its entries (parsed values)."""
+
+    found_via: str  # "robots", "index" or "probe"
+    kind: str  # "sitemapindex" or "urlset"
+    entries: tuple[dict[str, Any], ...]
+
+
 def _host_role(index: int) -> str:
     """Robots variant of a host, cycling through the four kinds the crawl must handle."""
     return ("cgi", "private", "no_robots", "query")[index % 4]
+
+
+def _sitemap_role(index: int) -> str | None:
+    """How a site's sitemaps are found: "robots" (a `Sitemap:` line, so only hosts that serve a robots.txt),
+    "probe" (only /sitemap.xml), or None (no sitemap)."""
+    if index % 3 == 0 and _host_role(index) != "no_robots":
+        return "robots"
+    return "probe" if index % 3 == 1 else None
+
+
+def _sitemap_disallowed_path(index: int) -> str | None:
+    """A path robots.txt disallows that only the host's sitemap lists (None: its robots.txt disallows nothing)."""
+    return {"cgi": "/cgi-bin/listed.html", "private": "/private/listed.html",
+            "query": "/private/listed.html"}.get(_host_role(index))
 
 
 class SiteFarm:
@@ -104,6 +148,11 @@ class SiteFarm:
         self.log_path = Path(log_path)
         self.port = 0
         self._sites: dict[str, dict[str, _Resource]] = {}
+        # what only sitemaps lead to (sitemap files, orphan pages), kept apart so page_urls stays the link graph
+        self._sitemap_pages: dict[str, dict[str, _Resource]] = {}
+        self._sitemap_files: dict[str, _Sitemap] = {}
+        self._orphans: set[str] = set()
+        self._out_of_scope: set[str] = set()
         self._log: IO[str] | None = None
         self._log_lock = threading.Lock()
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -128,6 +177,8 @@ class SiteFarm:
             {name: self._build_large_site(name, pages)
              for name, pages in zip(self.large_host_names(), self.spec.large_host_pages, strict=True)}
         )
+        if self.spec.sitemaps:
+            self._build_sitemaps()
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         self._log = self.log_path.open("a", encoding="utf-8")
         self._loop = asyncio.new_event_loop()
@@ -222,6 +273,8 @@ class SiteFarm:
     def _answer(self, name: str, path: str) -> _Resource | None:
         """The resource at path + query on a host: built at start, or generated now on a trap host."""
         resource = self._sites.get(name, {}).get(path)
+        if resource is None:
+            resource = self._sitemap_pages.get(name, {}).get(path)
         if resource is None and name == CALENDAR_HOST:
             return self._calendar_page(path)
         if resource is None and name == FACETS_HOST:
@@ -409,6 +462,60 @@ class SiteFarm:
         site["/robots.txt"] = _Resource(200, EXTRA_ROBOTS.encode("utf-8"), content_type="text/plain; charset=utf-8")
         return site
 
+    def _build_sitemaps(self) -> None:
+        """Sitemap files and the pages only they lead to, for every site with a sitemap role. Seeded apart from
+        `_build_site`, so turning sitemaps on or off leaves every HTML page as it was."""
+        names = self._site_names()
+        for index, name in enumerate(names):
+            role = _sitemap_role(index)
+            if role is None:
+                continue
+            rng = random.Random(f"{self.spec.seed}:{index}:sitemaps")
+            base = self._base(name)
+            own = self._sitemap_pages.setdefault(name, {})
+            pages = [path for path in self._sites[name] if path.startswith("/section/") and path.endswith(".html")]
+            listed = [base + path for path in rng.sample(pages, min(SITEMAP_LISTED_PAGES, len(pages)))]
+            listed.append(MALFORMED_LOC)
+            blocked = _sitemap_disallowed_path(index)
+            if blocked is not None:
+                own[blocked] = self._generated(name, blocked, f"{name} listed but disallowed", ["/"])
+                listed.append(base + blocked)
+            orphans = [f"{base}/orphans/page-{n}.html" for n in range(rng.randint(2, 4))]
+            for url in orphans:
+                own[url[len(base):]] = self._generated(name, url[len(base):], f"{name} orphan", ["/"])
+            self._orphans.update(orphans)
+            unlinked = list(orphans)
+            if len(names) > 1:  # a page of the neighbour, linked from nowhere: only this (wrong) listing names it
+                neighbour = names[(index + 1) % len(names)]
+                path = f"/orphans/foreign-{index}.html"
+                self._sitemap_pages.setdefault(neighbour, {})[path] = self._generated(
+                    neighbour, path, f"{neighbour} foreign orphan", ["/"])
+                unlinked.append(self._base(neighbour) + path)
+                self._out_of_scope.add(self._base(neighbour) + path)
+            if role == "probe":
+                self._add_sitemap(base + PROBE_PATH, "probe", "urlset", _listings(listed + unlinked, rng))
+                continue
+            children = (base + SITEMAP_GZ_PATH, base + SITEMAP_EXTRA_PATH)
+            self._add_sitemap(children[0], "index", "urlset", _listings(listed, rng))
+            self._add_sitemap(children[1], "index", "urlset", _listings(unlinked, rng))
+            index_entries = [
+                {"loc": url, "lastmod": SITEMAP_DATE - datetime.timedelta(days=n + 1, hours=3),
+                 "changefreq": None, "priority": None}
+                for n, url in enumerate(children)
+            ]
+            self._add_sitemap(base + SITEMAP_INDEX_PATH, "robots", "sitemapindex", index_entries)
+
+    def _add_sitemap(self, url: str, found_via: str, kind: str, entries: list[dict[str, Any]]) -> None:
+        """Serve one sitemap file (gzip bytes, not a Content-Encoding, when its name ends in .gz)."""
+        body = _sitemap_xml(kind, entries)
+        content_type = "application/xml"
+        if url.endswith(".gz"):
+            body, content_type = gzip.compress(body, mtime=0), "application/gzip"
+        key = host_key(url)
+        name = key.split("://", 1)[1].rpartition(":")[0]
+        self._sitemap_pages.setdefault(name, {})[url[len(key):]] = _Resource(200, body, content_type=content_type)
+        self._sitemap_files[url] = _Sitemap(found_via, kind, tuple(entries))
+
     @staticmethod
     def _html_page(url: str, title: str, hrefs: list[str], rng: random.Random) -> _Resource:
         paragraphs = []
@@ -451,7 +558,8 @@ class SiteFarm:
         return [canonicalize(self._base(name) + "/") for name in self.host_names()]
 
     def robots_txt(self, host_name: str) -> str | None:
-        """The robots.txt body a host serves, or None when it answers 404 (allow all) or is not a farm host."""
+        """The robots.txt body a host serves, or None when it answers 404 (allow all) or is not a farm host.
+        A `Sitemap:` line needs the port, so a farm not yet started leaves it out (its rules are the same)."""
         if host_name in self.trap_host_names() or host_name in self.large_host_names():
             return EXTRA_ROBOTS
         names = self._site_names()
@@ -462,11 +570,15 @@ class SiteFarm:
         if role == "no_robots":
             return None
         if role == "cgi":
-            return "# farm robots\nUser-agent: *\nDisallow: /cgi-bin/\n\nUser-agent: otherbot\nDisallow: /\n"
-        if role == "private":
-            return "User-agent: *\nDisallow: /private/\nAllow: /private/open.html\n"
-        delay = f"Crawl-delay: {CRAWL_DELAY_S}\n" if index == 3 else ""
-        return f"User-agent: *\n{delay}Disallow: /private/\nDisallow: /*?print=1$\n"
+            body = "# farm robots\nUser-agent: *\nDisallow: /cgi-bin/\n\nUser-agent: otherbot\nDisallow: /\n"
+        elif role == "private":
+            body = "User-agent: *\nDisallow: /private/\nAllow: /private/open.html\n"
+        else:
+            delay = f"Crawl-delay: {CRAWL_DELAY_S}\n" if index == 3 else ""
+            body = f"User-agent: *\n{delay}Disallow: /private/\nDisallow: /*?print=1$\n"
+        if self.spec.sitemaps and self.port and _sitemap_role(index) == "robots":
+            body += f"\nSitemap: {self._base(host_name)}{SITEMAP_INDEX_PATH}\n"
+        return body
 
     def crawl_delay(self, host_name: str) -> float | None:
         robots = self.robots_txt(host_name)
@@ -477,8 +589,10 @@ class SiteFarm:
         return max(min_delay_s, self.crawl_delay(host.rpartition(":")[0] or host) or 0.0)
 
     def page_urls(self) -> set[str]:
-        """Every URL the farm answers with a page or a redirect (robots.txt excluded). Trap hosts are left out:
-        they answer infinitely many URLs (`links_of` still knows their links, page by page)."""
+        """Every URL of the link graph the farm answers with a page or a redirect (robots.txt excluded; sitemap
+        files and the pages only sitemaps list are in `sitemap_urls`, `orphan_urls`, `out_of_scope_sitemap_urls`
+        and `disallowed_urls`). Trap hosts are left out: they answer infinitely many URLs (`links_of` still
+        knows their links, page by page)."""
         self._require_started()
         traps = self.trap_host_names()
         return {
@@ -514,16 +628,27 @@ class SiteFarm:
             for name, body in ((name, self.robots_txt(name)) for name in self.host_names())
         }
 
-    def expected_fetches(self, token: str, max_depth: int) -> set[str]:
+    def expected_fetches(self, token: str, max_depth: int, with_sitemaps: bool = False) -> set[str]:
         """Farm URLs a correct crawl fetches within max_depth hops of the seeds (seeds are depth 0): BFS over
         the link graph, stopping at robots-disallowed URLs and at hosts outside the farm. Trap hosts are left
-        out: how much of a trap a correct crawl fetches is set by the trap rules, not by the graph."""
+        out: how much of a trap a correct crawl fetches is set by the trap rules, not by the graph.
+
+        with_sitemaps: also what sitemap discovery fetches at depth 0 — the /sitemap.xml probe of every seed
+        host (404s too: a fetch is a request), the sitemaps robots.txt names, their index children, and the
+        in-scope pages they list — each only where robots.txt allows it; listed pages' links follow at +1.
+        A cycle-based crawl reaches sitemap-listed pages cycles later than depth 0 suggests: see
+        `expected_fetches_sitemaps_only`."""
         policies = self._policies(token)
         for name in self.trap_host_names():
             del policies[self._base(name)]
         seen = set(self.seed_urls())
         frontier = list(seen)
         fetched: set[str] = set()
+        if with_sitemaps:
+            requests, listed = self._sitemap_discovery(policies)
+            fetched |= requests
+            frontier += [url for url in dict.fromkeys(listed) if url not in seen]
+            seen.update(listed)
         for depth in range(max_depth + 1):
             next_frontier = []
             for url in frontier:
@@ -541,14 +666,88 @@ class SiteFarm:
         return fetched
 
     def disallowed_urls(self, token: str) -> set[str]:
-        """Farm URLs that some farm page links to and robots.txt forbids: a correct crawl never requests them."""
+        """Farm URLs that some farm page links to or some farm sitemap lists, and robots.txt forbids: a correct
+        crawl never requests them."""
         policies = self._policies(token)
         linked = {link for url in self.page_urls() for link in self.links_of(url)}
+        linked |= {canonicalize(loc) for loc in self._listed_locs() if _is_url(loc)}
         return {url for url in linked if host_key(url) in policies and not policies[host_key(url)].allowed(url)}
+
+    # ---- sitemap ground truth --------------------------------------------------------------------------
+
+    def sitemap_urls(self) -> dict[str, str]:
+        """Every sitemap file the farm serves -> how a crawler finds it: "robots", "index" or "probe"."""
+        self._require_started()
+        return {url: sitemap.found_via for url, sitemap in self._sitemap_files.items()}
+
+    def sitemap_entries(self, url: str) -> list[dict[str, Any]]:
+        """The entries of one sitemap file as the farm wrote them, refused ones included: loc (as written),
+        lastmod (UTC datetime), changefreq, priority (None when absent). KeyError for a URL that is none."""
+        self._require_started()
+        return [dict(entry) for entry in self._sitemap_files[canonicalize(url)].entries]
+
+    def orphan_urls(self) -> set[str]:
+        """Pages no farm page links to that their own host's sitemap lists: only sitemap discovery finds them."""
+        self._require_started()
+        return set(self._orphans)
+
+    def out_of_scope_sitemap_urls(self) -> set[str]:
+        """Pages a sitemap lists outside its scope (on the neighbour host, linked from nowhere): never fetched."""
+        self._require_started()
+        return set(self._out_of_scope)
+
+    def expected_fetches_sitemaps_only(self, token: str) -> set[str]:
+        """The sitemap files and in-scope listed pages a crawl with sitemap discovery fetches, robots
+        permitting, however many cycles that takes (404 probes left out: not sitemap files)."""
+        policies = self._policies(token)
+        requests, listed = self._sitemap_discovery(policies)
+        allowed = {url for url in listed if policies[host_key(url)].allowed(url)}
+        return (requests & self._sitemap_files.keys()) | allowed
+
+    def _listed_locs(self) -> set[str]:
+        """The loc, as written, of every urlset entry."""
+        return {entry["loc"] for sitemap in self._sitemap_files.values() if sitemap.kind == "urlset"
+                for entry in sitemap.entries}
+
+    def _sitemap_discovery(self, policies: dict[str, RobotsPolicy]) -> tuple[set[str], list[str]]:
+        """(sitemap requests, listed in-scope pages) of a crawl with sitemap discovery: the probe of every
+        host in `policies` and the robots-named sitemaps, then index children, each fetched only if allowed.
+        The farm lists nothing out of scope on a sitemap's own host (role-"robots" urlsets under /sitemaps/
+        list the host's pages through robots.txt cross-submission), so "in scope" is "on the same host"."""
+        self._require_started()
+        roots = [key + PROBE_PATH for key in policies]
+        roots += [url for url, sitemap in self._sitemap_files.items()
+                  if sitemap.found_via == "robots" and host_key(url) in policies]
+        requests: set[str] = set()
+        listed: list[str] = []
+        while roots:
+            url = roots.pop(0)
+            policy = policies.get(host_key(url))
+            if url in requests or policy is None or not policy.allowed(url):
+                continue
+            requests.add(url)
+            sitemap = self._sitemap_files.get(url)
+            if sitemap is None:
+                continue
+            in_scope = [entry["loc"] for entry in sitemap.entries
+                        if _is_url(entry["loc"]) and host_key(canonicalize(entry["loc"])) == host_key(url)]
+            if sitemap.kind == "sitemapindex":
+                roots += in_scope
+            else:
+                listed += in_scope
+        return requests, listed
 
     def _require_started(self) -> None:
         if not self.port:
             raise RuntimeError("the site farm is not started: its URLs depend on its port")
+
+
+def _is_url(text: str) -> bool:
+    try:
+        canonicalize(text)
+    except ValueError:
+        return False
+    return True
 
 
 def _month_path(date: datetime.date) -> str:
@@ -600,6 +799,44 @@ def _topic_slug(index: int) -> str:
     """A large host's topic name: one word, then word pairs — no digits, so each topic is its own template."""
     words = len(_WORDS)
     return _WORDS[index] if index < words else f"{_WORDS[index % words]}-{_WORDS[index // words]}"
+
+
+def _listings(locs: list[str], rng: random.Random) -> list[dict[str, Any]]:
+    """Urlset entries with a mix of fields: by position a recent, an old or no lastmod; a changefreq or none;
+    a priority 0.1..1.0 or none."""
+    entries = []
+    for position, loc in enumerate(locs):
+        lastmod = None
+        if position % 3 == 0:  # within a week of SITEMAP_DATE
+            lastmod = SITEMAP_DATE - datetime.timedelta(days=rng.randint(0, 5), hours=rng.randint(1, 23))
+        elif position % 3 == 1:  # over a year old
+            lastmod = SITEMAP_DATE - datetime.timedelta(days=rng.randint(400, 1500))
+        entries.append({"loc": loc, "lastmod": lastmod, "changefreq": rng.choice((None, *CHANGEFREQS)),
+                        "priority": None if position % 4 == 3 else rng.randint(1, 10) / 10})
+    return entries
+
+
+def _w3c(moment: datetime.datetime) -> str:
+    """A lastmod as sitemaps write them: a bare date at midnight UTC, else a time in a +02:00 zone."""
+    if moment.time() == datetime.time(0):
+        return moment.date().isoformat()
+    return moment.astimezone(datetime.timezone(datetime.timedelta(hours=2))).isoformat(timespec="seconds")
+
+
+def _sitemap_xml(kind: str, entries: list[dict[str, Any]]) -> bytes:
+    item = "url" if kind == "urlset" else "sitemap"
+    lines = ['<?xml version="1.0" encoding="UTF-8"?>', f'<{kind} xmlns="{SITEMAP_NS}">']
+    for entry in entries:
+        fields = [f"<loc>{html.escape(entry['loc'])}</loc>"]
+        if entry["lastmod"] is not None:
+            fields.append(f"<lastmod>{_w3c(entry['lastmod'])}</lastmod>")
+        if entry["changefreq"] is not None:
+            fields.append(f"<changefreq>{entry['changefreq']}</changefreq>")
+        if entry["priority"] is not None:
+            fields.append(f"<priority>{entry['priority']:.1f}</priority>")
+        lines.append(f"  <{item}>{''.join(fields)}</{item}>")
+    lines.append(f"</{kind}>\n")
+    return "\n".join(lines).encode("utf-8")
 
 
 def read_request_log(path: str | Path) -> list[dict]:

@@ -4,10 +4,12 @@ robots variants; the politeness judge finds both kinds of violation and none in 
 from __future__ import annotations
 
 import asyncio
+import gzip
 import http.client
 import threading
 import time
-from collections import deque
+from collections import Counter, deque
+from datetime import timedelta
 from pathlib import Path
 
 import aiohttp
@@ -15,8 +17,17 @@ import pytest
 from selectolax.lexbor import LexborHTMLParser
 
 from crawler.robots import RobotsPolicy
+from crawler.sitemaps import ChangeFreq, FoundVia, SitemapEntry, SitemapOrigin, SitemapResult, parse_sitemap
 from crawler.urls import canonicalize, host_key, resolve
-from fetchd.sitefarm import FarmSpec, SiteFarm, politeness_violations, read_request_log
+from fetchd.sitefarm import (
+    MALFORMED_LOC,
+    SITEMAP_DATE,
+    SITEMAP_NS,
+    FarmSpec,
+    SiteFarm,
+    politeness_violations,
+    read_request_log,
+)
 
 TOKEN = "cyclecrawl"
 UA = "cyclecrawl/0.1 (+https://cyclecrawl.invalid/bot)"
@@ -483,3 +494,203 @@ def test_large_host_size_is_checked(tmp_path: Path) -> None:
         SiteFarm(FarmSpec(large_host_pages=(10, 0)), tmp_path / "log.jsonl")
     with pytest.raises(ValueError):
         SiteFarm(FarmSpec(large_host_pages=(10**9,)), tmp_path / "log.jsonl")
+
+
+# ---- sitemaps ------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def served_sitemaps(farm: SiteFarm) -> dict[str, tuple[dict[str, str], bytes, SitemapResult]]:
+    """Every sitemap file of the default farm: fetched over loopback, parsed as the crawler would find it."""
+    origins: dict[str, SitemapOrigin] = {}
+    for url, via in farm.sitemap_urls().items():
+        if via == "probe":
+            origins[url] = SitemapOrigin(FoundVia.PROBE)
+        elif via == "robots":
+            origins[url] = SitemapOrigin.from_robots(host_key(url) + "/robots.txt")
+            for child in farm.sitemap_entries(url):
+                origins[canonicalize(child["loc"])] = origins[url].child()
+    assert origins.keys() == farm.sitemap_urls().keys()  # every "index" file is a child of a robots-named index
+    served = {}
+    for url, origin in origins.items():
+        status, headers, body = get(farm, url.split("://")[1].split("/")[0], path_of(url))
+        assert status == 200, url
+        served[url] = (headers, body, parse_sitemap(url, body, origin, content_type=headers["content-type"]))
+    return served
+
+
+def urlset_locs(farm: SiteFarm) -> dict[str, list[str]]:
+    """The locs each urlset lists, as written."""
+    return {url: [entry["loc"] for entry in farm.sitemap_entries(url)]
+            for url in farm.sitemap_urls() if url.endswith((".xml.gz", "/extra.xml", "/sitemap.xml"))}
+
+
+def test_sitemaps_are_found_through_robots_or_by_probing(farm: SiteFarm) -> None:
+    found = farm.sitemap_urls()
+    assert Counter(found.values()) == {"robots": 6, "index": 12, "probe": 8}
+    roles = Counter()
+    for name, seed in zip(farm.host_names(), farm.seed_urls(), strict=True):
+        key = host_key(seed)
+        own = {path_of(url): via for url, via in found.items() if host_key(url) == key}
+        robots = farm.robots_txt(name)
+        named = RobotsPolicy.parse(robots, TOKEN).sitemaps if robots is not None else ()
+        status, headers, _ = get(farm, name, "/sitemap.xml")
+        if own == {"/sitemap.xml": "probe"}:
+            roles["probe"] += 1
+            assert status == 200 and headers["content-type"] == "application/xml" and named == ()
+            continue
+        assert status == 404, name
+        if own:
+            roles["robots"] += 1
+            assert own == {"/sitemaps/index.xml": "robots", "/sitemaps/pages.xml.gz": "index",
+                           "/sitemaps/extra.xml": "index"}
+            assert named == (key + "/sitemaps/index.xml",)
+            assert get(farm, name, "/robots.txt")[2].decode() == robots
+        else:
+            roles["none"] += 1
+            assert named == () and get(farm, name, "/sitemaps/index.xml")[0] == 404
+    assert roles == {"robots": 6, "probe": 8, "none": 10}
+
+
+def test_sitemap_files_parse_to_the_ground_truth(farm: SiteFarm, served_sitemaps) -> None:
+    out_of_scope = farm.out_of_scope_sitemap_urls()
+    refused_by_host: dict[str, Counter] = {}
+    for url, (headers, body, result) in served_sitemaps.items():
+        assert result.error is None and not result.ignored_fields, url
+        assert "content-encoding" not in headers
+        if url.endswith(".gz"):
+            assert headers["content-type"] == "application/gzip" and body[:2] == b"\x1f\x8b" and result.gzipped
+            assert gzip.decompress(body).startswith(b'<?xml version="1.0" encoding="UTF-8"?>\n<urlset')
+        else:
+            assert headers["content-type"] == "application/xml" and not result.gzipped
+        assert f'xmlns="{SITEMAP_NS}"'.encode() in (gzip.decompress(body) if result.gzipped else body)
+        truth = farm.sitemap_entries(url)
+        if url.endswith("/index.xml"):
+            assert result.kind == "sitemapindex" and not result.refused
+            assert [(child.loc, child.lastmod) for child in result.sitemaps] == [
+                (entry["loc"], entry["lastmod"]) for entry in truth]
+            continue
+        assert result.kind == "urlset"
+        kept = [entry for entry in truth if entry["loc"] != MALFORMED_LOC and entry["loc"] not in out_of_scope]
+        assert result.entries == [
+            SitemapEntry(canonicalize(entry["loc"]), entry["lastmod"],
+                         ChangeFreq(entry["changefreq"]) if entry["changefreq"] else None, entry["priority"])
+            for entry in kept
+        ]
+        refused_by_host.setdefault(host_key(url), Counter()).update(result.refused)
+    # per host: the malformed loc and the neighbour's page, each refused once, for its own reason
+    assert len(refused_by_host) == 14
+    assert all(refused == {"invalid loc": 1, "outside sitemap scope": 1} for refused in refused_by_host.values())
+
+
+def test_urlset_fields_are_a_mix(farm: SiteFarm) -> None:
+    entries = [entry for url in urlset_locs(farm) for entry in farm.sitemap_entries(url)]
+    ages = [SITEMAP_DATE - entry["lastmod"] for entry in entries if entry["lastmod"] is not None]
+    assert any(entry["lastmod"] is None for entry in entries)
+    assert any(timedelta(0) <= age <= timedelta(days=7) for age in ages)
+    assert any(age > timedelta(days=365) for age in ages)
+    assert all(age >= timedelta(0) for age in ages)
+    priorities = [entry["priority"] for entry in entries]
+    assert None in priorities and {p for p in priorities if p is not None} == {n / 10 for n in range(1, 11)}
+    changefreqs = {entry["changefreq"] for entry in entries}
+    assert None in changefreqs and len(changefreqs) >= 6
+
+
+def test_orphans_are_served_and_linked_from_nowhere(farm: SiteFarm) -> None:
+    orphans, foreign = farm.orphan_urls(), farm.out_of_scope_sitemap_urls()
+    linked = {link for url in farm.page_urls() | orphans | foreign for link in farm.links_of(url)}
+    assert orphans and foreign and linked.isdisjoint(orphans | foreign)
+    assert (orphans | foreign).isdisjoint(farm.page_urls())
+    listings = urlset_locs(farm)
+    per_host = Counter(host_key(url) for url in orphans)
+    assert len(per_host) == 14 and set(per_host.values()) <= {2, 3, 4} and len(set(per_host.values())) > 1
+    listed = [(sitemap, loc) for sitemap, locs in listings.items() for loc in locs if loc != MALFORMED_LOC]
+    own_listed = {loc for sitemap, loc in listed if host_key(loc) == host_key(sitemap)}
+    assert orphans == own_listed - farm.page_urls() - farm.disallowed_urls(TOKEN)
+    assert foreign == {loc for sitemap, loc in listed if host_key(loc) != host_key(sitemap)}
+    for url in sorted(orphans | foreign):
+        status, _, body = get(farm, url.split("://")[1].split("/")[0], path_of(url))
+        assert status == 200, url
+        assert parsed_links(url, body) == farm.links_of(url) == [host_key(url) + "/"]
+
+
+def test_a_sitemap_may_list_a_disallowed_url(farm: SiteFarm) -> None:
+    disallowed = farm.disallowed_urls(TOKEN)
+    fetched = farm.expected_fetches(TOKEN, 2, with_sitemaps=True)
+    linked = {link for url in farm.page_urls() for link in farm.links_of(url)}
+    listed_disallowed = set()
+    for sitemap, locs in urlset_locs(farm).items():
+        name = sitemap.split("://")[1].split(":")[0]
+        robots = farm.robots_txt(name)
+        policy = RobotsPolicy.parse(robots, TOKEN) if robots is not None else RobotsPolicy.allow_all()
+        blocked = [loc for loc in locs
+                   if loc != MALFORMED_LOC and host_key(loc) == host_key(sitemap) and not policy.allowed(loc)]
+        listed_disallowed.update(blocked)
+        if sitemap.endswith("/extra.xml"):
+            assert blocked == []
+        else:
+            assert len(blocked) == (robots is not None), sitemap
+    assert listed_disallowed and listed_disallowed <= disallowed
+    assert listed_disallowed.isdisjoint(linked)  # only the sitemap names it
+    assert listed_disallowed.isdisjoint(fetched | farm.expected_fetches_sitemaps_only(TOKEN))
+    for url in listed_disallowed:
+        assert get(farm, url.split("://")[1].split("/")[0], path_of(url))[0] == 200  # a crawler fetching it shows
+
+
+@pytest.mark.parametrize("token", [TOKEN, "otherbot"])
+def test_expected_fetches_with_sitemaps_follow_the_parsed_sitemaps(farm: SiteFarm, served_sitemaps,
+                                                                   token: str) -> None:
+    """Recomputed from the served robots files and the parser's results: probes of every seed host, the
+    robots-named indexes, their children, the listed pages — each only where robots.txt allows."""
+    policies = {}
+    for name, seed in zip(farm.host_names(), farm.seed_urls(), strict=True):
+        robots = farm.robots_txt(name)
+        policies[host_key(seed)] = RobotsPolicy.parse(robots, token) if robots is not None else RobotsPolicy.allow_all()
+
+    def allowed(url: str) -> bool:
+        return policies[host_key(url)].allowed(url)
+
+    seeds = {url for url in farm.seed_urls() if allowed(url)}
+    probes = {url + "sitemap.xml" for url in farm.seed_urls() if allowed(url + "sitemap.xml")}
+    indexes = {url for name in farm.host_names() if farm.robots_txt(name)
+               for url in RobotsPolicy.parse(farm.robots_txt(name), token).sitemaps if allowed(url)}
+    children = {child.loc for url in indexes for child in served_sitemaps[url][2].sitemaps if allowed(child.loc)}
+    files = indexes | children | (probes & served_sitemaps.keys())
+    listed = {entry.loc for url in files for entry in served_sitemaps[url][2].entries if allowed(entry.loc)}
+    depth_zero = seeds | probes | files | listed
+    assert farm.expected_fetches(token, 0, with_sitemaps=True) == depth_zero
+    assert farm.expected_fetches_sitemaps_only(token) == files | listed
+    assert farm.orphan_urls() & listed  # orphans are found, through sitemaps only
+    # listed pages' links follow at +1
+    next_hop = {link for url in listed for link in farm.links_of(url)
+                if host_key(link) in policies and allowed(link)}
+    plain = farm.expected_fetches(token, 1)
+    assert farm.expected_fetches(token, 1, with_sitemaps=True) == plain | depth_zero | next_hop
+    assert next_hop - plain - depth_zero
+    everything = farm.expected_fetches(token, 2, with_sitemaps=True)
+    assert everything == farm.expected_fetches(token, 2) | probes | files | listed
+    assert everything.isdisjoint(farm.out_of_scope_sitemap_urls() | farm.disallowed_urls(token))
+    if token == "otherbot":  # site-000 (cgi) shuts otherbot out: not even its sitemaps are fetched
+        assert not any(host_key(url) == host_key(farm.seed_urls()[0]) for url in everything)
+    else:
+        assert len(indexes) == 6 and len(children) == 12 and len(probes) == 24
+
+
+def test_sitemaps_can_be_turned_off_and_leave_the_pages_unchanged(farm: SiteFarm, tmp_path: Path) -> None:
+    never_started = SiteFarm(FarmSpec(), tmp_path / "unused.jsonl")
+    assert "Sitemap" not in never_started.robots_txt("site-000.farm.test")  # the line needs the port
+    with SiteFarm(FarmSpec(latency_s=0.0, sitemaps=False), tmp_path / "log.jsonl") as plain:
+        assert plain.sitemap_urls() == {} and plain.orphan_urls() == plain.out_of_scope_sitemap_urls() == set()
+        for name in plain.host_names()[:6]:
+            assert plain.robots_txt(name) == never_started.robots_txt(name)
+            if farm.robots_txt(name) is not None:
+                assert farm.robots_txt(name).split("\nSitemap: ")[0] == plain.robots_txt(name)
+            for path in ("/sitemap.xml", "/sitemaps/index.xml", "/orphans/page-0.html"):
+                assert get(plain, name, path)[0] == 404
+            for path in ("/", "/section/1/page-7.html", "/section/2/"):
+                assert get(plain, name, path)[2].replace(str(plain.port).encode(), b"P") == get(
+                    farm, name, path)[2].replace(str(farm.port).encode(), b"P")
+        assert {path_of(url) for url in plain.page_urls()} == {path_of(url) for url in farm.page_urls()}
+        probes = {url + "sitemap.xml" for url in plain.seed_urls()}
+        assert plain.expected_fetches(TOKEN, 1, with_sitemaps=True) == plain.expected_fetches(TOKEN, 1) | probes
+        assert plain.expected_fetches_sitemaps_only(TOKEN) == set()
