@@ -48,8 +48,9 @@ def simhash(text: str, shingle: int = 3) -> int:
     if len(words) <= shingle:
         shingles = [" ".join(words)]
     else:
-        shingles = [" ".join(words[i : i + shingle]) for i in range(len(words) - shingle + 1)]
-    hashes = np.fromiter((mmh3.hash64(s.encode("utf-8"), 0, signed=False)[0] for s in shingles), dtype="<u8")
+        shingles = list(map(" ".join, zip(*(words[i:] for i in range(shingle)))))
+    hash64 = mmh3.hash64  # hashes a str as its UTF-8 bytes
+    hashes = np.fromiter((hash64(s, signed=False)[0] for s in shingles), dtype="<u8", count=len(shingles))
     # One row of 64 bits per shingle (bit 0 first); a result bit is set where more shingles have it set than not.
     bits = np.unpackbits(hashes.view(np.uint8).reshape(-1, 8), axis=1, bitorder="little")
     majority = bits.sum(axis=0, dtype=np.int64) * 2 > len(shingles)

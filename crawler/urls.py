@@ -10,6 +10,7 @@ These functions are the single entry points; nothing else in the engine parses U
 
 from __future__ import annotations
 
+import functools
 import re
 import unicodedata
 from collections.abc import Mapping, Sequence
@@ -136,8 +137,14 @@ def resolve(base: str, href: str) -> str | None:
         joined = ada_url.join_url(_usv(base), _usv(href))
     except ValueError:
         return None
-    canonical, _ = _canonical_or_reason(joined)
-    return canonical
+    return _canonical_of_joined(joined)
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def _canonical_of_joined(joined: str) -> str | None:
+    """Canonical form of a resolved link, memoised: a site's navigation resolves to the same URLs on every page,
+    and canonicalising costs several times the join (each ada component access is a call into C)."""
+    return _canonical_or_reason(joined)[0]
 
 
 def strip_query_params(canonical_url: str, rules: Mapping[str, Sequence[str]]) -> str:
