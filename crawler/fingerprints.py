@@ -48,7 +48,7 @@ def simhash(text: str, shingle: int = 3) -> int:
     if len(words) <= shingle:
         shingles = [" ".join(words)]
     else:
-        shingles = list(map(" ".join, zip(*(words[i:] for i in range(shingle)))))
+        shingles = list(map(" ".join, zip(*(words[i:] for i in range(shingle)), strict=False)))  # shorter tails end it
     hash64 = mmh3.hash64  # hashes a str as its UTF-8 bytes
     hashes = np.fromiter((hash64(s, signed=False)[0] for s in shingles), dtype="<u8", count=len(shingles))
     # One row of 64 bits per shingle (bit 0 first); a result bit is set where more shingles have it set than not.
