@@ -129,7 +129,8 @@ def build_urls(spark: SparkSession, root: str, url_count: int, hosts: DataFrame,
         F.col("id"), host_index.alias("host_index"), F.rand(12).alias("priority"), overdue_s.alias("overdue_s"),
     )
     nulls = ("discovered_in", "last_fetch_at", "last_status_code", "etag", "last_modified", "content_hash", "simhash",
-             "last_changed_at", "redirect_to", "lease_segment", "lease_expires_at", "last_segment", "inlink_segment")
+             "last_changed_at", "redirect_to", "lease_segment", "lease_expires_at", "last_segment", "inlink_segment",
+             "sitemap_origin")
     next_fetch_at = F.timestamp_seconds(F.lit(int(now.timestamp())) - F.col("overdue_s"))
     rows = drawn.join(F.broadcast(hosts), "host_index").select(
         F.concat("host_key", F.lit("/page/"), F.col("id").cast("string")).alias("url"),
@@ -201,7 +202,7 @@ def write_segment_results(spark: SparkSession, root: str, segment_id: str, links
         "url_id", "state_version", "url", "segment_id", "fetched_at", "warc_filename", "warc_offset", "warc_length",
         "content_type", F.lit("Bench page").alias("title"),
         *[F.lit(None).alias(c) for c in ("canonical_url", "language", "duplicate_of", "near_duplicate_cluster",
-                                         "parse_error")],
+                                         "parse_error", "sitemap_urls", "sitemap_refused")],
         F.lit(False).alias("meta_noindex"), F.lit(False).alias("meta_nofollow"),
         F.lit(links_per_result).alias("outlink_count"),
         F.sha1("url").alias("content_hash"), F.xxhash64("url").alias("simhash"),
@@ -219,6 +220,8 @@ def write_segment_results(spark: SparkSession, root: str, segment_id: str, links
             F.lit("more").alias("anchor_text"),
             F.lit(False).alias("rel_nofollow"),
             F.lit(None).cast("array<string>").alias("rel_flags"),
+            *[F.lit(None).alias(c) for c in ("sitemap_lastmod", "sitemap_changefreq", "sitemap_priority",
+                                             "sitemap_origin")],
         )
         tables.conform(links, "links").write.format("delta").mode("append").save(tables.table_path(root, "links"))
     results.unpersist()

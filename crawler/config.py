@@ -144,6 +144,7 @@ _RULES: dict[str, tuple[Any, str]] = {
     "parse.simhash_shingle": (_positive, "must be > 0"),
     "parse.max_parse_seconds": (_positive, "must be > 0"),
     "sitemaps.max_urls": (_positive, "must be > 0"),
+    "sitemaps.max_fetch_bytes": (_positive, "must be > 0"),
     "sitemaps.max_uncompressed_bytes": (_positive, "must be > 0"),
     "sitemaps.max_index_depth": (_non_negative, "must be >= 0"),
     "sitemaps.max_loc_length": (_positive, "must be > 0"),

@@ -174,12 +174,16 @@ def per_host_cap_sql(per_host_max_urls: int, segment_seconds: float, delay: str)
 
 
 def index_event_kind(outcome: str, status_code: int | None, previous_hash: str | None,
-                     new_hash: str | None) -> str | None:
-    """The index event a completing result produces (None: nothing for an indexer to do)."""
+                     new_hash: str | None, duplicate_of: str | None = None) -> str | None:
+    """The index event a completing result produces (None: nothing for an indexer to do). New or changed
+    content that dedup marked as a duplicate of another URL (`duplicate_of`, exact or near) is `duplicate`:
+    the indexer keeps the representative. Unchanged content stays `not_modified` whatever its duplicate mark."""
     if outcome == FetchOutcome.SUCCESS and new_hash is not None:
-        if previous_hash is None:
-            return IndexEventKind.FETCHED.value
-        return (IndexEventKind.CHANGED if new_hash != previous_hash else IndexEventKind.NOT_MODIFIED).value
+        if previous_hash is not None and new_hash == previous_hash:
+            return IndexEventKind.NOT_MODIFIED.value
+        if duplicate_of is not None:
+            return IndexEventKind.DUPLICATE.value
+        return (IndexEventKind.FETCHED if previous_hash is None else IndexEventKind.CHANGED).value
     if outcome == FetchOutcome.NOT_MODIFIED:
         return IndexEventKind.NOT_MODIFIED.value
     if outcome == FetchOutcome.HTTP_ERROR and status_code in GONE_CODES:

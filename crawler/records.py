@@ -30,6 +30,7 @@ FETCHLIST = pa.schema(
         ("last_modified", pa.string()),
         ("delay_s", pa.float64()),       # the host's delay known at generate time (the daemon may raise it)
         ("last_fetch_at", TS),           # the URL's previous fetch (null if none): a 304's WARC-Refers-To-Date
+        ("sitemap_origin", pa.string()), # non-null: a sitemap (fetched with sitemaps.max_fetch_bytes, parsed as one)
     ]
 )
 
@@ -63,6 +64,7 @@ FETCHED = pa.schema(
         ("error", pa.string()),
         ("daemon_id", pa.string()),
         ("truncated_reason", pa.string()), # why the body was cut: length, decoded-length, content-type (null if not)
+        ("sitemap_origin", pa.string()), # copied from the fetch list: the URL is a sitemap
     ]
 )
 

@@ -2,6 +2,7 @@
 
     https://example.com/            priority=2.5    interval=86400
     https://example.org/news        3.0     3600         (bare positional: priority, then interval)
+    https://example.net/feeds/sitemap.xml.gz    kind=sitemap   (a sitemap to fetch and read, not a page)
 
 A bad line (invalid URL, unsupported scheme, bad metadata, out of scope, too long) is reported with its line
 number and reason and skipped; the rest is injected. Pure: the inject job reads the file and calls this.
@@ -18,6 +19,8 @@ from crawler.frontier import Scope
 
 DEFAULT_PRIORITY = 1.0
 _POSITIONAL = ("priority", "interval")
+_KEYS = (*_POSITIONAL, "kind")
+_KINDS = ("page", "sitemap")
 
 
 @dataclass(frozen=True)
@@ -25,6 +28,7 @@ class SeedEntry:
     url: str                    # canonical
     priority: float = DEFAULT_PRIORITY
     interval_s: int | None = None  # None: revisit.default_interval_s
+    sitemap: bool = False       # kind=sitemap: fetched and parsed as a sitemap (crawler/sitemaps.py)
 
 
 def is_skipped(line: str) -> bool:
@@ -73,14 +77,17 @@ def parse_seed_line(line: str, scope: Scope | None = None) -> SeedEntry:
             key, value = _POSITIONAL[position], item
         else:
             raise ValueError(f"unexpected metadata field {item!r}")
-        if key not in _POSITIONAL:
-            raise ValueError(f"unknown metadata key {key!r} (expected priority= or interval=)")
+        if key not in _KEYS:
+            raise ValueError(f"unknown metadata key {key!r} (expected priority=, interval= or kind=)")
         if key in values:
             raise ValueError(f"metadata key {key!r} given twice")
         values[key] = value
     priority = _priority(values["priority"]) if "priority" in values else DEFAULT_PRIORITY
     interval = _interval(values["interval"]) if "interval" in values else None
-    return SeedEntry(canonical, priority, interval)
+    kind = values.get("kind", "page")
+    if kind not in _KINDS:
+        raise ValueError(f"kind must be one of {', '.join(_KINDS)}: {kind!r}")
+    return SeedEntry(canonical, priority, interval, kind == "sitemap")
 
 
 def read_seeds(lines: Iterable[str], scope: Scope | None = None) -> tuple[list[SeedEntry], list[tuple[int, str, str]]]:

@@ -51,6 +51,7 @@ from xml.parsers import expat
 
 from crawler import urls
 from crawler.config import Config
+from crawler.robots import RobotsPolicy
 
 READ_CHUNK = 64 * 1024           # compressed bytes read per step
 INFLATE_CHUNK = 256 * 1024       # most uncompressed bytes produced per inflate call
@@ -129,6 +130,23 @@ class SitemapOrigin:
 
     def child(self) -> SitemapOrigin:
         return SitemapOrigin(FoundVia.INDEX, self.robots_host_key, self.index_depth + 1)
+
+    def encode(self) -> str:
+        """The origin as stored in `urls.sitemap_origin` and carried by fetch lists and results:
+        "via index_depth [robots_host_key]", e.g. "robots 0 https://a.example". A non-null value marks the
+        URL as a sitemap to fetch and parse as one."""
+        parts = [self.via.value, str(self.index_depth)]
+        if self.robots_host_key is not None:
+            parts.append(self.robots_host_key)
+        return " ".join(parts)
+
+    @classmethod
+    def decode(cls, text: str) -> SitemapOrigin:
+        """The inverse of `encode`; raises ValueError on anything else (a hand-edited table)."""
+        parts = text.split(" ")
+        if len(parts) not in (2, 3) or not parts[1].isdigit():
+            raise ValueError(f"not a sitemap origin: {text[:200]!r}")
+        return cls(FoundVia(parts[0]), parts[2] if len(parts) == 3 else None, int(parts[1]))
 
 
 @dataclass(frozen=True)
@@ -579,6 +597,30 @@ def _priority(text: str) -> float | None:
     except ValueError:
         return None
     return value if math.isfinite(value) and 0.0 <= value <= 1.0 else None
+
+
+# Sitemap files themselves. The default location is probed once per seed host at inject (when
+# `sitemaps.probe_default_location` is on); every sitemap file (probed, listed in robots.txt, a child of an index,
+# or seeded) enters `urls` with SITEMAP_FILE_PRIORITY, ahead of ordinary links, because it may list many URLs.
+# A sitemap and the URLs it lists keep the depth of the sitemap that listed them: a site's own sitemap is as
+# close to the seeds as its robots.txt or home page, not one hop further per file.
+DEFAULT_LOCATION = "/sitemap.xml"
+SITEMAP_FILE_PRIORITY = 1.0
+
+
+def probe_url(host_key: str) -> str:
+    """The default-location sitemap URL of a host (scheme://host[:port])."""
+    return host_key + DEFAULT_LOCATION
+
+
+def robots_sitemaps(host_key: str, robots_body: str | None, max_bytes: int) -> list[tuple[str, str]]:
+    """(sitemap URL as written, encoded origin) for each `Sitemap:` line of a host's robots.txt. The lines hold
+    for every user agent, so no product token is involved; the URLs are canonicalised by discovery's scope rules
+    later, like any discovered URL."""
+    if not robots_body:
+        return []
+    origin = SitemapOrigin(FoundVia.ROBOTS, host_key).encode()
+    return [(url, origin) for url in RobotsPolicy.parse(robots_body, "*", max_bytes).sitemaps]
 
 
 # first_schedule: the mapping from a sitemap entry to a new URL's priority (urls.priority; seeds default 1.0,

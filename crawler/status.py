@@ -61,6 +61,7 @@ class IndexEventKind(str, Enum):
     CHANGED = "changed"              # content differs from the previous version
     NOT_MODIFIED = "not_modified"    # 304 or identical content: nothing to reindex
     GONE = "gone"                    # 404/410: remove from the index
+    DUPLICATE = "duplicate"          # new/changed content duplicating another URL: index the representative
 
 
 def values(enum: type[Enum]) -> list[str]:

@@ -81,6 +81,7 @@ URLS = TableDef(
             _f("inlinks", L, False),          # link observations: distinct pages linking here, summed per segment
             _f("inlink_segment", S),          # last segment folded into inlinks/depth (idempotence marker)
             _f("updated_at", T, False),
+            _f("sitemap_origin", S),          # non-null: a sitemap file; how it was found (SitemapOrigin)
         ]
     ),
     partition_by=("bucket",),
@@ -186,6 +187,10 @@ PAGES = TableDef(
             _f("duplicate_of", S),            # url_id of the exact-duplicate representative (dedup)
             _f("near_duplicate_cluster", S),  # url_id of the near-duplicate cluster representative (dedup)
             _f("parse_error", S),
+            _f("outlinks_skipped", INT),      # a/area not examined: parse.max_outlinks or time budget hit
+            _f("parse_time_limited", B),      # parse.max_parse_seconds ran out (no SimHash)
+            _f("sitemap_urls", INT),          # a sitemap: URLs and child sitemaps kept (null: a page)
+            _f("sitemap_refused", MapType(S, L)),  # a sitemap: entries refused, by crawler.sitemaps.Reason
         ]
     ),
     properties=_COMMON_PROPS,
@@ -204,6 +209,10 @@ LINKS = TableDef(
             _f("anchor_text", S),
             _f("rel_nofollow", B, False),
             _f("rel_flags", ArrayType(S)),
+            _f("sitemap_lastmod", T),         # the sitemap entry's lastmod (links from a sitemap only)
+            _f("sitemap_changefreq", S),
+            _f("sitemap_priority", D),
+            _f("sitemap_origin", S),          # the target is a child sitemap: its origin (sitemap indexes only)
         ]
     ),
     partition_by=("segment_id",),
@@ -283,6 +292,7 @@ def create_all(spark: SparkSession, root: str) -> list[str]:
     for table in TABLES.values():
         path = table_path(root, table.name)
         if DeltaTable.isDeltaTable(spark, path):
+            _add_missing_columns(spark, path, table)
             continue
         builder = DeltaTable.createIfNotExists(spark).location(path).addColumns(table.schema)
         if table.partition_by:
@@ -294,6 +304,19 @@ def create_all(spark: SparkSession, root: str) -> list[str]:
         builder.execute()
         created.append(table.name)
     return created
+
+
+def _add_missing_columns(spark: SparkSession, path: str, table: TableDef) -> None:
+    """A table written by an older version gains the columns added since (nullable, at the end), so a crawl
+    root survives an upgrade; existing rows read them as null."""
+    present = set(spark.read.format("delta").load(path).columns)
+    missing = [f for f in table.schema.fields if f.name not in present]
+    if not missing:
+        return
+    if any(not f.nullable for f in missing):
+        raise ValueError(f"{table.name}: cannot add non-null columns {[f.name for f in missing if not f.nullable]}")
+    columns = ", ".join(f"`{f.name}` {f.dataType.simpleString()}" for f in missing)
+    spark.sql(f"ALTER TABLE delta.`{path}` ADD COLUMNS ({columns})")
 
 
 def table_df(spark: SparkSession, root: str, name: str) -> DataFrame:

@@ -510,6 +510,7 @@ class BucketRun:
             segment_id=self.segment_id, bucket=self.bucket, url_id=item["url_id"],
             state_version=item["state_version"], url=item["url"], host_key=item["host_key"],
             fetched_at=_utc(time.time()), outcome=outcome.value, truncated=False, daemon_id=self.d.daemon_id,
+            sitemap_origin=item.get("sitemap_origin"),
         )
         row.update(values)
         return row
@@ -673,12 +674,13 @@ class BucketRun:
         record one row: the last response's outcome, with `redirect_to` the URL that answered when a hop was
         followed, or the unfollowed target of a last 3xx."""
         conditional = {}
+        sitemap = item.get("sitemap_origin") is not None
         if item.get("etag"):
             conditional["If-None-Match"] = item["etag"]
         if item.get("last_modified"):
             conditional["If-Modified-Since"] = item["last_modified"]
         try:
-            response = await self._page_get(item["url"], conditional)
+            response = await self._page_get(item["url"], conditional, sitemap=sitemap)
         finally:
             self.d.slots.release()
         retry_after = self._request_finished(host.gate, response)
@@ -695,7 +697,7 @@ class BucketRun:
                 await self._write_exchange(response, FetchOutcome.REDIRECT)  # the hop's 3xx, before the next one
                 chain.append(target)
                 async with self.d.slots:
-                    response = await self._page_get(target)
+                    response = await self._page_get(target, sitemap=sitemap)
                 retry_after = self._request_finished(host.gate, response)
             if response.status is None or not 300 <= response.status < 400:
                 target = response.url if len(chain) > 1 else None
@@ -704,10 +706,14 @@ class BucketRun:
             self.sched.finished(host)
             self._after_request(host)
 
-    async def _page_get(self, url: str, headers: dict[str, str] | None = None) -> FetchResponse:
+    async def _page_get(self, url: str, headers: dict[str, str] | None = None, *, sitemap: bool = False
+                        ) -> FetchResponse:
         """One page request (the caller holds the gate and a slot); an unexpected library error becomes a failed
-        response, so the URL is still reported and the gate released."""
+        response, so the URL is still reported and the gate released. A sitemap is read whatever its media type
+        (gzip files are served as application/x-gzip and the like) up to `sitemaps.max_fetch_bytes`."""
         try:
+            if sitemap:
+                return await self.d.fetcher.get(url, headers, self.conf["sitemaps.max_fetch_bytes"])
             return await self.d.fetcher.get(url, headers, page=True)
         except Exception as exc:
             log.exception("fetching %s failed unexpectedly", url)

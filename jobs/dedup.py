@@ -19,8 +19,9 @@ set-based:
 Only this segment's rows of `pages` are marked; older versions keep the verdict of their own segment. A URL whose
 page became a duplicate (exact or near) in this segment, while its previous version was not one, gets
 `priority *= dedup.duplicate_priority_factor` in `urls`: a URL that stays a duplicate is not lowered again each
-time it is refetched. Nothing in `links` changes, so a duplicate's outlinks are still followed by update (new URLs
-it discovers inherit its lowered priority times the discovery factor).
+time it is refetched. One whose page stops being a duplicate gets `priority /= factor`, the lowering undone.
+Nothing in `links` changes, so a duplicate's outlinks are still followed by update (new URLs it discovers inherit
+its lowered priority times the discovery factor).
 
 Idempotent: both MERGEs run as Delta idempotent writes (txnAppId `cyclecrawl.dedup.<segment>`, txnVersion 1), so
 each table takes this segment's dedup commit at most once; a re-run, even after a crash between the two MERGEs or
@@ -72,11 +73,13 @@ class DedupResult:
     skipped_comparisons: int = 0  # candidate pairs in those buckets never compared
     marked: int = 0               # pages rows whose marks this run wrote (0 on a re-run)
     priority_lowered: int = 0     # urls rows whose priority this run lowered (0 on a re-run)
+    priority_restored: int = 0    # urls rows raised back: their page stopped being a duplicate (0 on a re-run)
 
     def summary(self) -> str:
         return (f"{self.examined} of {self.corpus} pages examined: {self.exact_duplicates} exact and "
                 f"{self.near_duplicates} near duplicates; {self.near_clusters} near clusters from {self.pairs} pairs, "
-                f"{self.capped_buckets} capped buckets; {self.priority_lowered} priorities lowered")
+                f"{self.capped_buckets} capped buckets; {self.priority_lowered} priorities lowered, "
+                f"{self.priority_restored} restored")
 
 
 @contextmanager
@@ -92,12 +95,13 @@ def _once_per_segment(spark: SparkSession, segment_id: str) -> Iterator[None]:
 
 
 def current_pages(pages: DataFrame) -> DataFrame:
-    """The latest version of each URL if it has a content hash, and `seen`: when it was first fetched with that hash."""
+    """The latest version of each URL if it has a content hash, and `seen`: when it was first fetched with that hash.
+    Sitemaps (`sitemap_urls` set) are not documents: two sites' identical sitemaps are not duplicates of anything."""
     latest = Window.partitionBy("url_id").orderBy(F.desc("state_version"))
     first_seen = pages.where(F.col("content_hash").isNotNull()).groupBy("url_id", "content_hash").agg(
         F.min("fetched_at").alias("seen"))
     return (
-        pages.withColumn("_n", F.row_number().over(latest)).where("_n = 1")
+        pages.withColumn("_n", F.row_number().over(latest)).where("_n = 1").where(F.col("sitemap_urls").isNull())
         .select("url_id", "state_version", "segment_id", "content_hash", "simhash")
         .join(first_seen, ["url_id", "content_hash"])  # drops a latest version with no hash (a parse error)
     )
@@ -223,7 +227,8 @@ def run(spark: SparkSession, conf: Config, root: str, segment_id: str) -> DedupR
                 result.exact_duplicates, result.near_duplicates = int(counts["exact"]), int(counts["near"])
                 with _once_per_segment(spark, segment_id):
                     result.marked = _write_marks(spark, root, marks)
-                    result.priority_lowered = _lower_priority(spark, conf, root, pages, marks)
+                    result.priority_lowered, result.priority_restored = _adjust_priority(spark, conf, root, pages,
+                                                                                         marks)
             finally:
                 marks.unpersist()
         finally:
@@ -244,22 +249,32 @@ def _write_marks(spark: SparkSession, root: str, marks: DataFrame) -> int:
     return merge_counts(metrics).get("num_updated_rows", 0)
 
 
-def _lower_priority(spark: SparkSession, conf: Config, root: str, pages: DataFrame, marks: DataFrame) -> int:
-    """urls of pages that became duplicates here (their previous version was not one): priority *= the factor."""
+def _adjust_priority(spark: SparkSession, conf: Config, root: str, pages: DataFrame,
+                     marks: DataFrame) -> tuple[int, int]:
+    """urls whose page's duplicate verdict flipped in this segment (against the URL's previous page version):
+    became a duplicate -> priority *= the factor; stopped being one -> priority /= the factor, undoing the
+    lowering. Returns (lowered, restored)."""
     factor = conf["dedup.duplicate_priority_factor"]
-    duplicates = marks.where(_is_duplicate("duplicate_of", "near_duplicate_cluster")).select(
-        "url_id", F.col("state_version").alias("version"))
+    verdicts = marks.select("url_id", F.col("state_version").alias("version"),
+                            _is_duplicate("duplicate_of", "near_duplicate_cluster").alias("is_duplicate"))
     earlier = Window.partitionBy("url_id").orderBy(F.desc("state_version"))
     previous = (
-        pages.join(duplicates, "url_id").where(F.col("state_version") < F.col("version"))
+        pages.join(verdicts.select("url_id", "version"), "url_id").where(F.col("state_version") < F.col("version"))
         .withColumn("_n", F.row_number().over(earlier)).where("_n = 1")
         .select("url_id", _is_duplicate("duplicate_of", "near_duplicate_cluster").alias("was_duplicate"))
     )
-    newly = duplicates.join(previous, "url_id", "left").where(~F.coalesce("was_duplicate", F.lit(False)))
-    source = newly.join(pinned_table(spark, root, "urls").select("url_id", "bucket"), "url_id")
+    flipped = verdicts.join(previous, "url_id", "left").withColumn(
+        "was_duplicate", F.coalesce("was_duplicate", F.lit(False))).where(
+        F.col("is_duplicate") != F.col("was_duplicate"))
+    source = flipped.join(pinned_table(spark, root, "urls").select("url_id", "bucket"), "url_id").select(
+        "bucket", "url_id", "is_duplicate",
+        F.when(F.col("is_duplicate"), F.lit(factor)).otherwise(F.lit(1.0 / factor)).alias("multiplier"))
+    counts = {bool(r["is_duplicate"]): int(r["count"]) for r in source.groupBy("is_duplicate").count().collect()}
     metrics = (
         merge_into(spark, root, "urls", source, "t.bucket = s.bucket AND t.url_id = s.url_id")
-        .whenMatchedUpdate(set={"priority": F.col("t.priority") * F.lit(factor)})
+        .whenMatchedUpdate(set={"priority": F.col("t.priority") * F.col("s.multiplier")})
         .execute()
     )
-    return merge_counts(metrics).get("num_updated_rows", 0)
+    if not merge_counts(metrics).get("num_updated_rows", 0):  # nothing flipped, or this segment's commit was done
+        return 0, 0
+    return counts.get(True, 0), counts.get(False, 0)

@@ -31,6 +31,8 @@ class DemoFigures:
     urls_known: int
     reachable: int
     reachable_fetched: int
+    sitemap_listed: int           # sitemap files and the in-scope, allowed pages they list
+    sitemap_listed_fetched: int
     delay: float
     violations: list[dict]
     robots_violations: list[str]
@@ -44,6 +46,7 @@ class DemoFigures:
             f"  WARC files:                {self.warc_files} ({self.warc_bytes / 1e6:.2f} MB)",
             f"  URLs known:                {self.urls_known}",
             f"  reachable (farm graph):    {self.reachable}, fetched {self.reachable_fetched}",
+            f"  sitemaps + listed pages:   {self.sitemap_listed}, fetched {self.sitemap_listed_fetched}",
             f"  farm requests logged:      {self.farm_requests}",
             f"  politeness violations:     {len(self.violations)} (server log, delay {self.delay}s)",
             f"  robots violations:         {len(self.robots_violations)} (disallowed URLs requested)",
@@ -118,10 +121,15 @@ def measure(spark, conf: Config, root: str, farm, cycles: int, farm_log: Path) -
     hosts = answered.select("host_key").distinct().count()
     files = warc_files(root)
 
-    expected = sorted(farm.expected_fetches(token, max_depth=cycles - 1))
-    expected_df = spark.createDataFrame([(u,) for u in expected], "url string")
     got = answered.select("url").distinct()
-    reachable_fetched = expected_df.join(got, "url", "inner").count() if expected else 0
+
+    def fetched_of(expected: set[str]) -> int:
+        if not expected:
+            return 0
+        return spark.createDataFrame([(u,) for u in sorted(expected)], "url string").join(got, "url").count()
+
+    expected = farm.expected_fetches(token, max_depth=cycles - 1)
+    sitemap_listed = farm.expected_fetches_sitemaps_only(token) if conf["sitemaps.from_robots"] else set()
 
     log_records = read_request_log(farm_log)
 
@@ -136,7 +144,9 @@ def measure(spark, conf: Config, root: str, farm, cycles: int, farm_log: Path) -
         warc_bytes=sum(f.stat().st_size for f in files),
         urls_known=table_df(spark, root, "urls").count(),
         reachable=len(expected),
-        reachable_fetched=reachable_fetched,
+        reachable_fetched=fetched_of(expected),
+        sitemap_listed=len(sitemap_listed),
+        sitemap_listed_fetched=fetched_of(sitemap_listed),
         delay=min_delay,
         violations=politeness_violations(log_records, delay_for),
         robots_violations=robots_violations(log_records, farm.disallowed_urls(token)),

@@ -117,6 +117,7 @@ def select_due(spark: SparkSession, conf: Config, root: str, segment_id: str, no
         "last_modified",
         "delay_s",
         "last_fetch_at",
+        "sitemap_origin",
         "bucket",
         F.col("state_version").alias("old_state_version"),
     )

@@ -1,5 +1,9 @@
 """inject: a seeds file -> `urls` and `hosts`, insert-if-absent (DESIGN §5).
 
+Seeds marked `kind=sitemap` enter as sitemaps. With `sitemaps.probe_default_location` on, every seed host's
+default sitemap location (crawler.sitemaps.probe_url) is added too, as a sitemap found by probing (source
+`sitemap`, depth 0): a 404 there is recorded like any fetch and the URL is revisited rarely as `gone`.
+
 The seeds file is a config input, small enough to read on the driver; the upsert itself is a set-based Delta
 MERGE on (url_id AND url), so a hash collision never merges two URLs and a re-run inserts nothing.
 """
@@ -16,7 +20,8 @@ from pyspark.sql import functions as F
 from crawler import urls
 from crawler.config import Config
 from crawler.frontier import Scope
-from crawler.seeds import is_skipped, read_seeds
+from crawler.seeds import SeedEntry, is_skipped, read_seeds
+from crawler.sitemaps import SITEMAP_FILE_PRIORITY, FoundVia, SitemapOrigin, probe_url
 from crawler.status import UrlSource, UrlStatus
 from delta_tables import tables
 from jobs.base import insert_if_absent, step
@@ -32,11 +37,12 @@ class InjectResult:
     already_known: int            # valid seeds whose URL was already in `urls`
     rejected: int                 # bad lines, reported in `errors` and skipped
     duplicates: int = 0           # lines repeating a URL seen earlier in the same file
+    probes: int = 0               # default-location sitemap URLs new to `urls`
     errors: list[tuple[int, str, str]] = field(default_factory=list)  # (line_no, text, reason)
 
     def summary(self) -> str:
         return (f"{self.lines} seed lines: {self.injected} injected, {self.already_known} already known, "
-                f"{self.duplicates} duplicates, {self.rejected} rejected")
+                f"{self.duplicates} duplicates, {self.rejected} rejected; {self.probes} sitemap probes added")
 
 
 def insert_hosts_if_absent(spark: SparkSession, root: str, host_rows: DataFrame, now: datetime) -> int:
@@ -61,6 +67,50 @@ def insert_hosts_if_absent(spark: SparkSession, root: str, host_rows: DataFrame,
     return insert_if_absent(spark, root, "hosts", source, "t.bucket = s.bucket AND t.host_key = s.host_key")
 
 
+_URL_ROW = ("url_id string, url string, host_key string, bucket int, priority double, fetch_interval_s bigint, "
+            "source string, sitemap_origin string")
+
+
+def _url_row(url: str, priority: float, interval_s: int, source: UrlSource, origin: str | None,
+             buckets: int) -> tuple:
+    host = urls.host_key(url)
+    return (urls.url_id(url), url, host, urls.bucket_of(host, buckets), float(priority), int(interval_s),
+            source.value, origin)
+
+
+def _probe_rows(conf: Config, entries: list[SeedEntry]) -> list[tuple]:
+    """The default-location sitemap of each seed host not already seeded, as a sitemap found by probing."""
+    seeded = {entry.url for entry in entries}
+    probes = sorted({probe_url(urls.host_key(entry.url)) for entry in entries} - seeded)
+    origin = SitemapOrigin(FoundVia.PROBE).encode()
+    return [_url_row(url, SITEMAP_FILE_PRIORITY, conf["revisit.default_interval_s"], UrlSource.SITEMAP, origin,
+                     conf["crawl.buckets"]) for url in probes]
+
+
+def _merge_new_urls(spark: SparkSession, root: str, rows: DataFrame, now: datetime) -> int:
+    """Insert-if-absent of unfetched depth-0 `urls` rows (_URL_ROW columns); returns rows inserted."""
+    nulls = ("discovered_in", "last_fetch_at", "last_status_code", "etag", "last_modified", "content_hash",
+             "simhash", "last_changed_at", "redirect_to", "lease_segment", "lease_expires_at", "last_segment",
+             "inlink_segment")
+    source = tables.conform(
+        rows.select(
+            "*",
+            F.lit(UrlStatus.UNFETCHED.value).alias("status"),
+            F.lit(0).alias("state_version"),
+            F.lit(0).alias("depth"),
+            F.lit(now).alias("discovered_at"),
+            F.lit(now).alias("next_fetch_at"),
+            F.lit(0).alias("failure_count"),
+            F.lit(0).alias("inlinks"),
+            F.lit(now).alias("updated_at"),
+            *[F.lit(None).alias(c) for c in nulls],
+        ),
+        "urls",
+    )
+    return insert_if_absent(spark, root, "urls", source,
+                            "t.bucket = s.bucket AND t.url_id = s.url_id AND t.url = s.url")
+
+
 def run(spark: SparkSession, conf: Config, root: str, seeds_path: str) -> InjectResult:
     """Inject the seeds file at `seeds_path` into the tables under `root`."""
     tables.create_all(spark, root)
@@ -71,47 +121,24 @@ def run(spark: SparkSession, conf: Config, root: str, seeds_path: str) -> Inject
     for line_no, text, reason in errors:
         log.warning("inject: %s line %d rejected: %s (%r)", seeds_path, line_no, reason, text[:200])
     duplicates = seed_lines - len(errors) - len(entries)
-    result = InjectResult(seed_lines, 0, 0, len(errors), duplicates, errors)
+    result = InjectResult(seed_lines, 0, 0, len(errors), duplicates, errors=errors)
     if entries:
         now = datetime.now(UTC)
-        buckets = conf["crawl.buckets"]
-        default_interval = conf["revisit.default_interval_s"]
-        rows = []
-        for entry in entries:
-            host = urls.host_key(entry.url)
-            rows.append((urls.url_id(entry.url), entry.url, host, urls.bucket_of(host, buckets), float(entry.priority),
-                         int(entry.interval_s or default_interval)))
-        seeds = spark.createDataFrame(
-            rows, "url_id string, url string, host_key string, bucket int, priority double, fetch_interval_s bigint"
-        )
-        nulls = ("discovered_in", "last_fetch_at", "last_status_code", "etag", "last_modified", "content_hash",
-                 "simhash", "last_changed_at", "redirect_to", "lease_segment", "lease_expires_at", "last_segment",
-                 "inlink_segment")
-        source = tables.conform(
-            seeds.select(
-                "*",
-                F.lit(UrlStatus.UNFETCHED.value).alias("status"),
-                F.lit(0).alias("state_version"),
-                F.lit(0).alias("depth"),
-                F.lit(UrlSource.SEED.value).alias("source"),
-                F.lit(now).alias("discovered_at"),
-                F.lit(now).alias("next_fetch_at"),
-                F.lit(0).alias("failure_count"),
-                F.lit(0).alias("inlinks"),
-                F.lit(now).alias("updated_at"),
-                *[F.lit(None).alias(c) for c in nulls],
-            ),
-            "urls",
-        )
+        buckets, default_interval = conf["crawl.buckets"], conf["revisit.default_interval_s"]
+        seeded_origin = SitemapOrigin(FoundVia.LINK).encode()
+        seeds = spark.createDataFrame([
+            _url_row(entry.url, entry.priority, entry.interval_s or default_interval, UrlSource.SEED,
+                     seeded_origin if entry.sitemap else None, buckets)
+            for entry in entries
+        ], _URL_ROW)
         with step("inject: merge urls"):
-            result.injected = insert_if_absent(
-                spark, root, "urls", source, "t.bucket = s.bucket AND t.url_id = s.url_id AND t.url = s.url")
-        result.already_known = len(entries) - result.injected
+            result.injected = _merge_new_urls(spark, root, seeds, now)
+            result.already_known = len(entries) - result.injected
+            if conf["sitemaps.probe_default_location"]:
+                probes = spark.createDataFrame(_probe_rows(conf, entries), _URL_ROW)
+                result.probes = _merge_new_urls(spark, root, probes, now)
         with step("inject: merge hosts"):
             insert_hosts_if_absent(spark, root, seeds, now)
             recount_known_urls(spark, root, seeds)
-    log.info(
-        "inject: %s: %d seed lines, %d injected, %d already known, %d duplicates, %d rejected",
-        seeds_path, result.lines, result.injected, result.already_known, result.duplicates, result.rejected,
-    )
+    log.info("inject: %s: %s", seeds_path, result.summary())
     return result

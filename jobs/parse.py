@@ -27,6 +27,7 @@ from crawler.config import Config
 from crawler.fingerprints import content_hash, simhash
 from crawler.links import Outlink, extract, is_html, robots_directives
 from crawler.records import FETCHED, TS
+from crawler.sitemaps import DEFAULT_LIMITS, SitemapLimits, SitemapOrigin, parse_sitemap
 from crawler.status import FetchOutcome, SegmentState
 from crawler.urls import canonicalize, strip_query_params, url_id
 from crawler.warcread import WarcHttpRecord, read_record_at
@@ -44,6 +45,10 @@ OUTLINK = pa.struct(
         ("anchor_text", pa.string()),
         ("rel_nofollow", pa.bool_()),
         ("rel_flags", pa.list_(pa.string())),
+        ("sitemap_lastmod", TS),
+        ("sitemap_changefreq", pa.string()),
+        ("sitemap_priority", pa.float64()),
+        ("sitemap_origin", pa.string()),
     ]
 )
 
@@ -69,6 +74,10 @@ PARSED = pa.schema(
         ("content_hash", pa.string()),
         ("simhash", pa.int64()),
         ("parse_error", pa.string()),
+        ("outlinks_skipped", pa.int32()),
+        ("parse_time_limited", pa.bool_()),
+        ("sitemap_urls", pa.int32()),
+        ("sitemap_refused", pa.map_(pa.string(), pa.int64())),
         ("outlinks", pa.list_(OUTLINK)),
     ]
 )
@@ -81,9 +90,14 @@ class ParseResult:
     links: int            # links rows written for the segment
     errors: int           # records that could not be parsed (pages rows with parse_error)
     pages_inserted: int   # pages rows new to the table (0 on a re-run)
+    sitemaps: int = 0     # of the pages rows, sitemaps read as such
+    sitemap_urls: int = 0  # URLs and child sitemaps those sitemaps listed (kept; also counted in links)
 
     def summary(self) -> str:
-        return f"{self.records} records: {self.pages} pages, {self.links} links, {self.errors} errors"
+        text = f"{self.records} records: {self.pages} pages, {self.links} links, {self.errors} errors"
+        if self.sitemaps:
+            text += f"; {self.sitemaps} sitemaps listing {self.sitemap_urls} URLs"
+        return text
 
 
 def analyze_record(
@@ -121,10 +135,51 @@ def analyze_record(
         meta_nofollow=page.meta_nofollow,
         language=page.language,
         outlink_count=len(page.outlinks),
+        outlinks_skipped=page.outlinks_skipped,
+        parse_time_limited=page.time_limited,
         simhash=None if page.time_limited else simhash(page.text, shingle),
         outlinks=_outlink_rows(page.outlinks, strip_rules or {}),
     )
     return fields
+
+
+def analyze_sitemap(record: WarcHttpRecord, url: str, content_type: str | None, origin: str,
+                    limits: SitemapLimits) -> dict[str, Any]:
+    """The content fields of one fetched sitemap (no Spark, no I/O): its entries and child sitemaps become
+    outlinks carrying lastmod/changefreq/priority (entries) or their own origin (children). Refused entries are
+    counted by reason in `sitemap_refused`; a file read only in part (a cap, malformed XML, a bomb) keeps the
+    entries before that point and says why in `parse_error`. Raises ValueError on a wrong record, as
+    `analyze_record` does."""
+    if record.record_type != "response":
+        raise ValueError(f"WARC record at offset is a {record.record_type!r} record, not a response")
+    if record.target_uri is None or canonicalize(record.target_uri) != url:
+        raise ValueError(f"WARC record is for {str(record.target_uri)[:200]!r}, not for this URL")
+    found_via = SitemapOrigin.decode(origin)
+    result = parse_sitemap(url, record.payload, found_via, limits, content_type or record.content_type)
+    child_origin = found_via.child().encode()
+    outlinks = [
+        {"to_url_id": url_id(entry.loc), "to_url": entry.loc, "rel_nofollow": False, "rel_flags": ["sitemap"],
+         "sitemap_lastmod": entry.lastmod, "sitemap_changefreq": entry.changefreq and entry.changefreq.value,
+         "sitemap_priority": entry.priority}
+        for entry in result.entries
+    ]
+    outlinks += [
+        {"to_url_id": url_id(child.loc), "to_url": child.loc, "rel_nofollow": False, "rel_flags": ["sitemapindex"],
+         "sitemap_lastmod": child.lastmod, "sitemap_origin": child_origin}
+        for child in result.sitemaps
+    ]
+    error = result.error
+    if record.truncated and error is None:
+        error = "truncated at sitemaps.max_fetch_bytes"
+    return {
+        "content_type": content_type or record.content_type,
+        "content_hash": content_hash(record.payload),
+        "outlink_count": len(outlinks),
+        "sitemap_urls": len(outlinks),
+        "sitemap_refused": sorted(result.refused.items()),
+        "parse_error": f"sitemap ({result.kind or 'unrecognised'}): {error}" if error else None,
+        "outlinks": outlinks,
+    }
 
 
 def _outlink_rows(outlinks: list[Outlink], strip_rules: dict[str, list[str]]) -> list[dict[str, Any]]:
@@ -159,6 +214,7 @@ def _open_warc(root: str, relative: str) -> BinaryIO:
 def parse_partition(
     batches: Iterator[pa.RecordBatch], *, root: str, max_bytes: int, max_outlinks: int, shingle: int,
     strip_rules: dict[str, list[str]], robots_token: str | None = None, max_parse_seconds: float | None = None,
+    sitemap_limits: SitemapLimits = DEFAULT_LIMITS, sitemap_max_bytes: int = DEFAULT_LIMITS.max_uncompressed_bytes,
 ) -> Iterator[pa.RecordBatch]:
     """mapInArrow body: rows sorted by (warc_filename, warc_offset); each WARC file is opened once."""
     current_name: str | None = None
@@ -182,16 +238,19 @@ def parse_partition(
                 try:
                     if handle is None:
                         raise OSError(open_error)
-                    record = read_record_at(handle, row["warc_offset"], max_bytes=max_bytes)
                     # A followed same-host redirect stores the final hop's response: it is the record of
                     # `redirect_to`, and relative links resolve against that URL.
                     captured_url = row.get("redirect_to") or row["url"]
-                    page.update(
-                        analyze_record(
+                    if row.get("sitemap_origin") is not None:
+                        record = read_record_at(handle, row["warc_offset"], max_bytes=sitemap_max_bytes)
+                        page.update(analyze_sitemap(record, captured_url, row["content_type"], row["sitemap_origin"],
+                                                    sitemap_limits))
+                    else:
+                        record = read_record_at(handle, row["warc_offset"], max_bytes=max_bytes)
+                        page.update(analyze_record(
                             record, captured_url, row["content_type"], max_outlinks=max_outlinks, shingle=shingle,
                             strip_rules=strip_rules, robots_token=robots_token, max_parse_seconds=max_parse_seconds,
-                        )
-                    )
+                        ))
                 except Exception as exc:  # one bad record never fails the job
                     page["parse_error"] = _error_text(exc)
                 out.append(page)
@@ -239,6 +298,10 @@ def _parse(fetched: DataFrame, root: str, segment_id: str, conf: Config) -> Data
         "strip_rules": conf["scope.strip_query_params"],
         "robots_token": conf["crawl.robots_token"],
         "max_parse_seconds": conf["parse.max_parse_seconds"],
+        "sitemap_limits": SitemapLimits.from_config(conf),
+        # A sitemap's payload is stored decoded: gzip as served (at most max_fetch_bytes) or XML already inflated
+        # from a Content-Encoding (at most max_uncompressed_bytes); parse_sitemap caps what it inflates.
+        "sitemap_max_bytes": max(conf["sitemaps.max_fetch_bytes"], conf["sitemaps.max_uncompressed_bytes"]),
     }
     return (
         unique.repartition("warc_filename")
@@ -306,6 +369,8 @@ def run(spark: SparkSession, conf: Config, root: str, segment_id: str) -> ParseR
                 F.count(F.lit(1)).alias("pages"),
                 F.count("parse_error").alias("errors"),
                 F.coalesce(F.sum(F.size("outlinks")), F.lit(0)).alias("links"),
+                F.count("sitemap_urls").alias("sitemaps"),
+                F.coalesce(F.sum("sitemap_urls"), F.lit(0)).alias("sitemap_urls"),
             ).first()
             inserted = _merge_pages(spark, root, parsed)
             _write_links(root, segment_id, parsed)
@@ -318,4 +383,6 @@ def run(spark: SparkSession, conf: Config, root: str, segment_id: str) -> ParseR
         links=int(totals["links"]),
         errors=int(totals["errors"]),
         pages_inserted=inserted,
+        sitemaps=int(totals["sitemaps"]),
+        sitemap_urls=int(totals["sitemap_urls"]),
     )

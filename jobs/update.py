@@ -32,6 +32,7 @@ from crawler.frontier import DISCOVERY_PRIORITY_FACTOR, Scope, classify_discover
 from crawler.records import FETCHED, ROBOTS
 from crawler.revisit import PreviousState, RevisitPolicy
 from crawler.robots import RobotsState
+from crawler.sitemaps import SITEMAP_FILE_PRIORITY, ChangeFreq, SitemapEntry, first_schedule, robots_sitemaps
 from crawler.status import FetchOutcome, SegmentState, UrlSource, UrlStatus
 from crawler.traps import (
     DEPTH_BEYOND_SCOPE,
@@ -104,6 +105,13 @@ def _bucket_counts(df: DataFrame, bucket_col: str = "bucket") -> dict[int, int]:
     return {r[0]: r[1] for r in df.groupBy(bucket_col).count().collect()}
 
 
+def _representative() -> Column:
+    """The page another URL's page duplicates, from pages' dedup marks: the exact representative, else the
+    near-duplicate cluster's representative when that is another URL; null for a page that is no duplicate."""
+    near = F.when(F.col("near_duplicate_cluster") != F.col("url_id"), F.col("near_duplicate_cluster"))
+    return F.coalesce(F.col("duplicate_of"), near)
+
+
 def completion_udfs(policy: RevisitPolicy):
     """The revisit decision and index event kind as Spark UDFs over the pre-completion row."""
 
@@ -115,8 +123,8 @@ def completion_udfs(policy: RevisitPolicy):
         return (decision.status, decision.fetch_interval_s, _micros(decision.next_fetch_at), decision.failure_count)
 
     @F.udf("string")
-    def event_kind(outcome, status_code, previous_hash, new_hash):
-        return index_event_kind(outcome, status_code, previous_hash, new_hash)
+    def event_kind(outcome, status_code, previous_hash, new_hash, representative):
+        return index_event_kind(outcome, status_code, previous_hash, new_hash, representative)
 
     return decide, event_kind
 
@@ -158,7 +166,7 @@ def run(spark: SparkSession, conf: Config, root: str, segment_id: str) -> Update
     current = results.join(previous, ["url_id", "url"]).where(F.col("prev_version") == F.col("state_version"))
     live = current.where(F.col("prev_lease") == seg).join(
         pages.select("url_id", "state_version", F.col("content_hash").alias("new_hash"),
-                     F.col("simhash").alias("new_simhash"), "duplicate_of"),
+                     F.col("simhash").alias("new_simhash"), _representative().alias("duplicate_of")),
         ["url_id", "state_version"], "left")
     # Applied = completes now, or completed by an earlier run of this update that died before the end: a re-run
     # then records the same counts as an uninterrupted run.
@@ -171,9 +179,10 @@ def run(spark: SparkSession, conf: Config, root: str, segment_id: str) -> Update
                          "t.segment_id = s.segment_id AND t.url_id = s.url_id AND t.state_version = s.state_version")
 
     decide, event_kind = completion_udfs(RevisitPolicy.from_config(conf))
-    live = live.withColumn("kind", event_kind("outcome", "status_code", "prev_hash", "new_hash"))
+    live = live.withColumn("kind", event_kind("outcome", "status_code", "prev_hash", "new_hash", "duplicate_of"))
     with step(f"update {segment_id}: index events"):
-        events = live.where(F.col("kind").isNotNull()).select(
+        # Sitemaps are crawl machinery, not documents: indexers never hear of them.
+        events = live.where(F.col("kind").isNotNull() & F.col("sitemap_origin").isNull()).select(
             "url_id", "state_version", "url", "kind", "segment_id", "status_code", "warc_filename", "warc_offset",
             "warc_length", F.coalesce("new_hash", "prev_hash").alias("content_hash"), "duplicate_of",
             F.col("fetched_at").alias("created_at"),
@@ -194,7 +203,7 @@ def run(spark: SparkSession, conf: Config, root: str, segment_id: str) -> Update
 
     with step(f"update {segment_id}: discoveries"):
         discovered_buckets = insert_discoveries(spark, conf, root, segment_id, results, links, urls_snap,
-                                                hosts_snap, now)
+                                                hosts_snap, robots, now)
         result.discovered = sum(discovered_buckets.values())
 
     with step(f"update {segment_id}: segments"):
@@ -381,34 +390,52 @@ def complete_urls(spark: SparkSession, root: str, segment_id: str, live: DataFra
 
 
 def insert_discoveries(spark: SparkSession, conf: Config, root: str, segment_id: str, results: DataFrame,
-                       links: DataFrame, urls_snap: DataFrame, hosts_snap: DataFrame, now: datetime) -> dict[int, int]:
-    """Outlinks and redirect targets -> `urls` (and their hosts) in one MERGE; rejections -> `hosts`.
+                       links: DataFrame, urls_snap: DataFrame, hosts_snap: DataFrame, robots: DataFrame,
+                       now: datetime) -> dict[int, int]:
+    """Outlinks, redirect targets, sitemap entries and robots.txt `Sitemap:` URLs -> `urls` (and their hosts) in
+    one MERGE; rejections -> `hosts`.
 
-    A new URL is inserted with depth = min(parent depth) + 1, priority = best parent priority *
-    DISCOVERY_PRIORITY_FACTOR and discovered_at = next_fetch_at = the parent's fetch time, so a re-run computes
-    identical rows. A known URL gets `inlinks` += distinct pages linking to it in this segment and its depth
-    lowered if a shallower path appeared, once per segment (guarded by urls.inlink_segment). URLs that scope or
+    A new URL is inserted with discovered_at = next_fetch_at = the parent's fetch time, and depth and priority
+    by how it was found (crawler.sitemaps for the sitemap rules): a link or redirect target gets depth =
+    parent depth + 1 and priority = parent priority * DISCOVERY_PRIORITY_FACTOR; a URL a sitemap lists gets the
+    sitemap's depth and `first_schedule` of its entry; a sitemap file (a child of an index, or listed in
+    robots.txt at depth 0) gets SITEMAP_FILE_PRIORITY and `sitemap_origin`. Several parents: the smallest depth
+    and the best priority, so a re-run computes identical rows. A known URL gets `inlinks` += distinct pages
+    linking to it in this segment and its depth lowered if a shallower path appeared, once per segment (guarded
+    by urls.inlink_segment); a known page found to be a sitemap gains its `sitemap_origin`. URLs that scope or
     trap rules reject are not stored: they are counted per host and reason in `hosts`, and accepted ones add to
     `hosts.known_urls` (guarded by hosts.discovery_segment). Returns new URLs per bucket of the discovering page
     (for the `segments` counts)."""
     parents = results.select(
         F.col("url_id").alias("from_url_id"), F.col("state_version").alias("from_state_version"),
         F.col("url").alias("from_url"), "fetched_at", F.col("bucket").alias("parent_bucket"), "outcome",
-        "redirect_to",
+        "redirect_to", F.col("sitemap_origin").alias("parent_origin"),
+        F.col("sitemap_origin").isNotNull().alias("from_sitemap"),
     )
-    from_links = links.where(~F.col("rel_nofollow")).select("from_url_id", "from_state_version", "to_url").join(
-        parents, ["from_url_id", "from_state_version"]).withColumn("source", F.lit(UrlSource.LINK.value))
+    link_columns = ["from_url_id", "from_state_version", "to_url", "sitemap_lastmod", "sitemap_changefreq",
+                    "sitemap_priority", "sitemap_origin"]
+    from_links = links.where(~F.col("rel_nofollow")).select(link_columns).join(
+        parents, ["from_url_id", "from_state_version"]).withColumn("source", F.when(
+            F.col("from_sitemap"), UrlSource.SITEMAP.value).otherwise(UrlSource.LINK.value))
     from_redirects = parents.where(
         (F.col("outcome") == FetchOutcome.REDIRECT.value) & F.col("redirect_to").isNotNull()
     ).withColumn("to_url", F.col("redirect_to")).withColumn("source", F.lit(UrlSource.REDIRECT.value))
-    columns = ["to_url", "from_url_id", "from_url", "fetched_at", "parent_bucket", "source"]
+    for name, kind in zip(link_columns[3:], ("timestamp", "string", "double", "string"), strict=True):
+        from_redirects = from_redirects.withColumn(name, F.lit(None).cast(kind))
+    # A redirected sitemap is still a sitemap: its target keeps the origin.
+    from_redirects = from_redirects.withColumn("sitemap_origin", F.col("parent_origin"))
+    columns = ["to_url", "from_url_id", "from_url", "fetched_at", "parent_bucket", "source", *link_columns[3:]]
     parent_state = urls_snap.select(F.col("url_id").alias("from_url_id"), F.col("url").alias("from_url"),
                                     F.col("depth").alias("parent_depth"), F.col("priority").alias("parent_priority"))
     candidates = from_links.select(columns).unionByName(from_redirects.select(columns)).join(
         parent_state, ["from_url_id", "from_url"])
+    candidates = _candidate_rank(candidates)
+    if conf["sitemaps.from_robots"]:
+        candidates = candidates.unionByName(_robots_sitemap_candidates(robots, conf["robots.max_bytes"]))
 
     targets = _classified_targets(conf, segment_id, candidates, urls_snap, hosts_snap).persist()  # UDF runs once
-    stored = targets.where(F.col("reason").isNull() & (~F.col("known") | (F.col("inlinks") > 0)))
+    becomes_sitemap = F.col("known_origin").isNull() & F.col("sitemap_origin").isNotNull()
+    stored = targets.where(F.col("reason").isNull() & (~F.col("known") | (F.col("inlinks") > 0) | becomes_sitemap))
     nulls = ("last_fetch_at", "last_status_code", "etag", "last_modified", "content_hash", "simhash",
              "last_changed_at", "redirect_to", "lease_segment", "lease_expires_at", "last_segment")
     rows = tables.conform(
@@ -416,8 +443,9 @@ def insert_discoveries(spark: SparkSession, conf: Config, root: str, segment_id:
             "url_id", "url", "host_key", "bucket", "depth", "priority", "discovered_at", "inlinks",
             F.lit(UrlStatus.UNFETCHED.value).alias("status"),
             F.lit(0).alias("state_version"),
-            F.when(F.col("via_redirect") == 1, UrlSource.REDIRECT.value).otherwise(UrlSource.LINK.value).alias(
-                "source"),
+            F.when(F.col("via_redirect") == 1, UrlSource.REDIRECT.value).when(
+                F.col("via_sitemap") == 1, UrlSource.SITEMAP.value).otherwise(UrlSource.LINK.value).alias("source"),
+            "sitemap_origin",
             F.lit(segment_id).alias("discovered_in"),
             F.col("discovered_at").alias("next_fetch_at"),
             F.lit(conf["revisit.default_interval_s"]).alias("fetch_interval_s"),
@@ -436,6 +464,7 @@ def insert_discoveries(spark: SparkSession, conf: Config, root: str, segment_id:
             "inlinks": F.col("t.inlinks") + F.col("s.inlinks"),
             "depth": F.least("t.depth", "s.depth"),
             "inlink_segment": F.lit(segment_id),
+            "sitemap_origin": F.coalesce("t.sitemap_origin", "s.sitemap_origin"),
         })
         .whenNotMatchedInsertAll()
         .execute()
@@ -445,6 +474,47 @@ def insert_discoveries(spark: SparkSession, conf: Config, root: str, segment_id:
     log.info("update %s: %d discovered URLs rejected by scope and trap rules", segment_id, rejected)
     targets.unpersist()
     return per_bucket
+
+
+def _candidate_rank(candidates: DataFrame) -> DataFrame:
+    """Each candidate's own depth and priority (`cand_depth`, `cand_priority`) by how it was found; the sitemap
+    rules are crawler.sitemaps' (first_schedule as a UDF on the rows a sitemap listed, only those)."""
+    is_sitemap_file = F.col("sitemap_origin").isNotNull()
+    listed = (F.col("source") == UrlSource.SITEMAP.value) & ~is_sitemap_file
+
+    @F.udf("double")
+    def entry_priority(loc, lastmod, changefreq, priority, fetched_at):
+        entry = SitemapEntry(loc, lastmod, ChangeFreq(changefreq) if changefreq else None, priority)
+        return first_schedule(entry, fetched_at)[0]
+
+    ranked = candidates.withColumn("cand_depth", F.col("parent_depth") + F.when(
+        listed | is_sitemap_file, 0).otherwise(1))
+    by_entry = ranked.where(listed).withColumn("cand_priority", entry_priority(
+        "to_url", "sitemap_lastmod", "sitemap_changefreq", "sitemap_priority", "fetched_at"))
+    others = ranked.where(~listed).withColumn("cand_priority", F.when(
+        is_sitemap_file, F.lit(SITEMAP_FILE_PRIORITY)).otherwise(F.col("parent_priority") * DISCOVERY_PRIORITY_FACTOR))
+    return by_entry.unionByName(others)
+
+
+def _robots_sitemap_candidates(robots: DataFrame, max_bytes: int) -> DataFrame:
+    """The `Sitemap:` URLs of this segment's robots.txt observations as discovery candidates: depth 0,
+    SITEMAP_FILE_PRIORITY, origin "robots" of the host (crawler.sitemaps.robots_sitemaps)."""
+
+    @F.udf("array<struct<url:string, origin:string>>")
+    def listed(host_key, body):
+        return robots_sitemaps(host_key, body, max_bytes)
+
+    nothing = [F.lit(None).cast(t).alias(c) for c, t in (
+        ("from_url_id", "string"), ("from_url", "string"), ("sitemap_lastmod", "timestamp"),
+        ("sitemap_changefreq", "string"), ("sitemap_priority", "double"), ("parent_priority", "double"))]
+    return robots.where(F.col("robots_body").isNotNull()).select(
+        F.explode(listed("host_key", "robots_body")).alias("s"), F.col("robots_fetched_at").alias("fetched_at"),
+        F.col("r_bucket").alias("parent_bucket"),
+    ).select(
+        F.col("s.url").alias("to_url"), "fetched_at", "parent_bucket", F.lit(UrlSource.SITEMAP.value).alias("source"),
+        F.col("s.origin").alias("sitemap_origin"), F.lit(0).alias("parent_depth"), F.lit(0).alias("cand_depth"),
+        F.lit(SITEMAP_FILE_PRIORITY).alias("cand_priority"), *nothing,
+    )
 
 
 def _classified_targets(conf: Config, segment_id: str, candidates: DataFrame, urls_snap: DataFrame,
@@ -467,16 +537,18 @@ def _classified_targets(conf: Config, segment_id: str, candidates: DataFrame, ur
 
     keyed = candidates.select("to_url").distinct().withColumn("k", classify("to_url")).where(F.col("k").isNotNull())
     in_table = urls_snap.select("url_id", "url", (~F.col("discovered_in").eqNullSafe(F.lit(segment_id))).alias(
-        "known"))
+        "known"), F.col("sitemap_origin").alias("known_origin"))
     targets = (
         candidates.join(keyed, "to_url")
         .groupBy("k.url_id", "k.url", "k.host_key", "k.bucket", "k.template", "k.reason")
         .agg(
-            (F.min("parent_depth") + 1).alias("depth"),
-            (F.max("parent_priority") * DISCOVERY_PRIORITY_FACTOR).alias("priority"),
+            F.min("cand_depth").alias("depth"),
+            F.max("cand_priority").alias("priority"),
             F.min("fetched_at").alias("discovered_at"),
             F.min("parent_bucket").alias("parent_bucket"),
             F.max((F.col("source") == UrlSource.REDIRECT.value).cast("int")).alias("via_redirect"),
+            F.max((F.col("source") == UrlSource.SITEMAP.value).cast("int")).alias("via_sitemap"),
+            F.min("sitemap_origin").alias("sitemap_origin"),
             F.countDistinct(F.when(F.col("from_url_id") != F.col("k.url_id"), F.col("from_url_id"))).alias(
                 "inlinks"),
         )

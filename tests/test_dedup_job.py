@@ -100,10 +100,11 @@ def crawled(spark, base_conf, tmp_path_factory):
     update.run(spark, base_conf, root, SEG)
     stages["updated_urls"] = by_url(spark, root, "urls")
     stages["events"] = by_url(spark, root, "index_events")
-    # A later segment: COPY stays an exact duplicate, UNIQUE changes into one.
+    # A later segment: COPY stays an exact duplicate, UNIQUE changes into one, NEAR changes into a unique page.
     later = at + timedelta(hours=1)
     append_rows(spark, root, "pages", [page_row(COPY, NEXT_SEG, 2, later, "h-orig", BASE),
-                                       page_row(UNIQUE, NEXT_SEG, 2, later, "h-orig", BASE)])
+                                       page_row(UNIQUE, NEXT_SEG, 2, later, "h-orig", BASE),
+                                       page_row(NEAR, NEXT_SEG, 2, later, "h-near-2", BASE ^ 0xFFFF_0000_FFFF)])
     stages["next"] = dedup.run(spark, base_conf, root, NEXT_SEG)
     stages["next_pages"] = by_url(spark, root, "pages")
     stages["next_urls"] = by_url(spark, root, "urls")
@@ -152,16 +153,26 @@ def test_duplicates_priority_lowered_once_and_rerun_changes_nothing(crawled, bas
 def test_update_after_dedup_carries_marks_and_follows_a_duplicates_outlinks(crawled, base_conf):
     events = crawled["events"]
     assert events[COPY].duplicate_of == uid(ORIG) and events[LATE].duplicate_of == uid(OLD)
-    assert events[ORIG].duplicate_of is None and events[NEAR].duplicate_of is None
+    # A near duplicate names its cluster's representative; the representatives are plain first fetches.
+    assert events[NEAR].duplicate_of == uid(ORIG)
+    assert events[ORIG].duplicate_of is None and events[ORIG].kind == "fetched"
+    assert {events[u].kind for u in (COPY, LATE, NEAR)} == {"duplicate"}
     discovered = crawled["updated_urls"][ONLY_FROM_COPY]
     assert discovered.source == "link"
     # A discovery inherits its parent's (lowered) priority times the discovery factor.
     assert discovered.priority == pytest.approx(crawled["urls"][COPY].priority * 0.8)
 
 
-def test_a_later_segment_lowers_only_pages_that_became_duplicates(crawled):
+def test_a_later_segment_lowers_only_pages_that_became_duplicates(crawled, base_conf):
+    factor = base_conf["dedup.duplicate_priority_factor"]
     pages, before, after = crawled["next_pages"], crawled["updated_urls"], crawled["next_urls"]
     assert pages[(COPY, 2)].duplicate_of == uid(ORIG) and pages[(UNIQUE, 2)].duplicate_of == uid(ORIG)
     assert pages[(UNIQUE, 1)].duplicate_of is None  # the earlier version keeps its own segment's verdict
-    assert {u for u in after if after[u].priority != before[u].priority} == {UNIQUE}
-    assert (crawled["next"].examined, crawled["next"].priority_lowered) == (2, 1)
+    assert (pages[(NEAR, 2)].duplicate_of, pages[(NEAR, 2)].near_duplicate_cluster) == (None, None)
+    assert {u for u in after if after[u].priority != before[u].priority} == {UNIQUE, NEAR}
+    assert after[UNIQUE].priority == pytest.approx(before[UNIQUE].priority * factor)
+    # NEAR stopped being a duplicate: the lowering of the first segment is undone.
+    assert after[NEAR].priority == pytest.approx(before[NEAR].priority / factor)
+    assert after[NEAR].priority == pytest.approx(crawled["priorities"][NEAR])
+    nxt = crawled["next"]
+    assert (nxt.examined, nxt.priority_lowered, nxt.priority_restored) == (3, 1, 1)

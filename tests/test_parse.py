@@ -288,3 +288,79 @@ def test_a_followed_redirect_is_parsed_as_its_final_url(root):
     [page] = out.to_pylist()
     assert page["url"] == "http://a.test/old" and page["parse_error"] is None
     assert [link["to_url"] for link in page["outlinks"]] == ["http://a.test/new/next"]
+
+
+SITEMAP_INDEX = b"""<?xml version="1.0" encoding="UTF-8"?>
+<sitemapindex xmlns="http://www.sitemaps.org/schemas/sitemap/0.9">
+<sitemap><loc>http://a.test/maps/pages.xml.gz</loc><lastmod>2024-01-01</lastmod></sitemap>
+<sitemap><loc>http://elsewhere.test/maps/x.xml</loc></sitemap>
+</sitemapindex>"""
+
+URLSET = b"""<?xml version="1.0" encoding="UTF-8"?>
+<urlset xmlns="http://www.sitemaps.org/schemas/sitemap/0.9">
+<url><loc>http://a.test/maps/one.html</loc><lastmod>2023-12-30T10:00:00Z</lastmod><changefreq>daily</changefreq>
+<priority>0.9</priority></url>
+<url><loc>http://a.test/maps/two.html</loc></url>
+<url><loc>http://b.test/maps/three.html</loc></url>
+<url><loc>ht!tp://bad</loc></url>
+</urlset>"""
+
+
+def test_parse_reads_sitemaps_by_their_origin(root):
+    """Rows with sitemap_origin are read as sitemaps: an index gives child sitemaps with the child origin, a gzip
+    urlset gives entries with their fields; refusals are counted by reason; a broken sitemap keeps what it read."""
+    warc = f"segments/{SEGMENT}/warc/{layout.bucket_dirname(1)}/s.warc.gz"
+    gz = gzip.compress(URLSET, mtime=0)
+    bomb = gzip.compress(b"<urlset xmlns='http://www.sitemaps.org/schemas/sitemap/0.9'>" + b" " * 3_000_000)
+    locations = _write_warc(f"{root}/{warc}", [
+        ("http://a.test/maps/index.xml", 200, {"Content-Type": "application/xml"}, SITEMAP_INDEX),
+        ("http://a.test/maps/pages.xml.gz", 200, {"Content-Type": "application/x-gzip"}, gz),
+        ("http://a.test/maps/bomb.xml.gz", 200, {"Content-Type": "application/gzip"}, bomb),
+    ])
+    rows = [
+        _fetched_row("http://a.test/maps/index.xml", 1, warc, locations["http://a.test/maps/index.xml"],
+                     sitemap_origin="robots 0 http://a.test"),
+        _fetched_row("http://a.test/maps/pages.xml.gz", 1, warc, locations["http://a.test/maps/pages.xml.gz"],
+                     sitemap_origin="index 1 http://a.test"),
+        _fetched_row("http://a.test/maps/bomb.xml.gz", 1, warc, locations["http://a.test/maps/bomb.xml.gz"],
+                     sitemap_origin="probe 0"),
+    ]
+    batch = pa.RecordBatch.from_pylist(rows, schema=FETCHED)
+    limits = parse.SitemapLimits(max_uncompressed_bytes=1_000_000)
+    [out] = list(parse.parse_partition([batch], root=root, max_bytes=100000, max_outlinks=10, shingle=3,
+                                       strip_rules={}, sitemap_limits=limits, sitemap_max_bytes=5_000_000))
+    pages = {p["url"]: p for p in out.to_pylist()}
+
+    index = pages["http://a.test/maps/index.xml"]
+    assert index["parse_error"] is None and index["sitemap_urls"] == 1 and index["simhash"] is None
+    assert dict(index["sitemap_refused"]) == {"outside sitemap scope": 1}
+    [child] = index["outlinks"]
+    assert (child["to_url"], child["sitemap_origin"], child["rel_flags"]) == (
+        "http://a.test/maps/pages.xml.gz", "index 1 http://a.test", ["sitemapindex"])
+    assert child["sitemap_lastmod"] == datetime(2024, 1, 1, tzinfo=timezone.utc)
+
+    urlset = pages["http://a.test/maps/pages.xml.gz"]
+    links = {link["to_url"]: link for link in urlset["outlinks"]}
+    # b.test is outside the sitemap's scope even via robots: the robots host is a.test.
+    assert list(links) == ["http://a.test/maps/one.html", "http://a.test/maps/two.html"]
+    one = links["http://a.test/maps/one.html"]
+    assert (one["sitemap_changefreq"], one["sitemap_priority"], one["sitemap_origin"]) == ("daily", 0.9, None)
+    assert one["sitemap_lastmod"] == datetime(2023, 12, 30, 10, tzinfo=timezone.utc)
+    assert one["rel_flags"] == ["sitemap"]
+    assert links["http://a.test/maps/two.html"]["sitemap_priority"] is None
+    assert dict(urlset["sitemap_refused"]) == {"outside sitemap scope": 1, "invalid loc": 1}
+    assert urlset["outlink_count"] == 2 and urlset["content_hash"] == content_hash(gz)
+
+    broken = pages["http://a.test/maps/bomb.xml.gz"]
+    assert broken["parse_error"].startswith("sitemap (urlset): ") and "gzip bomb" in broken["parse_error"]
+    assert broken["outlinks"] == [] and broken["sitemap_urls"] == 0
+
+
+def test_a_sitemap_row_with_a_bad_origin_is_a_parse_error_not_a_crash(root):
+    warc = f"segments/{SEGMENT}/warc/{layout.bucket_dirname(1)}/s.warc.gz"
+    locations = _write_warc(f"{root}/{warc}", [("http://a.test/s.xml", 200, {}, URLSET)])
+    row = _fetched_row("http://a.test/s.xml", 1, warc, locations["http://a.test/s.xml"], sitemap_origin="garbage")
+    [out] = list(parse.parse_partition([pa.RecordBatch.from_pylist([row], schema=FETCHED)], root=root,
+                                       max_bytes=100000, max_outlinks=10, shingle=3, strip_rules={}))
+    [page] = out.to_pylist()
+    assert "not a sitemap origin" in page["parse_error"] and page["outlinks"] == []

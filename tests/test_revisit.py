@@ -113,6 +113,15 @@ def test_index_event_kinds():
     assert index_event_kind("deferred", None, None, None) is None
 
 
+def test_duplicate_index_events():
+    rep = "0" * 32
+    assert index_event_kind("success", 200, None, "a", rep) == "duplicate"
+    assert index_event_kind("success", 200, "a", "b", rep) == "duplicate"
+    assert index_event_kind("success", 200, "a", "a", rep) == "not_modified"  # nothing new to index
+    assert index_event_kind("not_modified", 304, "a", None, rep) == "not_modified"
+    assert index_event_kind("http_error", 410, "a", None, rep) == "gone"
+
+
 def test_host_backoff_rises_with_throttling_and_resets_on_success():
     first = host_backoff(0, None, 1, 0, T0, None, 30.0, 900.0, "seed")
     assert first.level == 1 and T0 + timedelta(seconds=30) <= first.until < T0 + timedelta(seconds=38)

@@ -20,6 +20,11 @@ def test_named_and_positional_metadata():
     assert parse_seed_line("http://a.test/\t3\t120") == SeedEntry("http://a.test/", 3.0, 120)
 
 
+def test_kind_marks_a_sitemap_seed():
+    assert parse_seed_line("http://a.test/s.xml.gz\tkind=sitemap") == SeedEntry("http://a.test/s.xml.gz", sitemap=True)
+    assert parse_seed_line("http://a.test/\t2\tkind=page") == SeedEntry("http://a.test/", 2.0, None, False)
+
+
 @pytest.mark.parametrize(
     ("line", "reason"),
     [
@@ -32,6 +37,8 @@ def test_named_and_positional_metadata():
         ("http://a.test/\tcolour=red", "unknown metadata key"),
         ("http://a.test/\t1\t2\t3", "unexpected metadata field"),
         ("http://a.test/\tpriority=1\tpriority=2", "given twice"),
+        ("http://a.test/s.xml\tkind=feed", "kind must be one of page, sitemap"),
+        ("http://a.test/s.xml\tkind=sitemap\tkind=page", "given twice"),
         ("http://a.test/" + "x" * 80, "longer than scope.max_url_length"),
     ],
 )

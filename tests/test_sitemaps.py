@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from crawler import sitemaps
 from crawler.sitemaps import (
     ChangeFreq,
     FoundVia,
@@ -417,3 +418,29 @@ NOW = datetime(2024, 6, 1, tzinfo=UTC)
 def test_first_schedule(entry: SitemapEntry, priority: float) -> None:
     got_priority, next_fetch_at = first_schedule(entry, NOW)
     assert got_priority == pytest.approx(priority) and next_fetch_at == NOW
+
+
+@pytest.mark.parametrize("origin", [
+    sitemaps.SitemapOrigin(sitemaps.FoundVia.PROBE),
+    sitemaps.SitemapOrigin(sitemaps.FoundVia.ROBOTS, "https://a.example:8443"),
+    sitemaps.SitemapOrigin(sitemaps.FoundVia.INDEX, "http://b.example", 1),
+    sitemaps.SitemapOrigin(sitemaps.FoundVia.LINK).child(),
+])
+def test_origin_round_trips_through_its_stored_form(origin):
+    assert sitemaps.SitemapOrigin.decode(origin.encode()) == origin
+
+
+@pytest.mark.parametrize("text", ["", "robots", "robots x http://a", "nowhere 0", "index 1 http://a extra"])
+def test_a_bad_stored_origin_is_refused(text):
+    with pytest.raises(ValueError):
+        sitemaps.SitemapOrigin.decode(text)
+
+
+def test_robots_sitemap_lines_for_every_agent():
+    body = ("User-agent: otherbot\nDisallow: /\nSitemap: http://a.test/one.xml\n\n"
+            "User-agent: *\nsite-map: https://cdn.test/two.xml.gz\n")
+    assert sitemaps.robots_sitemaps("http://a.test", body, 500_000) == [
+        ("http://a.test/one.xml", "robots 0 http://a.test"), ("https://cdn.test/two.xml.gz", "robots 0 http://a.test")]
+    assert sitemaps.robots_sitemaps("http://a.test", None, 500_000) == []
+    assert sitemaps.robots_sitemaps("http://a.test", "\x00\xff garbage", 500_000) == []
+    assert sitemaps.probe_url("https://a.test:8443") == "https://a.test:8443/sitemap.xml"

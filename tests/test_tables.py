@@ -1,0 +1,31 @@
+"""Table definitions: a crawl root written by an older version gains the columns added since."""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from delta.tables import DeltaTable
+from pyspark.sql.types import StructType
+
+from delta_tables import tables
+
+
+def test_create_all_adds_missing_nullable_columns_to_an_existing_table(spark, root):
+    old_schema = StructType([f for f in tables.URLS.schema.fields if f.name != "sitemap_origin"])
+    path = tables.table_path(root, "urls")
+    DeltaTable.createIfNotExists(spark).location(path).addColumns(old_schema).partitionedBy("bucket").execute()
+    row = {f.name: None for f in old_schema.fields}
+    row.update(url_id="0" * 32, url="http://a.test/", host_key="http://a.test", bucket=1, status="unfetched",
+               state_version=0, priority=1.0, depth=0, source="seed", failure_count=0, inlinks=0,
+               fetch_interval_s=60)
+    for name in ("discovered_at", "next_fetch_at", "updated_at"):
+        row[name] = datetime(2026, 1, 1)
+    spark.createDataFrame([row], old_schema).write.format("delta").mode("append").save(path)
+
+    created = tables.create_all(spark, root)
+    assert "urls" not in created and "pages" in created
+    df = tables.table_df(spark, root, "urls")
+    assert df.columns == [f.name for f in tables.URLS.schema.fields]
+    [stored] = df.collect()
+    assert stored.url == "http://a.test/" and stored.sitemap_origin is None
+    assert tables.create_all(spark, root) == []  # nothing left to add or create
