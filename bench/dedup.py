@@ -52,6 +52,9 @@ def main() -> None:
     parser.add_argument("--max-bucket-size", type=int, default=dedup.DEFAULT_MAX_BUCKET_SIZE)
     parser.add_argument("--seed", type=int, default=1)
     args = parser.parse_args()
+    if not 0 <= args.empty < args.docs * (1 - args.planted):
+        room = args.docs * (1 - args.planted)
+        parser.error(f"--empty must leave room for the planted copies: 0 <= empty < {room:,.0f}")
     k = args.max_hamming
 
     url_ids, fetched_at, hashes, copies, sources = synthetic(args.docs, args.planted, args.empty, k, args.seed)
