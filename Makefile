@@ -7,7 +7,7 @@ ROOT ?= ./demo-crawl
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-fast lint bench-frontier bench-fetchd install clean
+.PHONY: demo test test-fast lint bench-frontier bench-fetchd bench-parse install clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -35,6 +35,10 @@ bench-frontier: $(STAMP)
 # On-demand fetch daemon benchmark (not a test): loopback site farm; CPU vs raw aiohttp, delay-bound rate, RSS.
 bench-fetchd: $(STAMP)
 	$(PY) -m bench.fetchd $(BENCH_ARGS)
+
+# On-demand parse benchmark (not a test): synthetic WARC segment; parse docs/s vs raw fastwarc + selectolax, dedup.
+bench-parse: $(STAMP)
+	$(PY) -m bench.parse $(BENCH_ARGS)
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
