@@ -50,6 +50,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--table", action="append", dest="tables", help="only this table (repeatable)")
     p.add_argument("--no-vacuum", action="store_true", help="compact only")
     sub.add_parser("stats", parents=[common], help="row counts by status for each table")
+    p = sub.add_parser("report", parents=[common], help="write the segment's HTML cycle report and print a summary")
+    p.add_argument("--segment", required=True, help="segment id")
+    p.add_argument("--out", help="HTML file to write (default: ROOT/reports/<segment>.html)")
     sub.add_parser("fetchd", parents=[common], help="run a long-lived fetch daemon watching ROOT/segments")
     return parser
 
@@ -138,6 +141,13 @@ def main(argv: list[str] | None = None) -> int:
         from jobs.stats import render_stats
 
         print(render_stats(spark, root))
+    elif args.command == "report":
+        from crawler.report import terminal_summary
+        from jobs import report
+
+        data = report.build(spark, conf, root, args.segment)
+        print(terminal_summary(data))
+        print(f"report: {report.write_report(data, root, args.out)}")
     return 0
 
 
