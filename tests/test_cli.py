@@ -9,8 +9,8 @@ from jobs.cycle import CycleReport, describe
 from jobs.generate import GenerateResult
 from jobs.update import UpdateResult
 
-COMMANDS = ("init", "inject", "generate", "fetch", "parse", "dedup", "update", "index", "cycle", "demo", "maintain", "stats",
-            "report", "fetchd")
+COMMANDS = ("init", "inject", "generate", "fetch", "parse", "dedup", "update", "index", "cycle", "demo", "maintain",
+            "stats", "report", "fetchd")
 
 
 def test_help_lists_every_command():
