@@ -168,8 +168,14 @@ class HostGate:
             self.next_allowed_at = max(self.next_allowed_at, self.last_end_at + self.delay_s())
         return newly_capped
 
-    def ended_elsewhere(self, at: float) -> None:
+    def ended_elsewhere(self, at: float, crawl_delay_known: bool = True) -> None:
         """Another process's request to the host ended at `at` (at the latest): the previous owner of its
-        bucket. The delay counts from there too, as if this gate had seen that request."""
+        bucket. The delay counts from there too, as if this gate had seen that request. When this process does
+        not know the host's robots.txt yet (`crawl_delay_known` False), the previous owner may have been obeying
+        any Crawl-delay up to `max_crawl_delay_s`, and the next request here is the robots.txt fetch that would
+        tell: it waits as if the host asked for the cap."""
         self.last_end_at = at if self.last_end_at is None else max(self.last_end_at, at)
-        self.next_allowed_at = max(self.next_allowed_at, at + self.delay_s())
+        owed = self.delay_s()
+        if not crawl_delay_known:
+            owed = max(owed, effective_delay(self.min_delay_s, self.max_crawl_delay_s, self.max_crawl_delay_s, 0.0))
+        self.next_allowed_at = max(self.next_allowed_at, at + owed)

@@ -333,20 +333,19 @@ class BucketRun:
         waits one delay after the previous owner's last possible request end, and a robots.txt an earlier run of
         this bucket published is reused while it is in force (so a resumed bucket does not fetch it again)."""
         wall_now, mono_now = time.time(), time.monotonic()
+        row = self.previous_robots.pop(host.host_key, None)
+        cached = self.d.robots_cache.get(host.host_key)
+        if row is not None and row["expires_at"].timestamp() > wall_now and (cached is None or cached[1] <= mono_now):
+            expires = row["expires_at"].timestamp()
+            policy = policy_for_status(row["status_code"], row["body"], self.conf["crawl.robots_token"],
+                                       self.conf["robots.max_bytes"])
+            if policy.state is not RobotsState.DISALLOW_ALL:
+                self.d.robots_cache[host.host_key] = (policy, mono_now + expires - wall_now)
         previous_end = self.lease.previous_end
         if previous_end is not None:
-            host.gate.ended_elsewhere(mono_now + previous_end - wall_now)
-        row = self.previous_robots.pop(host.host_key, None)
-        if row is None:
-            return
-        expires = row["expires_at"].timestamp()
-        cached = self.d.robots_cache.get(host.host_key)
-        if expires <= wall_now or (cached is not None and cached[1] > mono_now):
-            return
-        policy = policy_for_status(row["status_code"], row["body"], self.conf["crawl.robots_token"],
-                                   self.conf["robots.max_bytes"])
-        if policy.state is not RobotsState.DISALLOW_ALL:
-            self.d.robots_cache[host.host_key] = (policy, mono_now + expires - wall_now)
+            cached = self.d.robots_cache.get(host.host_key)
+            host.gate.ended_elsewhere(mono_now + previous_end - wall_now,
+                                      crawl_delay_known=cached is not None and cached[1] > mono_now)
 
     # --- scheduling: a thin asyncio driver of `crawler.scheduling.HostScheduler` -------------------------
 

@@ -17,6 +17,9 @@ TEST_OVERRIDES = {
     "fetch.allow_networks": ["127.0.0.0/8"],
     "fetch.progress_interval_s": 5.0,
     "fetch.total_timeout_s": 10.0,
+    # A daemon taking over a bucket waits this long before a host whose robots.txt it does not know yet (the
+    # farm's largest Crawl-delay is 0.5 s); the 60 s default would stall the takeover tests.
+    "politeness.max_crawl_delay_s": 2.0,
     # Sitemap discovery adds URLs to every crawl of the farm; the tests that check it turn it on.
     "sitemaps.probe_default_location": False,
     "sitemaps.from_robots": False,

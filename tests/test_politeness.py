@@ -196,3 +196,16 @@ def test_crawl_delay_learned_later_applies_to_the_gap_after_robots():
     assert gate.can_start(1.1)
     gate.set_crawl_delay(0.5)
     assert not gate.can_start(1.4) and gate.can_start(1.5)
+
+
+def test_a_takeover_before_robots_is_known_waits_for_the_largest_crawl_delay():
+    """A previous owner may have obeyed any Crawl-delay up to the cap: until this process has the host's
+    robots.txt, its first request (that robots.txt) waits as if the host asked for the cap."""
+    unknown, known = _gate(max_crawl_delay_s=10.0), _gate(max_crawl_delay_s=10.0)
+    unknown.ended_elsewhere(100.0, crawl_delay_known=False)
+    known.ended_elsewhere(100.0)
+    assert not unknown.can_start(109.9) and unknown.can_start(110.0)
+    assert known.next_allowed_at == 100.0 + known.delay_s() < 110.0
+    # Learning a shorter Crawl-delay later never brings the held start forward.
+    unknown.set_crawl_delay(0.5)
+    assert not unknown.can_start(109.9)
