@@ -23,6 +23,7 @@ import re
 TABLES = ("urls", "hosts", "fetches", "pages", "links", "index_events", "segments", "records")
 BUCKET_DIR = re.compile(r"^bucket=(\d{5})$")
 DONE_MANIFEST = "_DONE.json"
+SEGMENT_ID = re.compile(r"^[A-Za-z0-9_.\-]+$")  # a segment id names a folder and goes into SQL predicates
 OPEN_SUFFIX = ".open"
 
 
@@ -45,6 +46,13 @@ def table_path(root: str, name: str) -> str:
 
 def segments_dir(root: str) -> str:
     return join(root, "segments")
+
+
+def check_segment_id(segment_id: str) -> str:
+    """The id itself, or ValueError: jobs refuse an id that could escape its folder or a replaceWhere clause."""
+    if not SEGMENT_ID.match(segment_id):
+        raise ValueError(f"invalid segment id {segment_id!r}")
+    return segment_id
 
 
 def segment_dir(root: str, segment_id: str) -> str:

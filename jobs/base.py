@@ -9,10 +9,11 @@ import logging
 import os
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+import pyarrow as pa
 from pyspark.sql import DataFrame, SparkSession
 
 from crawler import layout
@@ -115,3 +116,16 @@ def insert_if_absent(spark: SparkSession, root: str, name: str, source: DataFram
     """MERGE insert-if-absent (the idempotent append every job uses); returns the rows inserted."""
     metrics = merge_into(spark, root, name, source, condition).whenNotMatchedInsertAll().execute()
     return merge_counts(metrics).get("num_inserted_rows", 0)
+
+
+def arrow_batches(rows: Iterable[dict], schema: pa.Schema, size: int) -> Iterator[pa.RecordBatch]:
+    """A mapInArrow body's output: rows (dicts of `schema`'s columns) in record batches of at most `size`, so
+    a task holds one batch of output at a time however many rows its input makes."""
+    out: list[dict] = []
+    for row in rows:
+        out.append(row)
+        if len(out) >= size:
+            yield pa.RecordBatch.from_pylist(out, schema=schema)
+            out = []
+    if out:
+        yield pa.RecordBatch.from_pylist(out, schema=schema)

@@ -29,9 +29,8 @@ from crawler import layout
 from crawler.ccindex import RECORD_INDEX, cdxj_lines, index_warc
 from crawler.config import Config
 from delta_tables import tables
-from jobs.base import step
+from jobs.base import arrow_batches, step
 
-_SEGMENT_ID = re.compile(r"^[A-Za-z0-9_.\-]+$")
 _OUTPUT_BATCH_ROWS = 1000
 _ERROR_MAX_CHARS = 500
 WARC_SUFFIXES = (".warc.gz", ".warc")
@@ -116,22 +115,14 @@ def index_file(root: str, warc_filename: str, segment_id: str) -> Iterator[dict]
 
 def index_partition(batches: Iterator[pa.RecordBatch], *, root: str, segment_id: str) -> Iterator[pa.RecordBatch]:
     """mapInArrow body: rows of WARC file names in, index rows out in batches of at most _OUTPUT_BATCH_ROWS."""
-    out: list[dict] = []
-    for batch in batches:
-        for name in batch.column("warc_filename").to_pylist():
-            for row in index_file(root, name, segment_id):
-                out.append(row)
-                if len(out) >= _OUTPUT_BATCH_ROWS:
-                    yield pa.RecordBatch.from_pylist(out, schema=INDEXED)
-                    out = []
-    if out:
-        yield pa.RecordBatch.from_pylist(out, schema=INDEXED)
+    names = (name for batch in batches for name in batch.column("warc_filename").to_pylist())
+    rows = (row for name in names for row in index_file(root, name, segment_id))
+    return arrow_batches(rows, INDEXED, _OUTPUT_BATCH_ROWS)
 
 
 def run(spark: SparkSession, conf: Config, root: str, segment_id: str) -> IndexResult:
     """Index one segment's closed WARC files into `records` and CDXJ files; safe to re-run."""
-    if not _SEGMENT_ID.match(segment_id):
-        raise ValueError(f"invalid segment id {segment_id!r}")
+    layout.check_segment_id(segment_id)
     root = layout.normalize_root(root)
     tables.create_all(spark, root)
     names = closed_warc_files(root, segment_id)

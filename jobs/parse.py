@@ -10,7 +10,6 @@ replaced as a whole; a bucket moves to `parsed` only from generated/fetching/fet
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, BinaryIO
@@ -32,9 +31,8 @@ from crawler.status import FetchOutcome, SegmentState
 from crawler.urls import canonicalize, strip_query_params, url_id
 from crawler.warcread import WarcHttpRecord, read_record_at
 from delta_tables import tables
-from jobs.base import insert_if_absent, step
+from jobs.base import arrow_batches, insert_if_absent, step
 
-_SEGMENT_ID = re.compile(r"^[A-Za-z0-9_.\-]+$")
 _OUTPUT_BATCH_ROWS = 256
 _ERROR_MAX_CHARS = 500
 
@@ -211,16 +209,21 @@ def _open_warc(root: str, relative: str) -> BinaryIO:
     return filesystem.open_input_file(path)
 
 
-def parse_partition(
+def parse_partition(batches: Iterator[pa.RecordBatch], **settings: Any) -> Iterator[pa.RecordBatch]:
+    """mapInArrow body: `parsed_pages` (same settings) in Arrow batches of PARSED rows."""
+    return arrow_batches(parsed_pages(batches, **settings), PARSED, _OUTPUT_BATCH_ROWS)
+
+
+def parsed_pages(
     batches: Iterator[pa.RecordBatch], *, root: str, max_bytes: int, max_outlinks: int, shingle: int,
     strip_rules: dict[str, list[str]], robots_token: str | None = None, max_parse_seconds: float | None = None,
     sitemap_limits: SitemapLimits = DEFAULT_LIMITS, sitemap_max_bytes: int = DEFAULT_LIMITS.max_uncompressed_bytes,
-) -> Iterator[pa.RecordBatch]:
-    """mapInArrow body: rows sorted by (warc_filename, warc_offset); each WARC file is opened once."""
+) -> Iterator[dict[str, Any]]:
+    """One PARSED row per fetched-results row, in order; rows sorted by (warc_filename, warc_offset), so each
+    WARC file is opened once."""
     current_name: str | None = None
     handle: BinaryIO | None = None
     open_error: str | None = None
-    out: list[dict[str, Any]] = []
     try:
         for batch in batches:
             for row in batch.to_pylist():
@@ -253,12 +256,7 @@ def parse_partition(
                         ))
                 except Exception as exc:  # one bad record never fails the job
                     page["parse_error"] = _error_text(exc)
-                out.append(page)
-                if len(out) >= _OUTPUT_BATCH_ROWS:
-                    yield pa.RecordBatch.from_pylist(out, schema=PARSED)
-                    out = []
-        if out:
-            yield pa.RecordBatch.from_pylist(out, schema=PARSED)
+                yield page
     finally:
         if handle is not None:
             handle.close()
@@ -355,8 +353,7 @@ def _mark_parsed(spark: SparkSession, root: str, segment_id: str, fetched: DataF
 
 def run(spark: SparkSession, conf: Config, root: str, segment_id: str) -> ParseResult:
     """Parse one segment's fetched WARC records into `pages` and `links`; safe to re-run."""
-    if not _SEGMENT_ID.match(segment_id):
-        raise ValueError(f"invalid segment id {segment_id!r}")
+    layout.check_segment_id(segment_id)
     root = layout.normalize_root(root)
     tables.create_all(spark, root)
     fetched = read_fetched(spark, root, segment_id)

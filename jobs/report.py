@@ -7,7 +7,6 @@ are computed with a window per host over the segment's fetches. The drawing is c
 from __future__ import annotations
 
 import os
-import re
 from pathlib import Path
 
 from pyspark.sql import Column, DataFrame, SparkSession, Window
@@ -28,7 +27,6 @@ from crawler.report import (
 from crawler.status import FetchOutcome
 from delta_tables import tables
 
-_SEGMENT_ID = re.compile(r"^[A-Za-z0-9_.\-]+$")
 TOP_HOSTS = 20
 
 
@@ -92,8 +90,7 @@ def _host_stats(rows, bins: dict[str, list[int]] | None = None) -> list[HostStat
 
 def build(spark: SparkSession, conf: Config, root: str, segment_id: str, top: int = TOP_HOSTS) -> ReportData:
     """The report's aggregates for one segment (its `fetches`, `segments`, `pages`, new `urls`, `hosts`)."""
-    if not _SEGMENT_ID.match(segment_id):
-        raise ValueError(f"invalid segment id {segment_id!r}")
+    layout.check_segment_id(segment_id)
     root = layout.normalize_root(root)
     fetches = tables.table_df(spark, root, "fetches").where(F.col("segment_id") == segment_id).persist()
     try:
