@@ -849,6 +849,14 @@ def read_request_log(path: str | Path) -> list[dict]:
     return records
 
 
+def requested_url(record: dict) -> str | None:
+    """The canonical URL one logged request asked for; None when the request line does not make one."""
+    try:
+        return canonicalize(f"http://{record['host']}{record['path']}")
+    except ValueError:
+        return None
+
+
 def politeness_violations(
     log: list[dict], delay_for_host: Callable[[str], float], tolerance_s: float = 0.0
 ) -> list[dict]:

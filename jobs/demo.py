@@ -14,7 +14,6 @@ from pathlib import Path
 
 from crawler import layout
 from crawler.config import Config
-from crawler.urls import canonicalize
 
 log = logging.getLogger("jobs.demo")
 
@@ -80,15 +79,9 @@ def warc_files(root: str) -> list[Path]:
 
 def robots_violations(log_records: list[dict], disallowed: set[str]) -> list[str]:
     """Disallowed farm URLs that appear in the farm's own request log."""
-    seen = []
-    for record in log_records:
-        try:
-            url = canonicalize(f"http://{record['host']}{record['path']}")
-        except ValueError:
-            continue
-        if url in disallowed:
-            seen.append(url)
-    return seen
+    from fetchd.sitefarm import requested_url
+
+    return [url for url in map(requested_url, log_records) if url in disallowed]
 
 
 def demo_config(conf: Config, root: str, farm) -> Config:

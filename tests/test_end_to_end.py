@@ -5,7 +5,6 @@ Judged from the farm's own request log (politeness, robots) and by an independen
 
 from __future__ import annotations
 
-import contextlib
 import subprocess
 import sys
 from pathlib import Path
@@ -13,9 +12,8 @@ from pathlib import Path
 import pytest
 from fastwarc.warc import ArchiveIterator
 
-from crawler.urls import canonicalize
 from delta_tables import TABLES, table_df
-from fetchd.sitefarm import FarmSpec, SiteFarm, politeness_violations, read_request_log
+from fetchd.sitefarm import FarmSpec, SiteFarm, politeness_violations, read_request_log, requested_url
 from jobs import cycle, demo, events, inject, update
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
@@ -38,7 +36,6 @@ def crawled(spark, base_conf, tmp_path_factory):
     root = str(tmp_path_factory.mktemp("e2e") / "root")
     Path(root).mkdir()
     log_path = Path(root) / "sitefarm" / "requests.jsonl"
-    log_path.parent.mkdir()
     farm = SiteFarm(FarmSpec(hosts=6, pages_per_host=20), log_path=log_path)
     farm.start()
     try:
@@ -73,10 +70,7 @@ def test_every_reachable_allowed_page_fetched(spark, crawled):
     farm, conf, root = crawled["farm"], crawled["conf"], crawled["root"]
     expected = farm.expected_fetches(conf["crawl.robots_token"], max_depth=CYCLES - 1)
     assert len(expected) > 50
-    requested = set()
-    for record in crawled["log"]:
-        with contextlib.suppress(ValueError):
-            requested.add(canonicalize(f"http://{record['host']}{record['path']}"))
+    requested = set(map(requested_url, crawled["log"]))
     missing = expected - requested
     assert not missing, f"{len(missing)} reachable pages never requested, e.g. {sorted(missing)[:5]}"
     fetched = {r["url"] for r in table_df(spark, root, "fetches").where("status_code is not null").collect()}

@@ -15,7 +15,7 @@ from pyspark.sql import functions as F
 from crawler.sitemaps import SITEMAP_FILE_PRIORITY, ChangeFreq, SitemapEntry, first_schedule
 from crawler.urls import canonicalize, host_key
 from delta_tables import table_df
-from fetchd.sitefarm import FarmSpec, SiteFarm, politeness_violations, read_request_log
+from fetchd.sitefarm import FarmSpec, SiteFarm, politeness_violations, read_request_log, requested_url
 from jobs import cycle, demo, inject
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
@@ -29,7 +29,6 @@ def crawled(spark, base_conf, tmp_path_factory):
     root = str(tmp_path_factory.mktemp("sitemaps-e2e") / "root")
     Path(root).mkdir()
     log_path = Path(root) / "sitefarm" / "requests.jsonl"
-    log_path.parent.mkdir()
     farm = SiteFarm(FarmSpec(hosts=6, pages_per_host=8, cross_host_links=False), log_path=log_path)
     farm.start()
     try:
@@ -48,11 +47,8 @@ def crawled(spark, base_conf, tmp_path_factory):
         orphans = farm.orphan_urls()
     finally:
         farm.stop()
-    requested = set()
     log = read_request_log(log_path)
-    for record in log:
-        with contextlib.suppress(ValueError):
-            requested.add(canonicalize(f"http://{record['host']}{record['path']}"))
+    requested = set(map(requested_url, log))
     yield {"root": root, "conf": conf, "farm": farm, "log": log, "requested": requested, "reports": reports,
            "inject": inject_result, "sitemap_urls": sitemap_urls, "entries": entries, "expected": expected,
            "never": never, "orphans": orphans}
