@@ -268,13 +268,16 @@ def _adjust_priority(spark: SparkSession, conf: Config, root: str, pages: DataFr
         F.col("is_duplicate") != F.col("was_duplicate"))
     source = flipped.join(pinned_table(spark, root, "urls").select("url_id", "bucket"), "url_id").select(
         "bucket", "url_id", "is_duplicate",
-        F.when(F.col("is_duplicate"), F.lit(factor)).otherwise(F.lit(1.0 / factor)).alias("multiplier"))
-    counts = {bool(r["is_duplicate"]): int(r["count"]) for r in source.groupBy("is_duplicate").count().collect()}
-    metrics = (
-        merge_into(spark, root, "urls", source, "t.bucket = s.bucket AND t.url_id = s.url_id")
-        .whenMatchedUpdate(set={"priority": F.col("t.priority") * F.col("s.multiplier")})
-        .execute()
-    )
+        F.when(F.col("is_duplicate"), F.lit(factor)).otherwise(F.lit(1.0 / factor)).alias("multiplier")).persist()
+    try:  # counted and merged from one computation of the flips
+        counts = {bool(r["is_duplicate"]): int(r["count"]) for r in source.groupBy("is_duplicate").count().collect()}
+        metrics = (
+            merge_into(spark, root, "urls", source, "t.bucket = s.bucket AND t.url_id = s.url_id")
+            .whenMatchedUpdate(set={"priority": F.col("t.priority") * F.col("s.multiplier")})
+            .execute()
+        )
+    finally:
+        source.unpersist()
     if not merge_counts(metrics).get("num_updated_rows", 0):  # nothing flipped, or this segment's commit was done
         return 0, 0
     return counts.get(True, 0), counts.get(False, 0)

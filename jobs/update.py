@@ -410,13 +410,12 @@ def insert_discoveries(spark: SparkSession, conf: Config, root: str, segment_id:
         F.col("url_id").alias("from_url_id"), F.col("state_version").alias("from_state_version"),
         F.col("url").alias("from_url"), "fetched_at", F.col("bucket").alias("parent_bucket"), "outcome",
         "redirect_to", F.col("sitemap_origin").alias("parent_origin"),
-        F.col("sitemap_origin").isNotNull().alias("from_sitemap"),
     )
     link_columns = ["from_url_id", "from_state_version", "to_url", "sitemap_lastmod", "sitemap_changefreq",
                     "sitemap_priority", "sitemap_origin"]
     from_links = links.where(~F.col("rel_nofollow")).select(link_columns).join(
         parents, ["from_url_id", "from_state_version"]).withColumn("source", F.when(
-            F.col("from_sitemap"), UrlSource.SITEMAP.value).otherwise(UrlSource.LINK.value))
+            F.col("parent_origin").isNotNull(), UrlSource.SITEMAP.value).otherwise(UrlSource.LINK.value))
     from_redirects = parents.where(
         (F.col("outcome") == FetchOutcome.REDIRECT.value) & F.col("redirect_to").isNotNull()
     ).withColumn("to_url", F.col("redirect_to")).withColumn("source", F.lit(UrlSource.REDIRECT.value))
