@@ -116,6 +116,7 @@ _RULES: dict[str, tuple[Any, str]] = {
     "fetch.poll_interval_s": (_positive, "must be > 0"),
     "fetch.storage_retry_s": (_positive, "must be > 0"),
     "fetch.storage_retry_max_s": (_positive, "must be > 0"),
+    "s3.multipart_chunk_bytes": (lambda v: v >= 5 * 1024 * 1024, "must be at least 5 MiB (S3's smallest part)"),
     "fetch.metrics_port": (lambda v: 0 <= v <= 65535, "must be between 0 (no endpoint) and 65535"),
     "fetch.metrics_host": (_ip, "must be an IP address such as 127.0.0.1"),
     "fetch.allow_networks": (_networks, "must be a list of CIDR networks such as 127.0.0.0/8"),
@@ -154,6 +155,8 @@ _RULES: dict[str, tuple[Any, str]] = {
     "spark.shuffle_partitions": (_positive, "must be > 0"),
     "maintain.vacuum_retention_hours": (_non_negative, "must be >= 0"),
     "maintain.target_file_mb": (_positive, "must be > 0"),
+    "validate.unexpected_examples": (lambda v: 1 <= v <= 100, "must be between 1 and 100"),
+    "validate.future_slack_s": (_non_negative, "must be >= 0"),
     "demo.hosts": (lambda v: 1 <= v <= 10000, "must be between 1 and 10000"),
     "demo.pages_per_host": (lambda v: 1 <= v <= 100000, "must be between 1 and 100000"),
     "demo.cycles": (_positive, "must be > 0"),
@@ -311,6 +314,12 @@ def load(path: str | Path | None = None, assignments: Iterable[str] = ()) -> Con
             raise ConfigError(key, "unknown key (every key is listed in conf/crawler.yaml)")
         head[parts[-1]] = value
     return validated(data)
+
+
+def s3_endpoint(conf: Config, environ: Mapping[str, str] = os.environ) -> str:
+    """The S3 endpoint every client uses (boto3 in the daemon, pyarrow and S3A in the jobs): `s3.endpoint_url`,
+    else AWS_ENDPOINT_URL, else "" for AWS's own endpoint of `s3.region`."""
+    return conf["s3.endpoint_url"] or environ.get("AWS_ENDPOINT_URL", "")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

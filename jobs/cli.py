@@ -13,6 +13,7 @@ from crawler import config as config_mod
 from crawler import layout, logs
 
 EXIT_CONFIG = 2
+EXIT_VALIDATION_FAILED = 1
 
 
 def _common() -> argparse.ArgumentParser:
@@ -49,6 +50,11 @@ def _parser() -> argparse.ArgumentParser:
     p = sub.add_parser("maintain", parents=[common], help="compact (OPTIMIZE), VACUUM and report every table")
     p.add_argument("--table", action="append", dest="tables", help="only this table (repeatable)")
     p.add_argument("--no-vacuum", action="store_true", help="compact only")
+    p = sub.add_parser("validate", parents=[common],
+                       help="run the Great Expectations suite of every table; exit 1 if any expectation fails")
+    p.add_argument("--table", action="append", dest="tables", choices=layout.TABLES,
+                   help="only this table (repeatable)")
+    p.add_argument("--out", help="local folder for the report and Data Docs (default: ROOT/validation)")
     sub.add_parser("stats", parents=[common], help="row counts by status for each table")
     p = sub.add_parser("report", parents=[common], help="write the segment's HTML cycle report and print a summary")
     p.add_argument("--segment", required=True, help="segment id")
@@ -62,6 +68,22 @@ def _parse_now(text: str | None) -> datetime | None:
         return None
     value = datetime.fromisoformat(text)
     return value if value.tzinfo else value.replace(tzinfo=timezone.utc)
+
+
+def _validate(conf: config_mod.Config, root: str, tables: list[str] | None, out: str | None) -> int:
+    """Exit 0 when every expectation holds, 1 when one fails, 2 for a missing or malformed suite (checked before
+    Spark starts)."""
+    from jobs import validate
+    from jobs.base import spark_session
+
+    try:
+        validate.load_suites(conf, tables)
+    except validate.SuiteError as exc:
+        print(f"crawl: {exc}", file=sys.stderr)
+        return EXIT_CONFIG
+    result = validate.run(spark_session(conf, app_name="crawl-validate"), conf, root, tables=tables, out=out)
+    print(result.summary())
+    return 0 if result.success else EXIT_VALIDATION_FAILED
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -91,6 +113,8 @@ def main(argv: list[str] | None = None) -> int:
         from jobs.demo import run_demo
 
         return run_demo(conf, root, cycles=args.cycles)
+    if args.command == "validate":
+        return _validate(conf, root, args.tables, args.out)
 
     from jobs import cycle
     from jobs.base import spark_session
@@ -144,10 +168,11 @@ def main(argv: list[str] | None = None) -> int:
     elif args.command == "report":
         from crawler.report import terminal_summary
         from jobs import report
+        from jobs.storage import Storage
 
         data = report.build(spark, conf, root, args.segment)
         print(terminal_summary(data))
-        print(f"report: {report.write_report(data, root, args.out)}")
+        print(f"report: {report.write_report(data, root, args.out, Storage.from_conf(conf))}")
     return 0
 
 
