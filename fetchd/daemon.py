@@ -6,7 +6,8 @@ address passes the SSRF guard and its robots.txt is fetched through the same gat
 under the segment folder: WARC files (`*.open` until closed), fetched-results Parquet named after the WARC
 its rows point into, published in batches after the WARC is synced (`fetchd.output`), robots observations, and a
 `_DONE.json` manifest when the bucket is finished. A daemon fetches only buckets it owns (`fetchd.ownership`);
-a bucket without `_DONE.json` is resumed by its next owner, which fetches only the URLs not yet reported.
+a bucket without `_DONE.json` is resumed by its next owner, which fetches only the URLs not yet reported. On an
+s3:// root the same files are written in a staging folder and uploaded as they are published (`fetchd.storage`).
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ from fetchd.metrics import Metrics, MetricsServer, progress_line, snapshot
 from fetchd.output import BucketOutput, Fenced, ResumeState, bucket_totals, recover_bucket_output, write_json_atomic
 from fetchd.ownership import Lease, LeaseStore
 from fetchd.resolver import BlockedAddressError, GuardedResolver
+from fetchd.storage import LocalStore, open_store
 from fetchd.warc import (
     WrittenRecord,
     http_request_headers,
@@ -81,18 +83,19 @@ def read_fetchlist(root: str, segment_id: str, bucket: int) -> FetchList:
     return FetchList(root, segment_id, bucket)
 
 
-def fetchlist_buckets(root: str, segment_id: str) -> list[int]:
-    """Buckets of a segment that have a fetch list."""
-    folder = layout.fetchlist_dir(root, segment_id)
-    if not os.path.isdir(folder):
-        return []
-    return sorted(b for b in map(layout.parse_bucket_dirname, os.listdir(folder)) if b is not None)
+def _store(root: str | LocalStore) -> LocalStore:
+    return root if isinstance(root, LocalStore) else LocalStore(layout.normalize_root(root))
 
 
-def pending_buckets(root: str, segment_id: str) -> list[int]:
+def fetchlist_buckets(root: str | LocalStore, segment_id: str) -> list[int]:
+    """Buckets of a segment that have a fetch list (`root`: a local folder, or the store of any root)."""
+    return _store(root).fetchlist_buckets(segment_id)
+
+
+def pending_buckets(root: str | LocalStore, segment_id: str) -> list[int]:
     """Buckets of a segment that have a fetch list and no `_DONE.json` yet."""
-    return [b for b in fetchlist_buckets(root, segment_id)
-            if not os.path.exists(layout.done_manifest(root, segment_id, b))]
+    store = _store(root)
+    return [b for b in store.fetchlist_buckets(segment_id) if not store.is_done(segment_id, b)]
 
 
 @dataclass
@@ -112,9 +115,11 @@ _PROCESS_MEMORY = HostMemory()
 class Daemon:
     """State shared by every bucket one daemon process fetches: HTTP session, gates, robots cache, slots."""
 
-    def __init__(self, conf: Config, root: str, stop: threading.Event | None = None):
+    def __init__(self, conf: Config, root: str, stop: threading.Event | None = None,
+                 store: LocalStore | None = None):
         self.conf = conf
-        self.root = layout.normalize_root(root)
+        self.store = store or open_store(conf, layout.normalize_root(root))
+        self.root = self.store.local_root  # where files are written: the root itself, or an S3 root's staging
         self.stop = stop or threading.Event()
         self.daemon_id = daemon_identity(conf)
         self.resolver = GuardedResolver(conf["fetch.static_hosts"], conf["fetch.allow_networks"])
@@ -129,7 +134,7 @@ class Daemon:
         self.segment_id: str | None = None  # the segment being (or last) fetched, for `/status`
         self.runs: list[BucketRun] = []      # its buckets, kept after they finish so `/status` shows them
         self.metrics_server: MetricsServer | None = None
-        self.store = LeaseStore(conf, self.root, self.daemon_id)
+        self.lease_store: LeaseStore = self.store.lease_store(conf, self.daemon_id)
         self.leases: dict[int, Lease] = {}  # buckets this daemon owns
         self._heartbeat: asyncio.Task[None] | None = None
 
@@ -150,6 +155,7 @@ class Daemon:
             await self.metrics_server.close()
         await self.fetcher.close()
         await self.resolver.close()
+        await asyncio.to_thread(self.store.close)  # uploads queued before the stop still go up
 
     # --- bucket ownership (`crawler.ownership`) -----------------------------------------------------------
 
@@ -158,7 +164,7 @@ class Daemon:
         if bucket in self.leases and not self.leases[bucket].fenced():
             return True
         try:
-            lease = self.store.try_acquire(bucket)
+            lease = self.lease_store.try_acquire(bucket)
         except OSError as exc:  # storage trouble: try again at the next look for work
             log.warning("cannot take bucket %05d: %s", bucket, exc)
             return False
@@ -171,7 +177,7 @@ class Daemon:
         lease = self.leases.pop(bucket, None)
         if lease is not None:
             try:
-                self.store.release(lease, time.time())
+                self.lease_store.release(lease, time.time())
             except OSError as exc:  # the lease then lapses by itself
                 log.warning("cannot release bucket %05d: %s", bucket, exc)
 
@@ -182,7 +188,7 @@ class Daemon:
             await asyncio.sleep(self.conf["ownership.renew_interval_s"])
             for bucket, lease in list(self.leases.items()):
                 try:
-                    renewed = self.store.renew(lease)
+                    renewed = self.lease_store.renew(lease)
                 except OSError as exc:  # not renewed: the lease fences itself at its deadline if this goes on
                     log.warning("cannot renew bucket %05d: %s", bucket, exc)
                     continue
@@ -251,7 +257,9 @@ class Daemon:
             if lease is None or lease.fenced() or self.stop.is_set():  # lost since it was claimed, or stopping
                 return None
             try:
+                await asyncio.to_thread(self.store.prepare_bucket, segment_id, bucket)
                 resume = recover_bucket_output(self.root, segment_id, bucket)
+                self.store.sync_bucket(segment_id, bucket, lease.fenced)  # what recovery closed goes up
                 run = BucketRun(self, segment_id, bucket, read_fetchlist(self.root, segment_id, bucket), lease,
                                 resume, max_queued)
             except OSError as exc:
@@ -309,7 +317,8 @@ class BucketRun:
         self.listed_urls = len(fetchlist)  # the whole fetch list, including URLs an earlier run already reported
         self.out = BucketOutput(daemon.root, segment_id, bucket, daemon.daemon_id, self.conf["fetch.warc_max_bytes"],
                                 daemon.warcinfo(), self.conf["ownership.results_batch_rows"], lease.fenced,
-                                daemon.metrics.warc_written, self.conf["fetch.warc_gzip_level"])
+                                daemon.metrics.warc_written, self.conf["fetch.warc_gzip_level"],
+                                lambda: daemon.store.sync_bucket(segment_id, bucket, lease.fenced))
         self.sched = HostScheduler(daemon.gate_for, time.monotonic, self._report, recheck_s=_STOP_POLL_S)
         self.hosts = self.sched.hosts  # what `fetchd.metrics` reads
         # The list is streamed: rows are taken on while the host queues hold fewer than `max_queued` (this run's
@@ -415,6 +424,12 @@ class BucketRun:
         except OSError as exc:  # a write from the driver itself (publishing rows, closing a WARC)
             self._storage_failed(exc)
             await self._drain()
+        except Fenced:  # the lease ran out while the bucket was being finished: its next owner finishes it
+            log.warning("bucket %05d of %s: lease lost while finishing; its next owner resumes it",
+                        self.bucket, self.segment_id)
+            with contextlib.suppress(OSError):
+                self.out.abandon()
+            return None
         if self.storage_error is not None:
             self.reading = None
             with contextlib.suppress(OSError):
@@ -448,7 +463,7 @@ class BucketRun:
             log.info("bucket %05d of %s: stopped before finishing; results so far are published and the next run "
                      "resumes it", self.bucket, self.segment_id)
             return None
-        return self._finish(started)
+        return await self._finish(started)
 
     async def _drain(self) -> None:
         """Let the requests in flight end. Once the lease is fenced they are cancelled at once; when the daemon
@@ -464,15 +479,19 @@ class BucketRun:
                 return
             await asyncio.wait(list(self.tasks), timeout=_STOP_POLL_S)
 
-    def _finish(self, started: float) -> dict[str, Any]:
-        """Publish the last rows, close the WARC and write `_DONE.json`, counting every run of the bucket."""
+    async def _finish(self, started: float) -> dict[str, Any]:
+        """Publish the last rows, close the WARC and write `_DONE.json`, counting every run of the bucket. On an
+        S3 root every file is uploaded before the manifest, and the manifest last."""
         self.out.close_current()
+        store = self.d.store
+        await asyncio.to_thread(store.upload_bucket, self.segment_id, self.bucket, self.lease.fenced)
         manifest = {
             "segment_id": self.segment_id,
             "bucket": self.bucket,
             "daemon_id": self.d.daemon_id,
             "urls": self.listed_urls,
-            **bucket_totals(self.d.root, self.segment_id, self.bucket),
+            **bucket_totals(self.d.root, self.segment_id, self.bucket,
+                            await asyncio.to_thread(store.warc_sizes, self.segment_id, self.bucket)),
             "hosts": len(self.hosts),
             "resumed": self.listed_urls - self.urls,
             "started_at": _utc(started).isoformat(),
@@ -480,6 +499,7 @@ class BucketRun:
         }
         self.out.check()
         write_json_atomic(manifest, layout.done_manifest(self.d.root, self.segment_id, self.bucket))
+        await asyncio.to_thread(store.upload_bucket, self.segment_id, self.bucket, self.lease.fenced, True)
         log.info("bucket %05d of %s done: %s", self.bucket, self.segment_id, manifest["outcomes"])
         return manifest
 
@@ -806,9 +826,9 @@ def _summary(segment_id: str, manifests: list[dict[str, Any]], skipped: list[int
     }
 
 
-async def _fetch_segment(conf: Config, root: str, segment_id: str,
+async def _fetch_segment(conf: Config, store: LocalStore, segment_id: str,
                          buckets: list[int]) -> tuple[list[dict[str, Any]], list[int]]:
-    daemon = Daemon(conf, root)
+    daemon = Daemon(conf, store.root, store=store)
     try:
         await daemon.open()
         owned = [b for b in buckets if daemon.acquire(b)]
@@ -824,21 +844,29 @@ def fetch_segment(conf: Config, root: str, segment_id: str, buckets: list[int] |
     """Fetch every bucket of the segment (or the given ones) that has no `_DONE.json` yet, to completion,
     resuming what an earlier run left. Returns summary counts; buckets already done are listed in
     `skipped_buckets` and left untouched, buckets another live daemon owns in `held_buckets`."""
-    root = layout.normalize_root(root)
-    requested = fetchlist_buckets(root, segment_id) if buckets is None else sorted(set(buckets))
-    pending = set(pending_buckets(root, segment_id))
+    store = open_store(conf, layout.normalize_root(root))
+    try:
+        requested = store.fetchlist_buckets(segment_id) if buckets is None else sorted(set(buckets))
+        pending = set(pending_buckets(store, segment_id))
+    except BaseException:
+        store.close()
+        raise
     wanted = [b for b in requested if b in pending]
     skipped = [b for b in requested if b not in pending]
-    manifests, held = asyncio.run(_fetch_segment(conf, root, segment_id, wanted)) if wanted else ([], [])
+    if wanted:
+        manifests, held = asyncio.run(_fetch_segment(conf, store, segment_id, wanted))  # the daemon closes the store
+    else:
+        manifests, held = [], []
+        store.close()
     return {**_summary(segment_id, manifests, skipped), "held_buckets": held}
 
 
-def pending_work(root: str) -> dict[int, list[str]]:
+def pending_work(root: str | LocalStore) -> dict[int, list[str]]:
     """Bucket -> the segments (oldest first) where it has a fetch list and no `_DONE.json`."""
-    segments_root = layout.segments_dir(root)
+    store = _store(root)
     work: dict[int, list[str]] = {}
-    for segment_id in sorted(os.listdir(segments_root)) if os.path.isdir(segments_root) else []:
-        for bucket in pending_buckets(root, segment_id):
+    for segment_id in store.segments():
+        for bucket in pending_buckets(store, segment_id):
             work.setdefault(bucket, []).append(segment_id)
     return work
 
@@ -860,7 +888,11 @@ async def _serve(conf: Config, root: str, stop: threading.Event) -> None:
     try:
         await daemon.open()
         while not stop.is_set():
-            work = pending_work(daemon.root)
+            try:
+                work = await asyncio.to_thread(pending_work, daemon.store)  # S3: many requests, off the loop
+            except OSError as exc:  # the root cannot be listed (S3 unreachable): look again after the pause
+                log.warning("cannot look for work: %s", exc)
+                work = {}
             _claim(daemon, work)
             fetched = False
             for segment_id in sorted({s for segments in work.values() for s in segments}):

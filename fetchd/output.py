@@ -132,11 +132,13 @@ def recover_bucket_output(root: str, segment_id: str, bucket: int) -> ResumeStat
     return state
 
 
-def bucket_totals(root: str, segment_id: str, bucket: int) -> dict[str, Any]:
-    """Outcome counts of every published row and the closed WARC files of a bucket (for its manifest)."""
+def bucket_totals(root: str, segment_id: str, bucket: int, warc_sizes: list[int] | None = None) -> dict[str, Any]:
+    """Outcome counts of every published row and the closed WARC files of a bucket (for its manifest); the sizes
+    of those files are read under `root` unless given (an S3 root lists its objects)."""
     outcomes = Counter(r["outcome"] for r in published_rows(root, segment_id, bucket, "fetched", ["outcome"]))
     warc_dir = layout.warc_dir(root, segment_id, bucket)
-    sizes = [os.path.getsize(os.path.join(warc_dir, n)) for n in os.listdir(warc_dir) if n.endswith(WARC_SUFFIX)] \
+    sizes = warc_sizes if warc_sizes is not None else \
+        [os.path.getsize(os.path.join(warc_dir, n)) for n in os.listdir(warc_dir) if n.endswith(WARC_SUFFIX)] \
         if os.path.isdir(warc_dir) else []
     return {"results": sum(outcomes.values()), "outcomes": dict(sorted(outcomes.items())),
             "warc_files": len(sizes), "warc_bytes": sum(sizes)}
@@ -158,7 +160,8 @@ class BucketOutput:
 
     def __init__(self, root: str, segment_id: str, bucket: int, daemon_id: str, warc_max_bytes: int,
                  warcinfo: dict[str, str], batch_rows: int, fenced: Callable[[], bool] = lambda: False,
-                 on_write: Callable[[int], None] = lambda n: None, gzip_level: int = DEFAULT_GZIP_LEVEL):
+                 on_write: Callable[[int], None] = lambda n: None, gzip_level: int = DEFAULT_GZIP_LEVEL,
+                 on_publish: Callable[[], None] = lambda: None):
         self.root, self.segment_id, self.bucket, self.daemon_id = root, segment_id, bucket, daemon_id
         self.warc_max_bytes = warc_max_bytes
         self.warcinfo = warcinfo
@@ -166,6 +169,7 @@ class BucketOutput:
         self.fenced = fenced
         self.on_write = on_write
         self.gzip_level = gzip_level
+        self.on_publish = on_publish  # told after rows are published or a WARC closed (an S3 root uploads them)
         self.seq = 0
         self.batch = 0
         self.warc_files = 0  # closed by this run, and their bytes (for `/status`)
@@ -234,6 +238,7 @@ class BucketOutput:
                 write_parquet_atomic(group, RESULT_KINDS[kind], path)
         self.batch += 1
         self.pending = {kind: [] for kind in RESULT_KINDS}
+        self.on_publish()
 
     def close_current(self) -> None:
         """Publish what is queued, then close the WARC durably under its final name (rows published before
@@ -248,6 +253,7 @@ class BucketOutput:
             else:
                 self.current.discard()
             self.current = None
+            self.on_publish()
         self.seq += 1
 
     def abandon(self) -> None:

@@ -4,8 +4,8 @@
 
 Taking a bucket creates the next epoch's file exclusively (written under a temp name, then hard-linked into
 place: `link` fails if the name exists, so exactly one daemon wins an epoch and nobody reads a half-written
-file). The owner renews by rewriting its own epoch file; a higher epoch on disk means it lost the bucket. On
-S3 the same contract maps to a conditional PUT (If-None-Match: *) per epoch key.
+file). The owner renews by rewriting its own epoch file; a higher epoch on disk means it lost the bucket.
+`S3LeaseStore` keeps the same contract on an s3:// root with conditional writes (see there).
 """
 
 from __future__ import annotations
@@ -16,7 +16,9 @@ import logging
 import os
 import socket
 import time
+from collections.abc import Iterator
 from dataclasses import replace
+from typing import Any
 
 from crawler import layout
 from crawler.config import Config
@@ -24,6 +26,9 @@ from crawler.ownership import LeaseRecord, fence_deadline, may_take, previous_la
 
 log = logging.getLogger("fetchd.ownership")
 
+# A conditional PUT that lost: the epoch exists already (412; 409 when a concurrent conditional write is in
+# progress) or, for If-Match, was replaced or pruned (412, 404).
+_LOST_WRITE_CODES = frozenset({"PreconditionFailed", "ConditionalRequestConflict", "NoSuchKey", "412", "409", "404"})
 _KEEP_EPOCHS = 3  # older epoch files than the last few are removed when a bucket changes hands
 
 
@@ -152,8 +157,7 @@ class LeaseStore:
         if self._epochs(bucket)[-1] != record.epoch:
             # `previous` was stale: while this daemon paused, later epochs were taken and this epoch's file was
             # pruned, so its name was free again. A higher epoch owns the bucket; withdraw the stray file.
-            with contextlib.suppress(FileNotFoundError):
-                os.remove(os.path.join(leases_dir(self.root, bucket), _epoch_name(record.epoch)))
+            self._remove(bucket, record.epoch)
             return None
         self._prune(bucket, record.epoch)
         how = "new" if previous is None else ("released" if previous.released else "expired" if not dead else "dead")
@@ -172,8 +176,8 @@ class LeaseStore:
             lease.lost = True
             return False
         record = replace(lease.record, expires_at=time.time() + self.ttl_s)
-        self._write(record, exclusive=False)
-        if self._epochs(lease.bucket)[-1] != record.epoch or time.monotonic() >= lease.deadline:
+        written = self._write(record, exclusive=False)
+        if not written or self._epochs(lease.bucket)[-1] != record.epoch or time.monotonic() >= lease.deadline:
             lease.lost = True
             log.warning("lost bucket %05d (epoch %d): renewed too late or taken over", lease.bucket, record.epoch)
             return False
@@ -191,9 +195,83 @@ class LeaseStore:
         lease.record, lease.lost = record, True
         log.info("released bucket %05d (epoch %d)", lease.bucket, record.epoch)
 
+    def _remove(self, bucket: int, epoch: int) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(os.path.join(leases_dir(self.root, bucket), _epoch_name(epoch)))
+
     def _prune(self, bucket: int, epoch: int) -> None:
-        folder = leases_dir(self.root, bucket)
         for old in self._epochs(bucket):
             if old <= epoch - _KEEP_EPOCHS:
-                with contextlib.suppress(FileNotFoundError):
-                    os.remove(os.path.join(folder, _epoch_name(old)))
+                self._remove(bucket, old)
+
+
+@contextlib.contextmanager
+def s3_errors() -> Iterator[None]:
+    """S3 trouble as OSError: the daemon treats an unreachable lease store like an unreadable disk."""
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    try:
+        yield
+    except (BotoCoreError, ClientError) as exc:
+        raise OSError(f"S3: {exc}") from exc
+
+
+class S3LeaseStore(LeaseStore):
+    """The lease store on an s3:// root: the same keys (ROOT/leases/bucket=NNNNN/epoch-NNNNNNNNNN.json) and rule.
+
+    Taking an epoch is a PUT with If-None-Match: * (S3 answers 412 to all but the first writer, so exactly one
+    daemon wins an epoch; a PUT is atomic, so nobody reads half a record). Renewing and releasing overwrite the
+    epoch object with If-Match: <the ETag this daemon last wrote>: an object that was replaced or pruned meanwhile
+    (412, 404) means the lease is lost, where the local store only finds out by listing. Listing epochs is a
+    prefix listing (strongly consistent on S3). Fencing is unchanged: it runs on this daemon's own clock.
+    """
+
+    def __init__(self, conf: Config, root: str, owner: str, client: Any, s3_bucket: str, prefix: str):
+        super().__init__(conf, root, owner)
+        self.client, self.s3_bucket, self.prefix = client, s3_bucket, prefix
+        self._etags: dict[tuple[int, int], str] = {}  # (bucket, epoch) -> ETag of this daemon's last write
+
+    def _key(self, bucket: int, epoch: int | None = None) -> str:
+        folder = layout.join("leases", layout.bucket_dirname(bucket))
+        relkey = folder + "/" + (_epoch_name(epoch) if epoch is not None else "epoch-")
+        return f"{self.prefix}/{relkey}" if self.prefix else relkey
+
+    def _epochs(self, bucket: int) -> list[int]:
+        names: list[str] = []
+        with s3_errors():
+            for page in self.client.get_paginator("list_objects_v2").paginate(Bucket=self.s3_bucket,
+                                                                              Prefix=self._key(bucket)):
+                names += [o["Key"].rsplit("/", 1)[1] for o in page.get("Contents", [])]
+        return sorted(int(n[6:16]) for n in names if n.startswith("epoch-") and n.endswith(".json"))
+
+    def _read(self, bucket: int, epoch: int) -> LeaseRecord:
+        with s3_errors():
+            body = self.client.get_object(Bucket=self.s3_bucket, Key=self._key(bucket, epoch))["Body"].read()
+        return LeaseRecord.from_json(json.loads(body))
+
+    def _write(self, record: LeaseRecord, exclusive: bool) -> bool:
+        from botocore.exceptions import ClientError
+
+        condition: dict[str, str] = {"IfNoneMatch": "*"}
+        if not exclusive:
+            etag = self._etags.get((record.bucket, record.epoch))
+            if etag is None:
+                return False
+            condition = {"IfMatch": etag}
+        try:
+            with s3_errors():
+                answer = self.client.put_object(Bucket=self.s3_bucket, Key=self._key(record.bucket, record.epoch),
+                                                Body=json.dumps(record.to_json()).encode("utf-8"),
+                                                ContentType="application/json", **condition)
+        except OSError as exc:
+            cause = exc.__cause__
+            if isinstance(cause, ClientError) and cause.response["Error"]["Code"] in _LOST_WRITE_CODES:
+                return False
+            raise
+        self._etags[(record.bucket, record.epoch)] = answer["ETag"]
+        return True
+
+    def _remove(self, bucket: int, epoch: int) -> None:
+        with s3_errors():
+            self.client.delete_object(Bucket=self.s3_bucket, Key=self._key(bucket, epoch))
+        self._etags.pop((bucket, epoch), None)
