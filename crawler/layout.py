@@ -34,6 +34,11 @@ def normalize_root(root: str) -> str:
     return os.path.abspath(os.path.expanduser(root))
 
 
+def is_s3(root: str) -> bool:
+    """An S3 root (s3://bucket/prefix, or s3a://), as opposed to a local folder."""
+    return root.startswith(("s3://", "s3a://"))
+
+
 def join(*parts: str) -> str:
     return "/".join(p.strip("/") if i else p.rstrip("/") for i, p in enumerate(parts))
 

@@ -9,7 +9,7 @@ import logging
 import os
 import sys
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -19,27 +19,51 @@ from pyspark.sql import DataFrame, SparkSession
 from crawler import layout
 from crawler.config import Config
 from delta_tables import tables
+from jobs.storage import Storage
 
 log = logging.getLogger("jobs")
 
 IVY_SETTINGS = Path(__file__).resolve().parents[1] / "conf" / "ivysettings.xml"
+# The AWS SDK's default chain, as boto3 uses it (env vars, profile, web identity, container, instance role).
+AWS_DEFAULT_CREDENTIALS = "software.amazon.awssdk.auth.credentials.DefaultCredentialsProvider"
+
+
+def s3a_settings(conf: Config, environ: Mapping[str, str] = os.environ) -> dict[str, str]:
+    """The Spark settings that make s3:// and s3a:// paths go through S3A with the configured endpoint; none for
+    a local root. `s3://` is mapped to S3A so every job uses the root's paths unchanged (Delta logs included:
+    Delta picks its S3 LogStore by scheme)."""
+    if not layout.is_s3(conf["storage.root"]):
+        return {}
+    settings = {
+        "spark.hadoop.fs.s3.impl": "org.apache.hadoop.fs.s3a.S3AFileSystem",
+        "spark.hadoop.fs.AbstractFileSystem.s3.impl": "org.apache.hadoop.fs.s3a.S3A",
+        "spark.hadoop.fs.s3a.endpoint.region": conf["s3.region"],
+        "spark.hadoop.fs.s3a.path.style.access": str(conf["s3.path_style_access"]).lower(),
+        "spark.hadoop.fs.s3a.aws.credentials.provider": AWS_DEFAULT_CREDENTIALS,
+    }
+    endpoint = Storage.from_conf(conf, environ).endpoint_url
+    if endpoint:
+        settings["spark.hadoop.fs.s3a.endpoint"] = endpoint
+        settings["spark.hadoop.fs.s3a.connection.ssl.enabled"] = str(not endpoint.startswith("http://")).lower()
+    return settings
 
 
 def spark_session(conf: Config, app_name: str = "cyclecrawl") -> SparkSession:
     """The one SparkSession of a process, bound to loopback in local mode, with Delta enabled.
 
-    Delta's jars come through Spark's package resolution (Maven Central, cached in spark.ivy_dir), or
-    from `spark.extra_jars` when given.
+    Delta's jars (and hadoop-aws's for an s3:// root) come through Spark's package resolution (Maven Central,
+    cached in spark.ivy_dir), or from `spark.extra_jars` when given (which must then hold hadoop-aws and the AWS
+    SDK bundle for an s3:// root).
     """
+    submitted = submitted_by_spark_submit()
     master = conf["spark.master"]
-    if master.startswith("local"):
+    if master.startswith("local") and not submitted:
         # The machine's hostname may not resolve to a usable address: bind everything to loopback.
         os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
         # Python workers (mapInArrow in parse) must run this interpreter, with this venv's packages.
         os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     builder = (
         SparkSession.builder.appName(app_name)
-        .master(master)
         .config("spark.sql.extensions", "io.delta.sql.DeltaSparkSessionExtension")
         .config("spark.sql.catalog.spark_catalog", "org.apache.spark.sql.delta.catalog.DeltaCatalog")
         .config("spark.sql.shuffle.partitions", str(conf["spark.shuffle_partitions"]))
@@ -53,22 +77,54 @@ def spark_session(conf: Config, app_name: str = "cyclecrawl") -> SparkSession:
         .config("spark.databricks.delta.schema.autoMerge.enabled", "false")
         .config("spark.sql.sources.partitionOverwriteMode", "static")
     )
-    if master.startswith("local"):
-        builder = builder.config("spark.driver.host", "127.0.0.1").config("spark.driver.bindAddress", "127.0.0.1")
-    extra_jars = conf["spark.extra_jars"].strip()
-    if extra_jars:
-        builder = builder.config("spark.jars", extra_jars)
-    else:
-        from delta import configure_spark_with_delta_pip
-
-        builder = builder.config("spark.jars.ivy", os.path.expanduser(conf["spark.ivy_dir"]))
-        builder = builder.config("spark.jars.ivySettings", str(IVY_SETTINGS))
-        builder = configure_spark_with_delta_pip(builder)
-    for key, value in conf["spark.conf"].items():
+    if not submitted:
+        # Under spark-submit the master, the jars and the driver's address come from its command line.
+        builder = _launch_settings(builder, conf)
+    for key, value in {**s3a_settings(conf), **conf["spark.conf"]}.items():
         builder = builder.config(key, str(value))
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel(conf["spark.log_level"])
     return spark
+
+
+def _launch_settings(builder: SparkSession.Builder, conf: Config) -> SparkSession.Builder:
+    """Master, driver address and jars of a session this process launches itself (not spark-submit's)."""
+    master = conf["spark.master"]
+    builder = builder.master(master)
+    if master.startswith("local"):
+        builder = builder.config("spark.driver.host", "127.0.0.1").config("spark.driver.bindAddress", "127.0.0.1")
+    extra_jars = conf["spark.extra_jars"].strip()
+    if extra_jars:
+        return builder.config("spark.jars", extra_jars)
+    from delta import configure_spark_with_delta_pip
+
+    builder = builder.config("spark.jars.ivy", os.path.expanduser(conf["spark.ivy_dir"]))
+    builder = builder.config("spark.jars.ivySettings", str(IVY_SETTINGS))
+    return configure_spark_with_delta_pip(builder, extra_packages=extra_packages(conf))
+
+
+def extra_packages(conf: Config) -> list[str]:
+    """Maven packages resolved beside Delta's: hadoop-aws for an s3:// root, at the version of the Hadoop
+    that pyspark ships (it pulls the AWS SDK bundle that version was built with)."""
+    if not layout.is_s3(conf["storage.root"]):
+        return []
+    return [f"org.apache.hadoop:hadoop-aws:{pyspark_hadoop_version()}"]
+
+
+def pyspark_hadoop_version() -> str:
+    """The Hadoop version of pyspark's bundled client jars (hadoop-client-api-<version>.jar)."""
+    import pyspark
+
+    jars = sorted((Path(pyspark.__file__).parent / "jars").glob("hadoop-client-api-*.jar"))
+    if not jars:
+        raise RuntimeError("pyspark ships no hadoop-client-api jar: cannot choose the hadoop-aws version")
+    return jars[0].name.removeprefix("hadoop-client-api-").removesuffix(".jar")
+
+
+def submitted_by_spark_submit() -> bool:
+    """True in a driver that spark-submit started (jobs/submit.py): its JVM is already running, so the master and
+    the jars were set on spark-submit's command line and setting them here would be ignored or wrong."""
+    return "PYSPARK_GATEWAY_PORT" in os.environ
 
 
 def read_table(spark: SparkSession, root: str, name: str) -> DataFrame:

@@ -14,7 +14,6 @@ table, and a re-run after a rule change (the SURT form, a column) rewrites the o
 
 from __future__ import annotations
 
-import os
 import re
 from collections import Counter
 from collections.abc import Iterator
@@ -30,6 +29,7 @@ from crawler.ccindex import RECORD_INDEX, cdxj_lines, index_warc
 from crawler.config import Config
 from delta_tables import tables
 from jobs.base import arrow_batches, step
+from jobs.storage import LOCAL, Storage
 
 _OUTPUT_BATCH_ROWS = 1000
 _ERROR_MAX_CHARS = 500
@@ -72,51 +72,44 @@ def reason_kind(reason: str) -> str:
     return re.sub(r"\d+", "N", reason)
 
 
-def closed_warc_files(root: str, segment_id: str) -> list[str]:
+def closed_warc_files(root: str, segment_id: str, storage: Storage = LOCAL) -> list[str]:
     """The segment's closed WARC files, relative to the root (a `*.open` file is still being written)."""
-    base = layout.warc_dir(root, segment_id)
     found = []
-    for folder, _, names in os.walk(base):
-        bucket_dir = os.path.basename(folder)
-        if layout.parse_bucket_dirname(bucket_dir) is None:
-            continue
-        found.extend(layout.join("segments", segment_id, "warc", bucket_dir, name)
-                     for name in names if name.endswith(WARC_SUFFIXES))
+    for relative in storage.list_files(layout.warc_dir(root, segment_id)):
+        parts = relative.split("/")
+        if len(parts) == 2 and layout.parse_bucket_dirname(parts[0]) is not None and parts[1].endswith(WARC_SUFFIXES):
+            found.append(layout.join("segments", segment_id, "warc", relative))
     return sorted(found)
 
 
-def _write_atomically(path: str, lines: list[str]) -> None:
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    partial = path + ".partial"
-    with open(partial, "w", encoding="ascii") as out:
-        out.writelines(line + "\n" for line in lines)
-    os.replace(partial, path)
-
-
-def index_file(root: str, warc_filename: str, segment_id: str) -> Iterator[dict]:
+def index_file(root: str, warc_filename: str, segment_id: str, storage: Storage = LOCAL) -> Iterator[dict]:
     """The index rows of one WARC file, then its summary row; writes its CDXJ file on the way (one pass over
-    the file). The CDXJ lines of a file are held until its end: they must be sorted (see `cdxj_lines`)."""
+    the file). The CDXJ lines of a file are held until its end: they must be sorted (see `cdxj_lines`). A WARC
+    file under an s3:// root is indexed from a temporary local copy: one streaming read of the object."""
     summary = dict.fromkeys(INDEXED.names)
     summary.update(warc_filename=warc_filename, warc_segment=segment_id, file_summary=True, cdxj_lines=0)
     lines: list[str] = []
     try:
-        indexed = index_warc(layout.join(root, warc_filename), warc_filename, segment_id)
-        for row in indexed:
-            lines.extend(cdxj_lines([row]))
-            row["file_summary"] = False
-            yield row
+        with storage.local_copy(layout.join(root, warc_filename)) as local_path:
+            indexed = index_warc(local_path, warc_filename, segment_id)
+            for row in indexed:
+                lines.extend(cdxj_lines([row]))
+                row["file_summary"] = False
+                yield row
         lines.sort()
-        _write_atomically(layout.join(root, layout.cdxj_filename(warc_filename)), lines)
+        storage.write_bytes(layout.join(root, layout.cdxj_filename(warc_filename)),
+                            "".join(line + "\n" for line in lines).encode("ascii"))
         summary.update(stop_reason=indexed.stop_reason, cdxj_lines=len(lines))
     except Exception as exc:  # a missing or unreadable file is counted, never fails the job
         summary["error"] = f"{type(exc).__name__}: {exc}"[:_ERROR_MAX_CHARS]
     yield summary
 
 
-def index_partition(batches: Iterator[pa.RecordBatch], *, root: str, segment_id: str) -> Iterator[pa.RecordBatch]:
+def index_partition(batches: Iterator[pa.RecordBatch], *, root: str, segment_id: str,
+                    storage: Storage = LOCAL) -> Iterator[pa.RecordBatch]:
     """mapInArrow body: rows of WARC file names in, index rows out in batches of at most _OUTPUT_BATCH_ROWS."""
     names = (name for batch in batches for name in batch.column("warc_filename").to_pylist())
-    rows = (row for name in names for row in index_file(root, name, segment_id))
+    rows = (row for name in names for row in index_file(root, name, segment_id, storage))
     return arrow_batches(rows, INDEXED, _OUTPUT_BATCH_ROWS)
 
 
@@ -125,12 +118,14 @@ def run(spark: SparkSession, conf: Config, root: str, segment_id: str) -> IndexR
     layout.check_segment_id(segment_id)
     root = layout.normalize_root(root)
     tables.create_all(spark, root)
-    names = closed_warc_files(root, segment_id)
+    storage = Storage.from_conf(conf)
+    names = closed_warc_files(root, segment_id, storage)
     if not names:
         return IndexResult(files=0, records=0, by_type={}, cdxj_lines=0, errors=0)
     with step(f"index {segment_id}"):
         files = spark.createDataFrame([(name,) for name in names], "warc_filename string").repartition(len(names))
-        indexed = files.mapInArrow(lambda batches: index_partition(batches, root=root, segment_id=segment_id),
+        indexed = files.mapInArrow(lambda batches: index_partition(batches, root=root, segment_id=segment_id,
+                                                                   storage=storage),
                                    from_arrow_schema(INDEXED)).persist()
         try:
             rows = indexed.filter(~F.col("file_summary"))

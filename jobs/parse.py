@@ -15,7 +15,6 @@ from dataclasses import dataclass
 from typing import Any, BinaryIO
 
 import pyarrow as pa
-import pyarrow.fs as pafs
 from pyspark.errors import AnalysisException
 from pyspark.sql import DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
@@ -32,6 +31,7 @@ from crawler.urls import canonicalize, strip_query_params, url_id
 from crawler.warcread import WarcHttpRecord, read_record_at
 from delta_tables import tables
 from jobs.base import arrow_batches, insert_if_absent, step
+from jobs.storage import LOCAL, Storage
 
 _OUTPUT_BATCH_ROWS = 256
 _ERROR_MAX_CHARS = 500
@@ -203,12 +203,6 @@ def _error_text(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}"[:_ERROR_MAX_CHARS]
 
 
-def _open_warc(root: str, relative: str) -> BinaryIO:
-    """A seekable stream of a WARC file under the root (local folder or object store, via pyarrow.fs)."""
-    filesystem, path = pafs.FileSystem.from_uri(layout.join(root, relative))
-    return filesystem.open_input_file(path)
-
-
 def parse_partition(batches: Iterator[pa.RecordBatch], **settings: Any) -> Iterator[pa.RecordBatch]:
     """mapInArrow body: `parsed_pages` (same settings) in Arrow batches of PARSED rows."""
     return arrow_batches(parsed_pages(batches, **settings), PARSED, _OUTPUT_BATCH_ROWS)
@@ -218,6 +212,7 @@ def parsed_pages(
     batches: Iterator[pa.RecordBatch], *, root: str, max_bytes: int, max_outlinks: int, shingle: int,
     strip_rules: dict[str, list[str]], robots_token: str | None = None, max_parse_seconds: float | None = None,
     sitemap_limits: SitemapLimits = DEFAULT_LIMITS, sitemap_max_bytes: int = DEFAULT_LIMITS.max_uncompressed_bytes,
+    storage: Storage = LOCAL,
 ) -> Iterator[dict[str, Any]]:
     """One PARSED row per fetched-results row, in order; rows sorted by (warc_filename, warc_offset), so each
     WARC file is opened once."""
@@ -233,7 +228,7 @@ def parsed_pages(
                         handle.close()
                     handle, open_error, current_name = None, None, name
                     try:
-                        handle = _open_warc(root, name)
+                        handle = storage.open_input(layout.join(root, name))
                     except Exception as exc:  # a missing or unreadable file fails its rows, not the job
                         open_error = _error_text(exc)
                 page = {column: row.get(column) for column in PARSED.names if column in row}
@@ -290,6 +285,7 @@ def _parse(fetched: DataFrame, root: str, segment_id: str, conf: Config) -> Data
     unique = ok.withColumn("_n", F.row_number().over(first)).filter(F.col("_n") == 1).drop("_n")
     settings = {
         "root": root,
+        "storage": Storage.from_conf(conf),
         "max_bytes": conf["parse.max_html_bytes"],
         "max_outlinks": conf["parse.max_outlinks"],
         "shingle": conf["parse.simhash_shingle"],

@@ -6,9 +6,6 @@ are computed with a window per host over the segment's fetches. The drawing is c
 
 from __future__ import annotations
 
-import os
-from pathlib import Path
-
 from pyspark.sql import Column, DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 from pyspark.sql.types import DoubleType, StructField, StructType
@@ -26,6 +23,7 @@ from crawler.report import (
 )
 from crawler.status import FetchOutcome
 from delta_tables import tables
+from jobs.storage import LOCAL, Storage
 
 TOP_HOSTS = 20
 
@@ -205,14 +203,14 @@ def _traps(hosts: DataFrame, segment_id: str, top: int) -> tuple[list[tuple[str,
     return [(r["host_key"], {k: int(v) for k, v in r["trap_rejections"].items()}) for r in rows], reasons
 
 
-def write_report(data: ReportData, root: str, out_path: str | None = None) -> Path:
-    """Write the page to `out_path` (default ROOT/reports/<segment>.html, a local root) and return its path."""
-    path = Path(out_path or report_path(layout.normalize_root(root), data.segment_id))
-    os.makedirs(path.parent, exist_ok=True)
-    path.write_text(render_html(data), encoding="utf-8")
+def write_report(data: ReportData, root: str, out_path: str | None = None, storage: Storage = LOCAL) -> str:
+    """Write the page to `out_path` (default ROOT/reports/<segment>.html; a local path or an s3:// URI, reached
+    through `storage`) and return its path."""
+    path = out_path or report_path(layout.normalize_root(root), data.segment_id)
+    storage.write_bytes(path, render_html(data).encode("utf-8"))
     return path
 
 
-def run(spark: SparkSession, conf: Config, root: str, segment_id: str, out_path: str | None = None) -> Path:
+def run(spark: SparkSession, conf: Config, root: str, segment_id: str, out_path: str | None = None) -> str:
     """Aggregate the segment and write its report; the report's path."""
-    return write_report(build(spark, conf, root, segment_id), root, out_path)
+    return write_report(build(spark, conf, root, segment_id), root, out_path, Storage.from_conf(conf))

@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 from datetime import UTC, datetime, timedelta
 from html.parser import HTMLParser
+from pathlib import Path
 
 import pytest
 from pyspark.sql.types import DoubleType, StringType, StructType, TimestampType
@@ -175,7 +176,7 @@ def _parse(html_text: str) -> _Page:
 def test_report_page_parses_has_its_charts_and_escapes_hosts(spark, base_conf, crawled):
     path = report_job.run(spark, base_conf, crawled, SEG)
     assert str(path) == os.path.join(crawled, "reports", f"{SEG}.html")
-    page = _parse(path.read_text(encoding="utf-8"))
+    page = _parse(Path(path).read_text(encoding="utf-8"))
     assert page.tags.count("svg") == CHARTS_PER_REPORT + 3
     assert "script" not in page.tags
     text = "".join(page.text)

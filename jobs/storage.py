@@ -1,0 +1,102 @@
+"""Files under a storage root that jobs read and write outside Spark (WARC files, CDXJ files, reports): one rule
+for local folders and s3:// roots, through pyarrow.fs.
+
+Spark reads and writes (Delta tables, Parquet) go through Hadoop (S3A, see jobs/base.py::s3a_settings); this
+module serves the plain-Python paths, including those in Spark tasks: `Storage` is a small frozen value, so a
+mapInArrow closure carries it to the workers. The S3 endpoint is always passed explicitly from config (or
+AWS_ENDPOINT_URL read on the driver), never left to the worker's environment; credentials come from the AWS
+default chain.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import BinaryIO
+from urllib.parse import urlsplit
+
+import pyarrow.fs as pafs
+
+from crawler import layout
+from crawler.config import Config, s3_endpoint
+
+# Reads of an S3 object are range GETs: a buffer this size makes a sequential scan (one WARC file's records in
+# offset order) one request per MiB instead of one per record or per 16 KiB read.
+READ_BUFFER_BYTES = 1 << 20
+COPY_CHUNK_BYTES = 8 << 20
+
+
+@dataclass(frozen=True)
+class Storage:
+    """How to reach an s3:// root (unused for a local one); the defaults serve local roots."""
+
+    endpoint_url: str = ""          # "" = AWS's own endpoint for the region
+    region: str = "us-east-1"
+    path_style_access: bool = False
+
+    @classmethod
+    def from_conf(cls, conf: Config, environ: Mapping[str, str] = os.environ) -> Storage:
+        return cls(endpoint_url=s3_endpoint(conf, environ),
+                   region=conf["s3.region"], path_style_access=bool(conf["s3.path_style_access"]))
+
+    def filesystem(self, uri: str) -> tuple[pafs.FileSystem, str]:
+        """The filesystem of `uri` and the path within it (bucket/key for S3, an absolute path for a local file)."""
+        if not layout.is_s3(uri):
+            return pafs.LocalFileSystem(), os.path.abspath(uri)
+        options: dict = {"region": self.region}
+        if self.endpoint_url:
+            endpoint = urlsplit(self.endpoint_url)
+            options.update(scheme=endpoint.scheme or "https", endpoint_override=endpoint.netloc or endpoint.path,
+                           force_virtual_addressing=not self.path_style_access)
+        return pafs.S3FileSystem(**options), uri.split("://", 1)[1]
+
+    def open_input(self, uri: str) -> BinaryIO:
+        """A seekable, buffered binary stream of the file."""
+        filesystem, path = self.filesystem(uri)
+        if isinstance(filesystem, pafs.LocalFileSystem):
+            return open(path, "rb")
+        return io.BufferedReader(filesystem.open_input_file(path), buffer_size=READ_BUFFER_BYTES)
+
+    def write_bytes(self, uri: str, data: bytes) -> None:
+        """Replace the file with `data` as a whole: a reader sees the old file or the new one, never a part (local:
+        a temporary name, then rename; S3: an object appears only when its upload completes)."""
+        filesystem, path = self.filesystem(uri)
+        if isinstance(filesystem, pafs.LocalFileSystem):
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            partial = path + ".partial"
+            with open(partial, "wb") as out:
+                out.write(data)
+            os.replace(partial, path)
+            return
+        # compression=None: pyarrow would otherwise gzip a *.gz name (detect by extension) - a WARC file twice over.
+        with filesystem.open_output_stream(path, compression=None) as out:
+            out.write(data)
+
+    def list_files(self, uri: str) -> list[str]:
+        """Every file under the folder (recursively), as paths relative to it; none if it does not exist."""
+        filesystem, base = self.filesystem(uri)
+        selector = pafs.FileSelector(base, recursive=True, allow_not_found=True)
+        return sorted(info.path[len(base):].lstrip("/") for info in filesystem.get_file_info(selector)
+                      if info.type == pafs.FileType.File)
+
+    @contextmanager
+    def local_copy(self, uri: str) -> Iterator[str]:
+        """A local path of the file for code that opens paths: the file itself for a local root, else a temporary
+        copy (one streaming GET) removed on exit."""
+        if not layout.is_s3(uri):
+            yield os.path.abspath(uri)
+            return
+        with tempfile.TemporaryDirectory(prefix="cyclecrawl-") as folder:
+            local = os.path.join(folder, os.path.basename(uri))
+            filesystem, path = self.filesystem(uri)
+            with filesystem.open_input_stream(path, compression=None) as source, open(local, "wb") as target:
+                shutil.copyfileobj(source, target, COPY_CHUNK_BYTES)
+            yield local
+
+
+LOCAL = Storage()  # a local root needs no settings
