@@ -1,7 +1,8 @@
 """`crawl demo`: a full local crawl of the bundled demo site farm, judged from the farm's own request log.
 
-Starts the farm on loopback, runs N cycles with one in-process daemon, stops everything it started and
-prints a short report. Exit status is non-zero on any politeness or robots violation.
+Starts the farm on loopback, runs N cycles with one in-process daemon, stops everything it started, writes each
+cycle's HTML report (`crawl report`), validates every table (`crawl validate`) and prints a short report. Exit
+status is non-zero on any politeness or robots violation or failed expectation.
 """
 
 from __future__ import annotations
@@ -149,6 +150,8 @@ def measure(spark, conf: Config, root: str, farm, cycles: int, farm_log: Path) -
 
 def run_demo(conf: Config, root: str, cycles: int | None = None) -> int:
     from fetchd.sitefarm import FarmSpec, SiteFarm
+    from jobs import report as cycle_report
+    from jobs import validate
     from jobs.base import spark_session
     from jobs.cycle import run_cycle
 
@@ -167,12 +170,19 @@ def run_demo(conf: Config, root: str, cycles: int | None = None) -> int:
         seeds.write_text("".join(f"{url}\n" for url in farm.seed_urls()))
         print(f"demo: farm of {conf['demo.hosts']} hosts on 127.0.0.1:{farm.port}; crawling into {root}", flush=True)
         spark = spark_session(conf, app_name="crawl-demo")
+        segments = []
         for number in range(1, cycles + 1):
             report = run_cycle(spark, conf, root, seeds=str(seeds) if number == 1 else None)
             print(report.render(number), flush=True)
+            segments += [report.segment_id] if report.segment_id else []
     finally:
         farm.stop()
     print(f"demo: crawl data in {os.path.abspath(root)} (farm log: {farm_dir / 'requests.jsonl'})", flush=True)
+    for segment_id in segments:
+        path = cycle_report.write_report(cycle_report.build(spark, conf, root, segment_id), root)
+        print(f"demo: cycle report {path}", flush=True)
+    validation = validate.run(spark, conf, root)
+    print(validation.summary(), flush=True)
     figures = measure(spark, conf, root, farm, cycles, farm_dir / "requests.jsonl")
     print(figures.render(), flush=True)
-    return 1 if figures.violations or figures.robots_violations else 0
+    return 1 if figures.violations or figures.robots_violations or not validation.success else 0

@@ -156,6 +156,10 @@ def test_demo_command_end_to_end(tmp_path):
     assert set(fields) == {"fetched", "hosts", "warc_files", "delay", "violations"}
     assert int(fields["fetched"]) > 3 and int(fields["hosts"]) == 3 and fields["violations"] == "0"
     assert (root / "sitefarm" / "requests.jsonl").exists()
+    assert "validate: passed" in result.stdout  # every table's expectations hold after a real crawl
+    assert len(list((root / "validation").glob("*/data_docs/index.html"))) == 1
+    reports = list((root / "reports").glob("*.html"))
+    assert len(reports) == 2 and all("<svg" in path.read_text() for path in reports)
 
 
 def test_stats_counts_every_table_by_status(spark, crawled):
