@@ -1,0 +1,230 @@
+"""Airflow 3 DAG `crawl_cycle`: one crawl cycle per run (DESIGN.md §5), with the fetch left to the daemons.
+
+    inject -> generate -> fetch -> {await_daemons | fetch_segment} -> parse -> dedup -> update -> validate
+           -> maintenance_due -> maintain
+
+Every Spark step is `crawl-submit [--master M] -- <crawl command>`, one spark-submit per step, so the same DAG
+drives `local[*]` on one machine and a cluster master; the scheduler's workers need the cyclecrawl package
+(for `crawl`, `crawl-submit` and the fetch sensor) but no JVM of their own beyond spark-submit's driver.
+Deployment defaults come from the environment (CYCLECRAWL_*, read when the file is parsed); each run's
+params (or its conf) override them.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from datetime import datetime, timedelta, timezone
+from typing import Any
+
+from airflow.providers.standard.operators.bash import BashOperator
+from airflow.sdk import DAG, BaseSensorOperator, Param, PokeReturnValue, task
+from airflow.sdk.exceptions import AirflowSensorTimeout
+
+log = logging.getLogger(__name__)
+
+SCHEDULE = os.environ.get("CYCLECRAWL_SCHEDULE", "@hourly")
+RETRIES = int(os.environ.get("CYCLECRAWL_RETRIES", "3"))
+POKE_INTERVAL_S = float(os.environ.get("CYCLECRAWL_POKE_INTERVAL_S", "60"))
+MAINTAIN_HOUR_UTC = int(os.environ.get("CYCLECRAWL_MAINTAIN_HOUR", "3"))
+FETCH_MODES = ("daemons", "task")
+EXIT_TIMEOUT = 124  # what coreutils `timeout` exits with when the deadline killed the command
+
+# Every step: retried with exponential backoff (1, 2, 4 ... min, at most 30 min apart); each Spark step is
+# idempotent (Delta MERGE, segment-keyed overwrites), so a retry after a lost executor or a flaky cluster
+# submission redoes only that step.
+DEFAULT_ARGS = {
+    "owner": "cyclecrawl",
+    "retries": RETRIES,
+    "retry_delay": timedelta(minutes=1),
+    "retry_exponential_backoff": 2.0,
+    "max_retry_delay": timedelta(minutes=30),
+}
+
+# Values every command line needs, handed to bash as environment variables (no shell quoting of paths).
+STEP_ENV = {
+    "CRAWL_ROOT": "{{ params.root or '' }}",
+    "CRAWL_CONFIG": "{{ params.config or '' }}",
+    "SPARK_MASTER": "{{ params.spark_master or '' }}",
+    "SEGMENT": "{{ segment_id(dag_run) }}",
+    "SEEDS": "{{ params.seeds or '' }}",
+    "SEGMENT_MAX_URLS": "{{ params.segment_max_urls if params.segment_max_urls is not none else '' }}",
+    "FETCH_DEADLINE_S": "{{ (params.fetch_deadline_minutes * 60) | int }}",
+    "VALIDATION_OUT": "{{ params.validation_out or '' }}",
+}
+CONFIG_ARGS = '${CRAWL_ROOT:+--root "$CRAWL_ROOT"} ${CRAWL_CONFIG:+--config "$CRAWL_CONFIG"}'
+SUBMIT = 'crawl-submit ${SPARK_MASTER:+--master "$SPARK_MASTER"} --'
+
+
+def segment_id(dag_run: Any) -> str:
+    """The run's segment: `crawl generate`'s own default id (seg-<UTC time>) at the run's logical date, or at
+    its run_after for a manual run without one. The same on every retry of the run, and time-ordered, which is
+    the order the daemons work through pending segments in."""
+    from crawler import layout
+    from jobs.generate import default_segment_id
+
+    return layout.check_segment_id(default_segment_id(dag_run.logical_date or dag_run.run_after))
+
+
+def segment_progress(params: dict[str, Any], dag_run: Any) -> Any:
+    """The run's segment's `fetchd.progress.SegmentProgress`, under the root and config the crawl commands use
+    (the `root` param over storage.root of the `config` file; its s3.* keys for an s3:// root)."""
+    from crawler import config as config_mod
+    from fetchd import progress
+
+    conf = config_mod.load(params.get("config") or None)
+    if params.get("root"):
+        conf = conf.with_overrides({"storage.root": params["root"]})
+    return progress.segment_progress(conf["storage.root"], segment_id(dag_run), conf)
+
+
+def spark_step(task_id: str, command: str, doc_md: str, **kwargs: Any) -> BashOperator:
+    return BashOperator(task_id=task_id, bash_command=f"{SUBMIT} {command} {CONFIG_ARGS}", env=STEP_ENV,
+                        append_env=True, doc_md=doc_md, **kwargs)
+
+
+class SegmentFetchedSensor(BaseSensorOperator):
+    """Waits until every bucket of the run's segment that has a fetch list has its `_DONE.json` manifest.
+
+    At the fetch deadline it does not fail: it logs the unfinished buckets, returns them (XCom) and the cycle
+    goes on with what was fetched."""
+
+    template_fields = ("deadline_minutes",)
+
+    def __init__(self, *, deadline_minutes: str, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.deadline_minutes = deadline_minutes
+
+    def poke(self, context: Any) -> PokeReturnValue:
+        progress = segment_progress(context["params"], context["dag_run"])
+        self.log.info("segment %s: %d of %d buckets done", segment_id(context["dag_run"]), len(progress.done),
+                      len(progress.listed))
+        return PokeReturnValue(is_done=progress.complete, xcom_value=[])
+
+    def execute(self, context: Any) -> list[int]:
+        # The deadline is a run param, known only now; the base class measures it from the first poke.
+        self.timeout = float(self.deadline_minutes) * 60
+        try:
+            return super().execute(context)
+        except AirflowSensorTimeout:
+            progress = segment_progress(context["params"], context["dag_run"])
+            self.log.warning("fetch deadline of %s min reached: going on without buckets %s (their URLs come "
+                             "back when their leases expire)", self.deadline_minutes, progress.unfinished)
+            return progress.unfinished
+
+
+with DAG(
+    dag_id="crawl_cycle",
+    description="inject -> generate -> fetch -> parse -> dedup -> update -> validate (-> maintain)",
+    schedule=SCHEDULE,
+    start_date=datetime(2025, 1, 1, tzinfo=timezone.utc),
+    catchup=False,
+    max_active_runs=1,  # cycles must not overlap: each one's generate leases what the previous one updated
+    default_args=DEFAULT_ARGS,
+    user_defined_macros={"segment_id": segment_id},
+    tags=["cyclecrawl"],
+    params={
+        "config": Param(os.environ.get("CYCLECRAWL_CONFIG", ""), type="string",
+                        description="YAML config file (absolute path) for every crawl command; empty = defaults"),
+        "root": Param(os.environ.get("CYCLECRAWL_ROOT", ""), type="string",
+                      description="storage root (local folder or s3://...); empty = storage.root of the config"),
+        "segment_max_urls": Param(None, type=["null", "integer"], minimum=1,
+                                  description="generate.segment_max_urls for this run; empty = the config's"),
+        "spark_master": Param(os.environ.get("CYCLECRAWL_SPARK_MASTER", ""), type="string",
+                              description="Spark master URL for crawl-submit; empty = spark.master of the config"),
+        "seeds": Param("", type="string", description="seeds file to inject first (absolute path); empty = none"),
+        "fetch_mode": Param(os.environ.get("CYCLECRAWL_FETCH_MODE", "daemons"), enum=list(FETCH_MODES),
+                            description="daemons: wait for the long-running fetch daemons; "
+                                        "task: run a bounded `crawl fetch` here (local demo)"),
+        "fetch_deadline_minutes": Param(45, type="number", exclusiveMinimum=0,
+                                        description="the fetch step goes on without unfinished buckets after this"),
+        "validation_out": Param("", type="string",
+                                description="local folder for crawl validate's report and Data Docs; "
+                                            "empty = ROOT/validation (an s3:// root's too)"),
+        "maintain": Param("auto", enum=["auto", "always", "never"],
+                          description=f"auto: maintain in the run whose time is {MAINTAIN_HOUR_UTC}:00-59 UTC"),
+    },
+    doc_md=__doc__,
+) as dag:
+    inject = BashOperator(
+        task_id="inject",
+        bash_command=(f'if [ -z "$SEEDS" ]; then echo "no seeds file: nothing to inject"; exit 99; fi\n'
+                      f'{SUBMIT} inject --seeds "$SEEDS" {CONFIG_ARGS}'),
+        env=STEP_ENV, append_env=True,
+        doc_md="`crawl inject --seeds` when the run has a seeds file (it also probes the seeds' sitemaps); "
+               "skipped otherwise.",
+    )
+    generate = spark_step(
+        "generate",
+        'generate --segment "$SEGMENT" ${SEGMENT_MAX_URLS:+--set generate.segment_max_urls="$SEGMENT_MAX_URLS"}',
+        "`crawl generate --segment seg-<run time>`: due URLs into the segment's fetch lists, leased to it.",
+        trigger_rule="none_failed",  # runs after a skipped inject
+    )
+
+    @task.branch(task_id="fetch", doc_md="Chooses the fetch by the `fetch_mode` param; skips the rest of the "
+                                         "cycle when generate found nothing due (no fetch list).")
+    def choose_fetch(params: dict[str, Any], dag_run: Any) -> str | None:
+        if not segment_progress(params, dag_run).listed:
+            log.info("nothing was due: no fetch list, nothing to fetch, parse or update")
+            return None
+        return "await_daemons" if params["fetch_mode"] == "daemons" else "fetch_segment"
+
+    await_daemons = SegmentFetchedSensor(
+        task_id="await_daemons",
+        deadline_minutes="{{ params.fetch_deadline_minutes }}",
+        mode="reschedule",  # frees the worker slot between pokes
+        poke_interval=POKE_INTERVAL_S,
+        doc_md="""Waits for the long-running fetch daemons (`crawl fetchd` / `fetchd serve`, run as services)
+to write `_DONE.json` in every bucket of the segment that has a fetch list.
+
+At `fetch_deadline_minutes` after its first poke it does **not** fail: it logs the unfinished buckets,
+returns them as its XCom and the cycle goes on with what was fetched. The unfinished buckets' URLs are not
+lost: update completes only the URLs with results; the others keep their lease until it expires
+(generate.lease_seconds) and a later generate selects them again. A daemon still fetching such a bucket goes
+on, but parse has read the segment already, so this run does not fold in those late results.""",
+    )
+    fetch_segment = BashOperator(
+        task_id="fetch_segment",
+        bash_command=(f'timeout --kill-after=60 "$FETCH_DEADLINE_S" crawl fetch --segment "$SEGMENT" {CONFIG_ARGS}'
+                      f' || {{ status=$?; [ $status -eq {EXIT_TIMEOUT} ] || exit $status;'
+                      ' echo "fetch deadline reached: going on with what was fetched"; }'),
+        env=STEP_ENV, append_env=True,
+        doc_md="""`crawl fetch --segment S` in the worker: one daemon fetches the segment's buckets and exits
+(the local demo, no daemons running). Bounded by `fetch_deadline_minutes`; at the deadline the fetch is
+stopped and the cycle goes on (the unfinished buckets' URLs come back through lease expiry, as with daemons).""",
+    )
+    parse = spark_step(
+        "parse", 'parse --segment "$SEGMENT"',
+        "`crawl parse`: the segment's WARC records into pages and links.",
+        trigger_rule="none_failed_min_one_success",  # after whichever fetch ran
+    )
+    dedup = spark_step(
+        "dedup", 'dedup --segment "$SEGMENT"',
+        "`crawl dedup`: marks exact and near duplicates; before update, which copies duplicate_of into events.",
+    )
+    update = spark_step(
+        "update", 'update --segment "$SEGMENT"',
+        "`crawl update`: results, discoveries and host state merged into the tables (idempotent MERGE).",
+    )
+    validate = spark_step(
+        "validate", 'validate ${VALIDATION_OUT:+--out "$VALIDATION_OUT"}',
+        "`crawl validate`: Great Expectations suites over the tables; a failed expectation fails the run here.",
+    )
+
+    @task.short_circuit(task_id="maintenance_due", trigger_rule="none_failed",
+                        doc_md=f"Lets maintain run once a day (the run at {MAINTAIN_HOUR_UTC}:xx UTC) or as the "
+                               "`maintain` param says; inside the cycle so it never races a cycle's writes.")
+    def maintenance_due(params: dict[str, Any], dag_run: Any) -> bool:
+        if params["maintain"] != "auto":
+            return params["maintain"] == "always"
+        moment = (dag_run.logical_date or dag_run.run_after).astimezone(timezone.utc)
+        return moment.hour == MAINTAIN_HOUR_UTC
+
+    maintain = spark_step(
+        "maintain", "maintain",
+        "`crawl maintain`: OPTIMIZE, VACUUM (retention from config) and statistics of every table.",
+    )
+
+    fetch = choose_fetch()
+    inject >> generate >> fetch >> [await_daemons, fetch_segment] >> parse >> dedup >> update >> validate
+    validate >> maintenance_due() >> maintain
