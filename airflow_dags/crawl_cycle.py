@@ -66,16 +66,30 @@ def segment_id(dag_run: Any) -> str:
     return layout.check_segment_id(default_segment_id(dag_run.logical_date or dag_run.run_after))
 
 
-def segment_progress(params: dict[str, Any], dag_run: Any) -> Any:
-    """The run's segment's `fetchd.progress.SegmentProgress`, under the root and config the crawl commands use
-    (the `root` param over storage.root of the `config` file; its s3.* keys for an s3:// root)."""
+def crawl_conf(params: dict[str, Any]) -> Any:
+    """The config the crawl commands use: the `config` file, with the `root` param over its storage.root (its
+    s3.* keys serve an s3:// root)."""
     from crawler import config as config_mod
-    from fetchd import progress
 
     conf = config_mod.load(params.get("config") or None)
-    if params.get("root"):
-        conf = conf.with_overrides({"storage.root": params["root"]})
+    return conf.with_overrides({"storage.root": params["root"]}) if params.get("root") else conf
+
+
+def segment_progress(params: dict[str, Any], dag_run: Any) -> Any:
+    """The run's segment's `fetchd.progress.SegmentProgress`."""
+    from fetchd import progress
+
+    conf = crawl_conf(params)
     return progress.segment_progress(conf["storage.root"], segment_id(dag_run), conf)
+
+
+def close_segment(params: dict[str, Any], dag_run: Any, reason: str) -> Any:
+    """Write the run's segment's `_CLOSED.json` (`fetchd.progress.close_segment`): the daemons release its
+    unfinished buckets. The `SegmentProgress` it was closed with."""
+    from fetchd import progress
+
+    conf = crawl_conf(params)
+    return progress.close_segment(conf["storage.root"], segment_id(dag_run), reason, conf)
 
 
 def spark_step(task_id: str, command: str, doc_md: str, **kwargs: Any) -> BashOperator:
@@ -86,8 +100,9 @@ def spark_step(task_id: str, command: str, doc_md: str, **kwargs: Any) -> BashOp
 class SegmentFetchedSensor(BaseSensorOperator):
     """Waits until every bucket of the run's segment that has a fetch list has its `_DONE.json` manifest.
 
-    At the fetch deadline it does not fail: it logs the unfinished buckets, returns them (XCom) and the cycle
-    goes on with what was fetched."""
+    At the fetch deadline it does not fail: it closes the segment (`_CLOSED.json`, so the daemons release its
+    unfinished buckets), logs the unfinished buckets, returns them (XCom) and the cycle goes on with what was
+    fetched. A segment found closed already (a cleared and rerun task) is not waited for."""
 
     template_fields = ("deadline_minutes",)
 
@@ -97,9 +112,9 @@ class SegmentFetchedSensor(BaseSensorOperator):
 
     def poke(self, context: Any) -> PokeReturnValue:
         progress = segment_progress(context["params"], context["dag_run"])
-        self.log.info("segment %s: %d of %d buckets done", segment_id(context["dag_run"]), len(progress.done),
-                      len(progress.listed))
-        return PokeReturnValue(is_done=progress.complete, xcom_value=[])
+        self.log.info("segment %s: %d of %d buckets done%s", segment_id(context["dag_run"]), len(progress.done),
+                      len(progress.listed), " (closed: no daemon fetches the others)" if progress.closed else "")
+        return PokeReturnValue(is_done=progress.complete or progress.closed, xcom_value=progress.unfinished)
 
     def execute(self, context: Any) -> list[int]:
         # The deadline is a run param, known only now; the base class measures it from the first poke.
@@ -107,9 +122,11 @@ class SegmentFetchedSensor(BaseSensorOperator):
         try:
             return super().execute(context)
         except AirflowSensorTimeout:
-            progress = segment_progress(context["params"], context["dag_run"])
-            self.log.warning("fetch deadline of %s min reached: going on without buckets %s (their URLs come "
-                             "back when their leases expire)", self.deadline_minutes, progress.unfinished)
+            progress = close_segment(context["params"], context["dag_run"],
+                                     f"fetch deadline of {self.deadline_minutes} min reached ({self.task_id})")
+            self.log.warning("fetch deadline of %s min reached: segment closed, going on without buckets %s (the "
+                             "daemons release them; their URLs come back when their leases expire)",
+                             self.deadline_minutes, progress.unfinished)
             return progress.unfinished
 
 
@@ -177,21 +194,29 @@ with DAG(
         doc_md="""Waits for the long-running fetch daemons (`crawl fetchd` / `fetchd serve`, run as services)
 to write `_DONE.json` in every bucket of the segment that has a fetch list.
 
-At `fetch_deadline_minutes` after its first poke it does **not** fail: it logs the unfinished buckets,
-returns them as its XCom and the cycle goes on with what was fetched. The unfinished buckets' URLs are not
-lost: update completes only the URLs with results; the others keep their lease until it expires
-(generate.lease_seconds) and a later generate selects them again. A daemon still fetching such a bucket goes
-on, but parse has read the segment already, so this run does not fold in those late results.""",
+At `fetch_deadline_minutes` after its first poke it does **not** fail: it closes the segment (writes
+`ROOT/segments/<id>/_CLOSED.json` with the unfinished buckets), logs the unfinished buckets, returns them as
+its XCom and the cycle goes on with what was fetched. A daemon still fetching such a bucket notices the marker
+within `fetch.poll_interval_s` and stops it as on SIGTERM: no new requests, requests in flight get
+`ownership.shutdown_grace_s`, results so far published, lease released, no `_DONE.json`; no daemon starts a
+closed segment's bucket. The unfinished buckets' URLs are not lost: update completes only the URLs with
+results; the others keep their lease until it expires (generate.lease_seconds) and a later generate selects
+them again. A segment already closed when the sensor starts (a cleared task) is not waited for.""",
     )
     fetch_segment = BashOperator(
         task_id="fetch_segment",
         bash_command=(f'timeout --kill-after=60 "$FETCH_DEADLINE_S" crawl fetch --segment "$SEGMENT" {CONFIG_ARGS}'
                       f' || {{ status=$?; [ $status -eq {EXIT_TIMEOUT} ] || exit $status;'
-                      ' echo "fetch deadline reached: going on with what was fetched"; }'),
+                      ' echo "fetch deadline reached: closing the segment, going on with what was fetched";'
+                      ' crawl close-segment --segment "$SEGMENT" --reason "fetch deadline reached (fetch_segment)"'
+                      f' {CONFIG_ARGS}; }}'),
         env=STEP_ENV, append_env=True,
         doc_md="""`crawl fetch --segment S` in the worker: one daemon fetches the segment's buckets and exits
-(the local demo, no daemons running). Bounded by `fetch_deadline_minutes`; at the deadline the fetch is
-stopped and the cycle goes on (the unfinished buckets' URLs come back through lease expiry, as with daemons).""",
+(the local demo, no daemons running). Bounded by `fetch_deadline_minutes`: at the deadline `timeout` sends
+SIGTERM, and the fetch stops as a daemon does (requests in flight get `ownership.shutdown_grace_s`, results
+published, WARC files closed, leases released, no `_DONE.json` for an unfinished bucket); then
+`crawl close-segment` writes `_CLOSED.json` and the cycle goes on (the unfinished buckets' URLs come back
+through lease expiry, as with daemons).""",
     )
     parse = spark_step(
         "parse", 'parse --segment "$SEGMENT"',

@@ -7,10 +7,17 @@
     ROOT/segments/<segment_id>/robots/bucket=NNNNN/        robots.txt observations Parquet
     ROOT/segments/<segment_id>/cdxj/bucket=NNNNN/          <warc name>.cdxj: one CDXJ file per closed WARC file
                                                            (written by `crawl index`)
+    ROOT/segments/<segment_id>/_CLOSED.json                the cycle stopped waiting for the segment (its fetch
+                                                           deadline): no daemon starts or goes on with its buckets
 
 CDXJ files live in their own folder, not next to the WARC files: the daemon owns its warc/ folder (its resume
 removes and renames files there), and a replay tool can be pointed at cdxj/ alone. The WARC paths a CDXJ line
 names (`filename`) are relative to ROOT, like every `warc_filename` column.
+
+`_CLOSED.json` (closed_at, reason, the buckets unfinished then) is written by the scheduler when it goes on
+without the segment's unfinished buckets (`fetchd.progress.close_segment`). A daemon fetching one of them stops
+it as on SIGTERM (results so far published, lease released, no `_DONE.json`); its URLs come back to generate
+when their leases expire.
 
 Paths are plain strings joined with "/" so the same code serves local folders and s3:// roots.
 """
@@ -23,6 +30,7 @@ import re
 TABLES = ("urls", "hosts", "fetches", "pages", "links", "index_events", "segments", "records")
 BUCKET_DIR = re.compile(r"^bucket=(\d{5})$")
 DONE_MANIFEST = "_DONE.json"
+CLOSED_MARKER = "_CLOSED.json"
 SEGMENT_ID = re.compile(r"^[A-Za-z0-9_.\-]+$")  # a segment id names a folder and goes into SQL predicates
 OPEN_SUFFIX = ".open"
 
@@ -99,6 +107,10 @@ def cdxj_filename(warc_filename: str) -> str:
 
 def done_manifest(root: str, segment_id: str, bucket: int) -> str:
     return join(fetched_dir(root, segment_id, bucket), DONE_MANIFEST)
+
+
+def closed_marker(root: str, segment_id: str) -> str:
+    return join(segment_dir(root, segment_id), CLOSED_MARKER)
 
 
 def parse_bucket_dirname(name: str) -> int | None:

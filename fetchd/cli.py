@@ -2,6 +2,7 @@
 
     fetchd serve --root R [--config F] [--set k=v]...      watch R/segments and fetch new buckets until SIGTERM
     fetchd fetch --segment S --root R [--bucket N]...     fetch one segment's pending buckets, then exit
+                                                          (SIGTERM/SIGINT: stop cleanly, exit 128 + signal)
 
 A bad config key or value exits with code 2 and a message naming the key.
 """
@@ -48,7 +49,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     summary = daemon.fetch_segment(conf, root, args.segment, args.buckets)
     print(json.dumps(summary, sort_keys=True))
-    return 0
+    return daemon.exit_status(summary)
 
 
 if __name__ == "__main__":

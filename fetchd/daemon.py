@@ -8,6 +8,8 @@ its rows point into, published in batches after the WARC is synced (`fetchd.outp
 `_DONE.json` manifest when the bucket is finished. A daemon fetches only buckets it owns (`fetchd.ownership`);
 a bucket without `_DONE.json` is resumed by its next owner, which fetches only the URLs not yet reported. On an
 s3:// root the same files are written in a staging folder and uploaded as they are published (`fetchd.storage`).
+A closed segment (`_CLOSED.json`, `fetchd.progress.close_segment`) has no pending buckets; a bucket being fetched
+when it is closed stops as on SIGTERM, without `_DONE.json`.
 """
 
 from __future__ import annotations
@@ -92,10 +94,16 @@ def fetchlist_buckets(root: str | LocalStore, segment_id: str) -> list[int]:
     return _store(root).fetchlist_buckets(segment_id)
 
 
-def pending_buckets(root: str | LocalStore, segment_id: str) -> list[int]:
+def unfinished_buckets(root: str | LocalStore, segment_id: str) -> list[int]:
     """Buckets of a segment that have a fetch list and no `_DONE.json` yet."""
     store = _store(root)
     return [b for b in store.fetchlist_buckets(segment_id) if not store.is_done(segment_id, b)]
+
+
+def pending_buckets(root: str | LocalStore, segment_id: str) -> list[int]:
+    """The unfinished buckets a daemon may fetch: none once the segment is closed (`_CLOSED.json`)."""
+    store = _store(root)
+    return [] if store.is_closed(segment_id) else unfinished_buckets(store, segment_id)
 
 
 @dataclass
@@ -132,6 +140,7 @@ class Daemon:
         self.metrics = Metrics()
         self.outcomes = self.metrics.outcomes
         self.segment_id: str | None = None  # the segment being (or last) fetched, for `/status`
+        self.segment_closed = False          # the segment being fetched was closed: its bucket runs stop
         self.runs: list[BucketRun] = []      # its buckets, kept after they finish so `/status` shows them
         self.metrics_server: MetricsServer | None = None
         self.lease_store: LeaseStore = self.store.lease_store(conf, self.daemon_id)
@@ -225,6 +234,24 @@ class Daemon:
             "hostname": socket.gethostname(),
         }
 
+    def stopping(self) -> bool:
+        """Whether bucket runs must stop as on SIGTERM: the daemon is stopping, or the cycle closed the segment."""
+        return self.stop.is_set() or self.segment_closed
+
+    async def watch_closed(self, segment_id: str) -> None:
+        """Look for the segment's `_CLOSED.json` every `fetch.poll_interval_s` (off the event loop: a HEAD on
+        S3); once it is there, the segment's bucket runs stop."""
+        while True:
+            await asyncio.sleep(self.conf["fetch.poll_interval_s"])
+            try:
+                closed = await asyncio.to_thread(self.store.is_closed, segment_id)
+            except OSError as exc:  # storage trouble: the bucket runs notice it themselves; look again later
+                log.warning("cannot look whether segment %s is closed: %s", segment_id, exc)
+                continue
+            if closed:
+                self.segment_closed = True
+                return
+
     async def progress_loop(self) -> None:
         interval = self.conf["fetch.progress_interval_s"]
         while True:
@@ -238,12 +265,13 @@ class Daemon:
         """Fetch the given buckets of a segment (each must be owned: `acquire`) concurrently, resuming what an
         earlier run left; the manifests of those that finished."""
         share = max(1, self.conf["fetch.max_queued_urls"] // max(1, len(buckets)))  # queued rows per bucket run
-        self.segment_id, self.runs = segment_id, []
-        progress = asyncio.create_task(self.progress_loop())
+        self.segment_id, self.runs, self.segment_closed = segment_id, [], False
+        watchers = [asyncio.create_task(self.progress_loop()), asyncio.create_task(self.watch_closed(segment_id))]
         try:
             manifests = await asyncio.gather(*(self._fetch_bucket(segment_id, b, share) for b in buckets))
         finally:
-            progress.cancel()
+            for watcher in watchers:
+                watcher.cancel()
             self.log_progress()
         return [m for m in manifests if m is not None]
 
@@ -254,7 +282,7 @@ class Daemon:
         pause = self.conf["fetch.storage_retry_s"]
         while True:
             lease = self.leases.get(bucket)
-            if lease is None or lease.fenced() or self.stop.is_set():  # lost since it was claimed, or stopping
+            if lease is None or lease.fenced() or self.stopping():  # lost since it was claimed, or stopping
                 return None
             try:
                 await asyncio.to_thread(self.store.prepare_bucket, segment_id, bucket)
@@ -279,7 +307,7 @@ class Daemon:
             try:
                 while not await self._storage_works(segment_id, bucket, pause, lease):
                     pause = min(pause * 2, self.conf["fetch.storage_retry_max_s"])
-                    if lease.fenced() or self.stop.is_set():
+                    if lease.fenced() or self.stopping():
                         return None
             finally:
                 self.metrics.storage_paused -= 1
@@ -288,7 +316,7 @@ class Daemon:
     async def _storage_works(self, segment_id: str, bucket: int, pause: float, lease: Lease) -> bool:
         """Wait `pause` seconds (less if the daemon stops or the lease goes), then try a small durable write where
         the bucket's results go."""
-        await _sleep(pause, lambda: self.stop.is_set() or lease.fenced())
+        await _sleep(pause, lambda: self.stopping() or lease.fenced())
         probe = layout.join(layout.fetched_dir(self.root, segment_id, bucket), ".storage-probe.tmp")
         try:
             os.makedirs(os.path.dirname(probe), exist_ok=True)
@@ -375,9 +403,10 @@ class BucketRun:
                 self.add(row)
 
     def should_stop(self) -> bool:
-        """Whether to stop handing out work: the daemon is stopping, the bucket's lease is lost (fenced), or its
-        files cannot be written. An unfinished bucket is resumed from what was published or recorded in the WARC."""
-        return self.d.stop.is_set() or self.lease.fenced() or self.storage_error is not None
+        """Whether to stop handing out work: the daemon is stopping, the segment was closed, the bucket's lease is
+        lost (fenced), or its files cannot be written. An unfinished bucket is resumed from what was published or
+        recorded in the WARC."""
+        return self.d.stopping() or self.lease.fenced() or self.storage_error is not None
 
     def _storage_failed(self, exc: OSError) -> None:
         """A write of this bucket's files failed: stop (the daemon pauses the bucket and resumes it later)."""
@@ -460,18 +489,26 @@ class BucketRun:
             return None
         if unread or self.sched.unfinished():
             self.out.close_current()
-            log.info("bucket %05d of %s: stopped before finishing; results so far are published and the next run "
-                     "resumes it", self.bucket, self.segment_id)
+            # On S3, up now, while the lease holds: uploads after its release count as fenced and are skipped.
+            await asyncio.to_thread(self.d.store.upload_bucket, self.segment_id, self.bucket, self.lease.fenced)
+            if self.d.segment_closed:
+                log.warning("bucket %05d of %s: released unfinished because the segment was closed (%s); results "
+                            "so far are published, its other URLs come back when their leases expire",
+                            self.bucket, self.segment_id, layout.CLOSED_MARKER)
+            else:
+                log.info("bucket %05d of %s: stopped before finishing; results so far are published and the next "
+                         "run resumes it", self.bucket, self.segment_id)
             return None
         return await self._finish(started)
 
     async def _drain(self) -> None:
         """Let the requests in flight end. Once the lease is fenced they are cancelled at once; when the daemon
-        is stopping they get `ownership.shutdown_grace_s` and are then cancelled (their URLs stay unreported)."""
+        is stopping (or the segment was closed) they get `ownership.shutdown_grace_s` and are then cancelled
+        (their URLs stay unreported)."""
         grace_ends = time.monotonic() + self.conf["ownership.shutdown_grace_s"]
         while self.tasks:
             over = (self.lease.fenced() or self.storage_error is not None
-                    or (self.d.stop.is_set() and time.monotonic() >= grace_ends))
+                    or (self.d.stopping() and time.monotonic() >= grace_ends))
             if over:
                 for task in self.tasks:
                     task.cancel()
@@ -826,9 +863,37 @@ def _summary(segment_id: str, manifests: list[dict[str, Any]], skipped: list[int
     }
 
 
-async def _fetch_segment(conf: Config, store: LocalStore, segment_id: str,
-                         buckets: list[int]) -> tuple[list[dict[str, Any]], list[int]]:
-    daemon = Daemon(conf, store.root, store=store)
+@contextlib.contextmanager
+def _stop_on_signals(stop: threading.Event) -> Iterator[list[int]]:
+    """While inside, SIGTERM and SIGINT set `stop` instead of killing the process (in the main thread only, the
+    one Python delivers signals to); yields the signals received, in order."""
+    received: list[int] = []
+    previous: dict[int, Any] = {}
+
+    def handle(signum: int, _frame: Any) -> None:
+        received.append(signum)
+        stop.set()
+
+    if threading.current_thread() is threading.main_thread():
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            previous[signum] = signal.signal(signum, handle)
+    try:
+        yield received
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+
+
+def exit_status(summary: dict[str, Any]) -> int:
+    """A fetch command's exit status: 0, or 128 + the signal's number when a signal stopped it (the shell's
+    convention), so a caller sees the segment was left unfinished."""
+    stopped_by = summary.get("stopped_by")
+    return 128 + signal.Signals[stopped_by].value if stopped_by else 0
+
+
+async def _fetch_segment(conf: Config, store: LocalStore, segment_id: str, buckets: list[int],
+                         stop: threading.Event) -> tuple[list[dict[str, Any]], list[int]]:
+    daemon = Daemon(conf, store.root, stop, store=store)
     try:
         await daemon.open()
         owned = [b for b in buckets if daemon.acquire(b)]
@@ -842,23 +907,29 @@ async def _fetch_segment(conf: Config, store: LocalStore, segment_id: str,
 
 def fetch_segment(conf: Config, root: str, segment_id: str, buckets: list[int] | None = None) -> dict:
     """Fetch every bucket of the segment (or the given ones) that has no `_DONE.json` yet, to completion,
-    resuming what an earlier run left. Returns summary counts; buckets already done are listed in
-    `skipped_buckets` and left untouched, buckets another live daemon owns in `held_buckets`."""
-    store = open_store(conf, layout.normalize_root(root))
-    try:
-        requested = store.fetchlist_buckets(segment_id) if buckets is None else sorted(set(buckets))
-        pending = set(pending_buckets(store, segment_id))
-    except BaseException:
-        store.close()
-        raise
-    wanted = [b for b in requested if b in pending]
-    skipped = [b for b in requested if b not in pending]
-    if wanted:
-        manifests, held = asyncio.run(_fetch_segment(conf, store, segment_id, wanted))  # the daemon closes the store
-    else:
-        manifests, held = [], []
-        store.close()
-    return {**_summary(segment_id, manifests, skipped), "held_buckets": held}
+    resuming what an earlier run left. Returns summary counts; buckets already done (or all of a closed
+    segment's) are listed in `skipped_buckets` and left untouched, buckets another live daemon owns in
+    `held_buckets`. SIGTERM/SIGINT (in the main thread) stop it as they stop `serve`: requests in flight get
+    `ownership.shutdown_grace_s`, results are published, files closed, buckets released, no `_DONE.json` for
+    an unfinished bucket; `stopped_by` then names the signal."""
+    stop = threading.Event()
+    with _stop_on_signals(stop) as received:
+        store = open_store(conf, layout.normalize_root(root))
+        try:
+            requested = store.fetchlist_buckets(segment_id) if buckets is None else sorted(set(buckets))
+            pending = set(pending_buckets(store, segment_id))
+        except BaseException:
+            store.close()
+            raise
+        wanted = [b for b in requested if b in pending]
+        skipped = [b for b in requested if b not in pending]
+        if wanted:  # the daemon closes the store
+            manifests, held = asyncio.run(_fetch_segment(conf, store, segment_id, wanted, stop))
+        else:
+            manifests, held = [], []
+            store.close()
+    stopped_by = signal.Signals(received[0]).name if received else None
+    return {**_summary(segment_id, manifests, skipped), "held_buckets": held, "stopped_by": stopped_by}
 
 
 def pending_work(root: str | LocalStore) -> dict[int, list[str]]:
@@ -914,12 +985,5 @@ def serve(conf: Config, root: str, stop: threading.Event | None = None) -> None:
     requests in flight get `ownership.shutdown_grace_s`, results are published, files closed and the buckets
     released; whoever owns a bucket next resumes it."""
     stop = stop or threading.Event()
-    previous: dict[int, Any] = {}
-    if threading.current_thread() is threading.main_thread():
-        for signum in (signal.SIGTERM, signal.SIGINT):
-            previous[signum] = signal.signal(signum, lambda *_: stop.set())
-    try:
+    with _stop_on_signals(stop):
         asyncio.run(_serve(conf, layout.normalize_root(root), stop))
-    finally:
-        for signum, handler in previous.items():
-            signal.signal(signum, handler)

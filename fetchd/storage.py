@@ -23,6 +23,7 @@ with it and fetched again. Fetch lists are downloaded into the staging folder be
 from __future__ import annotations
 
 import concurrent.futures
+import json
 import logging
 import os
 import shutil
@@ -32,7 +33,7 @@ from typing import Any
 
 from crawler import layout
 from crawler.config import Config, s3_endpoint
-from fetchd.output import Fenced
+from fetchd.output import Fenced, write_json_atomic
 from fetchd.ownership import LeaseStore, S3LeaseStore, s3_errors
 from fetchd.warc import WARC_SUFFIX
 
@@ -69,6 +70,15 @@ class LocalStore:
 
     def is_done(self, segment_id: str, bucket: int) -> bool:
         return os.path.exists(layout.done_manifest(self.root, segment_id, bucket))
+
+    def is_closed(self, segment_id: str) -> bool:
+        return os.path.exists(layout.closed_marker(self.root, segment_id))
+
+    def close_segment(self, segment_id: str, payload: dict[str, Any]) -> None:
+        """Write the segment's `_CLOSED.json` (atomically: a reader sees all of it or nothing)."""
+        folder = layout.segment_dir(self.root, segment_id)
+        os.makedirs(folder, exist_ok=True)
+        write_json_atomic(payload, layout.closed_marker(self.root, segment_id))
 
     def lease_store(self, conf: Config, owner: str) -> LeaseStore:
         return LeaseStore(conf, self.root, owner)
@@ -169,19 +179,32 @@ class S3Store(LocalStore):
                  if "Prefix" in e]
         return sorted(b for b in map(layout.parse_bucket_dirname, names) if b is not None)
 
-    def is_done(self, segment_id: str, bucket: int) -> bool:
+    def _exists(self, local_path: str) -> bool:
+        """Whether the object of a path under the local root exists on S3 (one HEAD)."""
         from botocore.exceptions import ClientError
 
-        manifest = self.key(self._relative(layout.done_manifest(self.local_root, segment_id, bucket)))
         try:
             with s3_errors():
-                self.client.head_object(Bucket=self.bucket, Key=manifest)
+                self.client.head_object(Bucket=self.bucket, Key=self.key(self._relative(local_path)))
         except OSError as exc:
             if isinstance(exc.__cause__, ClientError) and exc.__cause__.response["Error"]["Code"] in (
                     "404", "NoSuchKey", "NotFound"):
                 return False
             raise
         return True
+
+    def is_done(self, segment_id: str, bucket: int) -> bool:
+        return self._exists(layout.done_manifest(self.local_root, segment_id, bucket))
+
+    def is_closed(self, segment_id: str) -> bool:
+        return self._exists(layout.closed_marker(self.local_root, segment_id))
+
+    def close_segment(self, segment_id: str, payload: dict[str, Any]) -> None:
+        """Put the segment's `_CLOSED.json` (a PUT is atomic on S3)."""
+        relkey = self._relative(layout.closed_marker(self.local_root, segment_id))
+        with s3_errors():
+            self.client.put_object(Bucket=self.bucket, Key=self.key(relkey), ContentType="application/json",
+                                   Body=json.dumps(payload, indent=2, sort_keys=True).encode("utf-8"))
 
     def lease_store(self, conf: Config, owner: str) -> LeaseStore:
         return S3LeaseStore(conf, self.root, owner, self.client, self.bucket, self.prefix)

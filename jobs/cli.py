@@ -60,6 +60,10 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--segment", required=True, help="segment id")
     p.add_argument("--out", help="HTML file to write (default: ROOT/reports/<segment>.html)")
     sub.add_parser("fetchd", parents=[common], help="run a long-lived fetch daemon watching ROOT/segments")
+    p = sub.add_parser("close-segment", parents=[common],
+                       help="write the segment's _CLOSED.json: daemons release its unfinished buckets")
+    p.add_argument("--segment", required=True, help="segment id")
+    p.add_argument("--reason", default="closed by crawl close-segment", help="why, recorded in the marker")
     return parser
 
 
@@ -99,10 +103,19 @@ def main(argv: list[str] | None = None) -> int:
     from jobs.cycle import describe
 
     if args.command == "fetch":
-        from fetchd.daemon import fetch_segment
+        from fetchd.daemon import exit_status, fetch_segment
 
         summary = fetch_segment(conf, root, args.segment)
         print(f"fetch: {describe(summary)}")
+        if summary["stopped_by"]:
+            print(f"fetch: stopped by {summary['stopped_by']}; unfinished buckets are resumed by the next fetch",
+                  file=sys.stderr)
+        return exit_status(summary)
+    if args.command == "close-segment":
+        from fetchd.progress import close_segment
+
+        progress = close_segment(root, args.segment, args.reason, conf)
+        print(f"close-segment: {args.segment} closed; unfinished buckets: {progress.unfinished}")
         return 0
     if args.command == "fetchd":
         from fetchd.daemon import serve

@@ -38,7 +38,7 @@ def make_buckets(root: str, segment_id: str, listed: list[int], done: list[int])
 def test_progress_counts_buckets_with_a_fetch_list_and_their_manifests(root):
     make_buckets(root, "seg-1", listed=[0, 3, 7], done=[3])
     progress = segment_progress(root, "seg-1")
-    assert progress == ([0, 3, 7], [3])
+    assert progress == ([0, 3, 7], [3], False)
     assert progress.unfinished == [0, 7] and not progress.complete
 
     make_buckets(root, "seg-1", listed=[], done=[0, 7])
@@ -48,12 +48,12 @@ def test_progress_counts_buckets_with_a_fetch_list_and_their_manifests(root):
 def test_progress_ignores_a_manifest_without_a_fetch_list(root):
     """A `_DONE.json` of a bucket generate never listed does not count (nor make an empty segment pending)."""
     make_buckets(root, "seg-1", listed=[1], done=[2])
-    assert segment_progress(root, "seg-1") == ([1], [])
+    assert segment_progress(root, "seg-1") == ([1], [], False)
 
 
 def test_progress_of_a_segment_with_nothing_due_is_complete(root):
     progress = segment_progress(root, "seg-empty")
-    assert progress == ([], []) and progress.complete
+    assert progress == ([], [], False) and progress.complete
 
 
 def test_progress_refuses_a_segment_id_that_leaves_its_folder(root):
@@ -75,7 +75,7 @@ def test_progress_of_an_s3_root_lists_the_daemons_s3_keys(base_conf, tmp_path):
         progress = segment_progress("s3://crawl/root", "seg-1", conf)
         with pytest.raises(ValueError):
             segment_progress("s3://crawl/root", "seg-1")  # no config: no endpoint or credentials to list with
-    assert progress == ([1, 4], [4]) and progress.unfinished == [1]
+    assert progress == ([1, 4], [4], False) and progress.unfinished == [1]
 
 
 @pytest.fixture(scope="module")
@@ -169,14 +169,25 @@ SENSOR_AT_DEADLINE = """
     """
 
 
-def test_sensor_at_its_deadline_returns_the_unfinished_buckets_instead_of_failing(airflow_env, tmp_path, root):
-    make_buckets(root, "seg-20260301T040000Z", listed=[0, 2, 5], done=[2])
+def test_sensor_at_its_deadline_closes_the_segment_and_returns_the_unfinished_buckets(airflow_env, tmp_path, root):
+    segment = "seg-20260301T040000Z"
+    make_buckets(root, segment, listed=[0, 2, 5], done=[2])
     found = run_airflow_script(airflow_env, tmp_path, SENSOR_AT_DEADLINE, str(DAGS), root, "0.003")
-    assert found == {"segment": "seg-20260301T040000Z", "returned": [0, 5]}
+    assert found == {"segment": segment, "returned": [0, 5]}
+    marker = json.loads(Path(layout.closed_marker(root, segment)).read_text())
+    assert marker["unfinished_buckets"] == [0, 5] and "deadline" in marker["reason"]
+    assert segment_progress(root, segment).closed
 
-    make_buckets(root, "seg-20260301T040000Z", listed=[], done=[0, 5])
+    # A closed segment is not waited for (a cleared task runs again): no daemon will finish it.
+    found = run_airflow_script(airflow_env, tmp_path, SENSOR_AT_DEADLINE, str(DAGS), root, "10")
+    assert found["returned"] == [0, 5]
+
+
+def test_sensor_returns_nothing_for_a_finished_segment_and_does_not_close_it(airflow_env, tmp_path, root):
+    make_buckets(root, "seg-20260301T040000Z", listed=[0, 2], done=[0, 2])
     found = run_airflow_script(airflow_env, tmp_path, SENSOR_AT_DEADLINE, str(DAGS), root, "10")
     assert found["returned"] == []
+    assert not os.path.exists(layout.closed_marker(root, "seg-20260301T040000Z"))
 
 
 DECISIONS = """
@@ -213,23 +224,39 @@ def test_dag_decisions_fetch_mode_nothing_due_and_maintenance_hour(airflow_env, 
                                  "never@3": False, "never@4": False}
 
 
-@pytest.mark.parametrize(("crawl_fetch", "deadline_s", "status"), [
-    ("exit 0", 10, 0),
-    ("exec sleep 30", 1, 0),  # stopped at the deadline: the cycle goes on
-    ("exit 3", 10, 3),        # a real failure still fails the task (and is retried)
-])
-def test_task_mode_fetch_is_bounded_by_the_deadline(airflow_env, tmp_path, crawl_fetch, deadline_s, status):
+CLOSE = 'crawl close-segment --segment seg-1 --reason fetch deadline reached (fetch_segment) --root /r\n'
+
+
+@pytest.mark.parametrize(("crawl_fetch", "deadline_s", "status", "close"), [
+    ("exit 0", 10, 0, ""),
+    ("exec sleep 30", 1, 0, CLOSE),  # stopped at the deadline: the segment is closed and the cycle goes on
+    ("exit 3", 10, 3, ""),           # a real failure still fails the task (and is retried)
+], ids=["finished", "deadline", "failed"])
+def test_task_mode_fetch_is_bounded_by_the_deadline(airflow_env, tmp_path, crawl_fetch, deadline_s, status, close):
     found = run_airflow_script(airflow_env, tmp_path, DECISIONS, str(DAGS), str(tmp_path))
     stub = tmp_path / "bin" / "crawl"
     stub.parent.mkdir()
-    stub.write_text(f"#!/bin/sh\necho \"crawl $*\" >> {tmp_path}/calls\n{crawl_fetch}\n")
+    stub.write_text(f"#!/bin/sh\necho \"crawl $*\" >> {tmp_path}/calls\n"
+                    f"[ \"$1\" = fetch ] || exit 0\n{crawl_fetch}\n")
     stub.chmod(0o755)
     env = {"PATH": f"{stub.parent}{os.pathsep}{os.environ['PATH']}", "FETCH_DEADLINE_S": str(deadline_s),
            "SEGMENT": "seg-1", "CRAWL_ROOT": "/r", "CRAWL_CONFIG": ""}
     result = subprocess.run(["bash", "-c", found["fetch_command"]], env=env, capture_output=True, text=True,
                             timeout=60)
     assert result.returncode == status, result.stdout + result.stderr
-    assert (tmp_path / "calls").read_text() == "crawl fetch --segment seg-1 --root /r\n"
+    assert (tmp_path / "calls").read_text() == "crawl fetch --segment seg-1 --root /r\n" + close
+
+
+def test_close_segment_command_writes_the_marker_once(root):
+    make_buckets(root, "seg-1", listed=[0, 1], done=[1])
+    command = [sys.executable, "-m", "jobs.cli", "close-segment", "--segment", "seg-1", "--root", root]
+    result = subprocess.run([*command, "--reason", "deadline"], cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert "unfinished buckets: [0]" in result.stdout
+    marker = json.loads(Path(layout.closed_marker(root, "seg-1")).read_text())
+    assert marker["reason"] == "deadline" and marker["unfinished_buckets"] == [0] and marker["closed_at"]
+    subprocess.run(command, cwd=REPO, check=True, capture_output=True, timeout=60)  # a retry keeps the first
+    assert json.loads(Path(layout.closed_marker(root, "seg-1")).read_text()) == marker
 
 
 RUN_CYCLE = """

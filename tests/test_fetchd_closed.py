@@ -1,0 +1,168 @@
+"""A closed segment (`_CLOSED.json`, written when the cycle stops waiting for it): a daemon fetching one of its
+buckets stops within a bounded time, as on SIGTERM (results so far published, WARC closed, lease released, no
+`_DONE.json`), and no daemon starts its buckets again. Judged from the farm's own request log, on a local root
+(`serve`) and on moto's S3 server (`fetch_segment`)."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import threading
+import time
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from crawler import layout
+from fetchd.daemon import fetch_segment, pending_buckets, pending_work, serve
+from fetchd.ownership import LeaseStore
+from fetchd.progress import close_segment, segment_progress
+from fetchd.sitefarm import FarmSpec, SiteFarm, read_request_log
+from fetchd.storage import S3Store
+from tests.moto_s3 import moto_server
+from tests.test_fetchd import files_under, read_results, record_at, write_fetchlist
+from tests.test_fetchd_s3 import SEGMENT as S3_SEGMENT
+from tests.test_fetchd_s3 import objects, put_fetchlist, result_rows
+
+SEGMENT = "seg-closed"
+POLL_S = 0.3
+GRACE_S = 2.0
+# After the marker is written: one look for it (POLL_S), the bucket run's stop poll (0.5 s), and slack. A request
+# the farm logs later than this was started after the daemon should have stopped.
+NO_REQUEST_AFTER_S = POLL_S + 1.0
+
+
+def slow_farm(tmp_path: Path) -> SiteFarm:
+    """Two hosts of 40 pages at a 0.3 s politeness delay: about 12 s of fetching for one bucket."""
+    return SiteFarm(FarmSpec(hosts=2, pages_per_host=40, cross_host_links=False), tmp_path / "farm.jsonl")
+
+
+def close_mid_bucket(farm: SiteFarm, root: str, segment_id: str, conf) -> float:
+    """Wait until the bucket is well under way, then close its segment; the wall time of the close."""
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and len(read_request_log(farm.log_path)) < 6:
+        time.sleep(0.02)
+    assert len(read_request_log(farm.log_path)) >= 6, "the daemon never got going"
+    closed_at = time.time()
+    progress = close_segment(root, segment_id, "test: fetch deadline", conf)
+    assert progress.closed and progress.unfinished == [0]
+    return closed_at
+
+
+def check_no_request_after(farm: SiteFarm, closed_at: float, pages: list[str]) -> None:
+    log = read_request_log(farm.log_path)
+    late = [r for r in log if r["start"] > closed_at + NO_REQUEST_AFTER_S]
+    assert late == [], late
+    page_requests = [r for r in log if r["path"] != "/robots.txt"]
+    assert 0 < len(page_requests) < len(pages) - 10  # stopped well before the end
+    assert max(Counter((r["host"], r["path"]) for r in page_requests).values()) == 1
+
+
+def farm_conf(base_conf, farm: SiteFarm, **overrides):
+    return base_conf.with_overrides({
+        "crawl.buckets": 1, "politeness.min_delay_s": 0.3, "fetch.static_hosts": farm.static_hosts(),
+        "fetch.poll_interval_s": POLL_S, "ownership.shutdown_grace_s": GRACE_S,
+        "ownership.lease_ttl_s": 60.0, "ownership.renew_interval_s": 5.0, "ownership.fence_margin_s": 10.0,
+        **overrides})
+
+
+def test_a_serving_daemon_releases_a_closed_segments_bucket_and_leaves_it(base_conf, root, tmp_path, caplog):
+    caplog.set_level(logging.INFO, logger="fetchd")
+    farm = slow_farm(tmp_path)
+    farm.start()
+    stop = threading.Event()
+    thread = None
+    try:
+        conf = farm_conf(base_conf, farm, **{"fetch.daemon_id": "first"})
+        pages = sorted(u for u in farm.page_urls() if farm._resource(u).status == 200)
+        write_fetchlist(root, SEGMENT, [{"url": u} for u in pages], 1)
+        thread = threading.Thread(target=serve, args=(conf, root, stop), daemon=True)
+        thread.start()
+        closed_at = close_mid_bucket(farm, root, SEGMENT, None)
+
+        leases = LeaseStore(conf, root, "observer")
+        deadline = time.monotonic() + POLL_S + GRACE_S + 10
+        while time.monotonic() < deadline and not leases.latest(0).released:
+            time.sleep(0.05)
+        released_after = time.time() - closed_at
+        assert leases.latest(0).released, "the bucket was not released"
+        assert released_after < POLL_S + GRACE_S + 3.0
+        released_epoch = leases.latest(0).epoch
+        time.sleep(4 * POLL_S)  # the daemon goes on looking for work: it must not take the closed bucket again
+        assert thread.is_alive() and leases.latest(0).epoch == released_epoch
+        assert LeaseStore(conf, root, "second").try_acquire(0) is not None  # free at once, no expiry to wait for
+    finally:
+        stop.set()
+        if thread is not None:
+            thread.join(15)
+        farm.stop()
+    check_no_request_after(farm, closed_at, pages)
+
+    assert not os.path.exists(layout.done_manifest(root, SEGMENT, 0))
+    assert not [f for f in files_under(layout.segment_dir(root, SEGMENT)) if f.endswith((".open", ".tmp"))]
+    rows = read_results(root, SEGMENT)
+    assert rows and max(Counter(r["url"] for r in rows).values()) == 1
+    for row in rows:
+        if row["warc_filename"]:
+            assert record_at(root, row["warc_filename"], row["warc_offset"]).headers["WARC-Target-URI"] == row["url"]
+    assert pending_buckets(root, SEGMENT) == [] and pending_work(root) == {}
+    progress = segment_progress(root, SEGMENT)
+    assert progress.closed and progress.unfinished == [0]
+    marker = json.loads(Path(layout.closed_marker(root, SEGMENT)).read_text())
+    assert marker["reason"] == "test: fetch deadline" and marker["unfinished_buckets"] == [0]
+    released = [r.getMessage() for r in caplog.records if "because the segment was closed" in r.getMessage()]
+    assert len(released) == 1 and "bucket 00000" in released[0]
+
+
+def test_a_closed_segment_is_not_fetched(base_conf, root):
+    write_fetchlist(root, SEGMENT, [{"url": "http://closed.test/a"}], 1)
+    close_segment(root, SEGMENT, "test")
+    first = json.loads(Path(layout.closed_marker(root, SEGMENT)).read_text())
+    close_segment(root, SEGMENT, "again")  # a retried close keeps the first marker
+    assert json.loads(Path(layout.closed_marker(root, SEGMENT)).read_text()) == first
+    summary = fetch_segment(base_conf.with_overrides({"crawl.buckets": 1}), root, SEGMENT)
+    assert summary["buckets"] == [] and summary["skipped_buckets"] == [0]
+    assert not os.path.exists(layout.fetched_dir(root, SEGMENT, 0))
+
+
+@pytest.fixture(scope="module")
+def s3():
+    with moto_server() as server:
+        yield server
+
+
+def test_a_closed_segment_on_s3_stops_its_bucket(s3, base_conf, tmp_path):
+    s3_root = f"s3://{s3.make_bucket('closed-segment')}/crawl"
+    farm = slow_farm(tmp_path)
+    farm.start()
+    found: dict = {}
+    try:
+        conf = farm_conf(base_conf, farm, **{"s3.endpoint_url": s3.endpoint,
+                                             "fetch.staging_dir": str(tmp_path / "staging")})
+        pages = sorted(u for u in farm.page_urls() if farm._resource(u).status == 200)
+        put_fetchlist(s3, s3_root, tmp_path, pages, 1)
+        thread = threading.Thread(target=lambda: found.update(fetch_segment(conf, s3_root, S3_SEGMENT)), daemon=True)
+        thread.start()
+        closed_at = close_mid_bucket(farm, s3_root, S3_SEGMENT, conf)
+        thread.join(POLL_S + GRACE_S + 10)
+        assert not thread.is_alive(), "fetch_segment did not stop"
+    finally:
+        farm.stop()
+    check_no_request_after(farm, closed_at, pages)
+    assert found["buckets"] == [] and found["stopped_by"] is None
+
+    keys = objects(s3, s3_root, f"segments/{S3_SEGMENT}/")
+    assert f"segments/{S3_SEGMENT}/_CLOSED.json" in keys
+    assert not [k for k in keys if k.endswith(layout.DONE_MANIFEST)]
+    rows = result_rows(s3, s3_root)
+    assert rows and max(Counter(r["url"] for r in rows).values()) == 1, sorted(keys)
+    assert all(r["warc_filename"] in keys for r in rows if r["warc_filename"])  # closed and uploaded
+    store = S3Store(conf, s3_root)
+    try:
+        assert pending_buckets(store, S3_SEGMENT) == []
+        assert store.lease_store(conf, "observer").latest(0).released
+    finally:
+        store.close()
+    assert segment_progress(s3_root, S3_SEGMENT, conf).closed
