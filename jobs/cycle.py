@@ -56,7 +56,7 @@ def _timed(report: CycleReport, name: str, func, *args, **kwargs):
 
 
 def run_cycle(spark: SparkSession, conf: Config, root: str, seeds: str | None = None) -> CycleReport:
-    from fetchd.daemon import fetch_segment
+    from fetchd.daemon import exit_status, fetch_segment
     from jobs import dedup, generate, inject, parse, update
 
     report = CycleReport(segment_id=None)
@@ -66,7 +66,11 @@ def run_cycle(spark: SparkSession, conf: Config, root: str, seeds: str | None = 
     if not generated.url_count:
         return report
     report.segment_id = generated.segment_id
-    _timed(report, "fetch", fetch_segment, conf, root, generated.segment_id)
+    fetched = _timed(report, "fetch", fetch_segment, conf, root, generated.segment_id)
+    if fetched.get("stopped_by"):
+        # SIGTERM/SIGINT stopped the fetch (its results are published, its buckets released): the process was
+        # asked to end, so the cycle ends here instead of going on to parse; the next fetch resumes the segment.
+        raise SystemExit(exit_status(fetched))
     _timed(report, "parse", parse.run, spark, conf, root, generated.segment_id)
     # Before update: update copies pages.duplicate_of into index_events and takes a parent's (lowered) priority.
     _timed(report, "dedup", dedup.run, spark, conf, root, generated.segment_id)
