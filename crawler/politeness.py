@@ -125,6 +125,14 @@ class HostGate:
         self.last_start_at = now
         self.next_allowed_at = max(self.next_allowed_at, now + self.delay_s())
 
+    def abandoned(self, now: float) -> None:
+        """Every request still counted in flight was cancelled (its bucket run stopped) and will never call
+        `finished`: release them all, holding the host for one delay from now, since the server may have seen
+        them. Only for a host none of whose requests is still running."""
+        if self.in_flight:
+            self.in_flight = 0
+            self.next_allowed_at = max(self.next_allowed_at, now + self.delay_s())
+
     def finished(self, now: float, status_code: int | None, retry_after_s: float | None, rng: random.Random,
                  elapsed_s: float | None = None) -> None:
         """A request ended (response read or failure) at `now` after `elapsed_s`: update the response-time

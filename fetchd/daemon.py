@@ -120,6 +120,13 @@ class HostMemory:
 _PROCESS_MEMORY = HostMemory()
 
 
+def forget_hosts() -> None:
+    """Drop the process's host memory (gates, robots cache). For a process that runs crawls of unrelated sites one
+    after another, e.g. a test session, where a new server can get the host:port an earlier one had."""
+    _PROCESS_MEMORY.gates.clear()
+    _PROCESS_MEMORY.robots.clear()
+
+
 class Daemon:
     """State shared by every bucket one daemon process fetches: HTTP session, gates, robots cache, slots."""
 
@@ -360,6 +367,7 @@ class BucketRun:
         self.max_queued = max_queued
         self.previous_robots = resume.robots  # taken over as each host first appears
         self.tasks: set[asyncio.Task[None]] = set()
+        self.slots_held = 0  # global slots taken for this run's page requests and not given back yet
         self.storage_error: OSError | None = None  # why this run's files could not be written, if they could not
         self.wake = asyncio.Event()
         self.outcomes: Counter[str] = Counter()
@@ -437,9 +445,10 @@ class BucketRun:
                 self._start(self._prepare(action.host))
             elif isinstance(action, Dispatch):
                 await self.d.slots.acquire()
+                self.slots_held += 1
                 item = self.sched.start(action.host)
                 if item is None:  # changed while waiting for a slot
-                    self.d.slots.release()
+                    self._release_slot()
                 else:
                     self._start(self._fetch_url(action.host, item))
             else:
@@ -513,8 +522,24 @@ class BucketRun:
                 for task in self.tasks:
                     task.cancel()
                 await asyncio.gather(*list(self.tasks), return_exceptions=True)
+                self._release_cancelled()
                 return
             await asyncio.wait(list(self.tasks), timeout=_STOP_POLL_S)
+
+    def _release_slot(self) -> None:
+        self.slots_held -= 1
+        self.d.slots.release()
+
+    def _release_cancelled(self) -> None:
+        """Give back what cancelled requests held: a request cancelled in flight skips its gate's `finished`, and
+        one cancelled before its task ran also skips its slot's release. Gates and slots outlive this run (the
+        bucket's next run in this process uses them), so without this the host would stay closed and the daemon
+        one slot short. No request of this run is left, and a host belongs to one bucket, so its gate has none."""
+        now = time.monotonic()
+        for host in self.sched.hosts.values():
+            host.gate.abandoned(now)
+        while self.slots_held:
+            self._release_slot()
 
     async def _finish(self, started: float) -> dict[str, Any]:
         """Publish the last rows, close the WARC and write `_DONE.json`, counting every run of the bucket. On an
@@ -738,7 +763,7 @@ class BucketRun:
         try:
             response = await self._page_get(item["url"], conditional, sitemap=sitemap)
         finally:
-            self.d.slots.release()
+            self._release_slot()
         retry_after = self._request_finished(host.gate, response)
         try:
             chain = [item["url"]]

@@ -40,6 +40,15 @@ def spark(base_conf):
     session.stop()
 
 
+@pytest.fixture(autouse=True)
+def _fresh_daemon_memory():
+    """Each test's daemons start with no host memory: the process-wide robots cache and gates are keyed by
+    host:port, and a test's loopback server can get a port an earlier test's server had."""
+    from fetchd.daemon import forget_hosts
+
+    forget_hosts()
+
+
 @pytest.fixture
 def root(tmp_path) -> str:
     path = tmp_path / "root"

@@ -76,6 +76,17 @@ def test_gate_counts_delay_from_the_end_of_the_previous_request():
         _gate(next_allowed_at=3.0).started(1.0)  # starting against a closed gate is a bug
 
 
+def test_abandoned_requests_release_the_gate_one_delay_from_now():
+    gate = _gate()
+    gate.started(0.0)
+    gate.abandoned(5.0)  # cancelled in flight: never `finished`
+    assert gate.in_flight == 0
+    assert not gate.can_start(5.9)  # the server may have seen it: one delay from the abandonment
+    assert gate.can_start(6.0)
+    gate.abandoned(20.0)  # nothing in flight: no new hold
+    assert gate.can_start(20.0)
+
+
 def test_gate_starts_are_spaced_even_with_more_concurrency():
     gate = _gate(max_concurrency=2)
     gate.started(0.0)
