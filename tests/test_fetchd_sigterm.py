@@ -26,43 +26,63 @@ PROJECT = Path(__file__).resolve().parents[1]
 SEGMENT = "seg-term"
 
 
+def _slow_farm(log_path: Path) -> SiteFarm:
+    """4 hosts whose responses take 0.15 s, so a stop always finds requests in flight."""
+    return SiteFarm(FarmSpec(hosts=4, pages_per_host=12, cross_host_links=False, latency_s=0.15), log_path)
+
+
+def _segment_and_config(farm: SiteFarm, root: str, segment: str, conf_path: Path, fetch: dict) -> list[str]:
+    """Write the fetch list of every page of the farm and the daemon's config; the pages, sorted."""
+    pages = sorted(u for u in farm.page_urls() if farm._resource(u).status == 200)
+    write_fetchlist(root, segment, [{"url": u} for u in pages], BUCKETS)
+    conf_path.write_text(yaml.safe_dump({
+        "crawl": {"buckets": BUCKETS},
+        "politeness": {"min_delay_s": MIN_DELAY},
+        "fetch": {"static_hosts": farm.static_hosts(), "allow_networks": ["127.0.0.0/8"], **fetch},
+        "ownership": {"lease_ttl_s": 30.0, "renew_interval_s": 5.0, "shutdown_grace_s": 5.0, "fence_margin_s": 10.0},
+    }))
+    return pages
+
+
+def _sigterm_mid_fetch(process: subprocess.Popen, farm: SiteFarm) -> str:
+    """SIGTERM once the farm has logged 12 requests; the process's stderr. It must end within the grace (5 s)
+    plus the time to close its files."""
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and len(read_request_log(farm.log_path)) < 12:
+        time.sleep(0.02)
+    process.send_signal(signal.SIGTERM)
+    stopped_at = time.monotonic()
+    _, stderr = process.communicate(timeout=20)
+    assert time.monotonic() - stopped_at < 5.0 + 3.0
+    return stderr
+
+
+def _left_cleanly(root: str, segment: str, pages: list[str]) -> list[dict]:
+    """What a stopped fetch leaves: closed files only, some rows published, the segment unfinished (no
+    _DONE.json), every lease released; the published rows."""
+    assert not [f for f in files_under(layout.segment_dir(root, segment)) if f.endswith((".open", ".tmp"))]
+    partial = read_results(root, segment)
+    assert 0 < len(partial) < len(pages)
+    assert pending_work(root)
+    store = LeaseStore(config.load(), root, "observer")
+    assert all(store.latest(b).released for b in range(BUCKETS) if store.latest(b))
+    return partial
+
+
 def test_sigterm_drains_publishes_releases_and_a_successor_repeats_nothing(tmp_path):
     root = str(tmp_path / "root")
-    farm = SiteFarm(FarmSpec(hosts=4, pages_per_host=12, cross_host_links=False, latency_s=0.15),
-                    tmp_path / "farm.jsonl")
+    farm = _slow_farm(tmp_path / "farm.jsonl")
     farm.start()
     try:
-        pages = sorted(u for u in farm.page_urls() if farm._resource(u).status == 200)
-        write_fetchlist(root, SEGMENT, [{"url": u} for u in pages], BUCKETS)
         conf_path = tmp_path / "daemon.yaml"
-        conf_path.write_text(yaml.safe_dump({
-            "crawl": {"buckets": BUCKETS},
-            "politeness": {"min_delay_s": MIN_DELAY},
-            "fetch": {"daemon_id": "first", "static_hosts": farm.static_hosts(), "allow_networks": ["127.0.0.0/8"],
-                      "poll_interval_s": 0.3},
-            "ownership": {"lease_ttl_s": 30.0, "renew_interval_s": 5.0, "shutdown_grace_s": 5.0,
-                          "fence_margin_s": 10.0},
-        }))
+        pages = _segment_and_config(farm, root, SEGMENT, conf_path, {"daemon_id": "first", "poll_interval_s": 0.3})
         args = [sys.executable, "-m", "fetchd.cli", "serve", "--root", root, "--config", str(conf_path)]
         process = subprocess.Popen(args, cwd=str(PROJECT), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                                    text=True)
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline and len(read_request_log(farm.log_path)) < 12:
-            time.sleep(0.02)
-        process.send_signal(signal.SIGTERM)
-        stopped_at = time.monotonic()
-        _, stderr = process.communicate(timeout=20)
+        stderr = _sigterm_mid_fetch(process, farm)
         assert process.returncode == 0
-        assert time.monotonic() - stopped_at < 5.0 + 3.0  # the grace, plus closing files
         assert "stopped before finishing" in stderr
-
-        # What the stopped daemon left: closed files only, published rows pointing into them, buckets released.
-        assert not [f for f in files_under(layout.segment_dir(root, SEGMENT)) if f.endswith((".open", ".tmp"))]
-        partial = read_results(root, SEGMENT)
-        assert 0 < len(partial) < len(pages)
-        assert pending_work(root)  # unfinished: no _DONE.json
-        store = LeaseStore(config.load(), root, "observer")
-        assert all(store.latest(b).released for b in range(BUCKETS) if store.latest(b))
+        _left_cleanly(root, SEGMENT, pages)
 
         # A new daemon takes the buckets at once (no lease expiry to wait for) and fetches only what is left.
         conf_path.write_text(conf_path.read_text().replace("daemon_id: first", "daemon_id: second"))
@@ -89,41 +109,20 @@ def test_sigterm_drains_publishes_releases_and_a_successor_repeats_nothing(tmp_p
 def test_crawl_fetch_stops_cleanly_on_sigterm_and_the_next_fetch_completes_the_segment(tmp_path):
     root = str(tmp_path / "root")
     segment = "seg-fetch-term"
-    farm = SiteFarm(FarmSpec(hosts=4, pages_per_host=12, cross_host_links=False, latency_s=0.15),
-                    tmp_path / "farm.jsonl")
+    farm = _slow_farm(tmp_path / "farm.jsonl")
     farm.start()
     try:
-        pages = sorted(u for u in farm.page_urls() if farm._resource(u).status == 200)
-        write_fetchlist(root, segment, [{"url": u} for u in pages], BUCKETS)
         conf_path = tmp_path / "crawl.yaml"
-        conf_path.write_text(yaml.safe_dump({
-            "crawl": {"buckets": BUCKETS},
-            "politeness": {"min_delay_s": MIN_DELAY},
-            "fetch": {"static_hosts": farm.static_hosts(), "allow_networks": ["127.0.0.0/8"]},
-            "ownership": {"lease_ttl_s": 30.0, "renew_interval_s": 5.0, "shutdown_grace_s": 5.0,
-                          "fence_margin_s": 10.0},
-        }))
+        pages = _segment_and_config(farm, root, segment, conf_path, {})
         args = [sys.executable, "-m", "jobs.cli", "fetch", "--segment", segment, "--root", root,
                 "--config", str(conf_path)]
         process = subprocess.Popen(args, cwd=str(PROJECT), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline and len(read_request_log(farm.log_path)) < 12:
-            time.sleep(0.02)
-        process.send_signal(signal.SIGTERM)
-        stopped_at = time.monotonic()
-        _, stderr = process.communicate(timeout=20)
+        stderr = _sigterm_mid_fetch(process, farm)
         assert process.returncode == 128 + signal.SIGTERM, stderr[-3000:]
-        assert time.monotonic() - stopped_at < 5.0 + 3.0  # the grace, plus closing files
         assert "stopped by SIGTERM" in stderr and "stopped before finishing" in stderr
-
-        assert not [f for f in files_under(layout.segment_dir(root, segment)) if f.endswith((".open", ".tmp"))]
-        partial = read_results(root, segment)
-        assert 0 < len(partial) < len(pages)
-        for row in [r for r in partial if r["warc_filename"]]:  # published rows point into closed WARC files
+        for row in [r for r in _left_cleanly(root, segment, pages) if r["warc_filename"]]:
+            # published rows point into closed WARC files
             assert record_at(root, row["warc_filename"], row["warc_offset"]).headers["WARC-Target-URI"] == row["url"]
-        assert pending_work(root)  # unfinished: no _DONE.json
-        store = LeaseStore(config.load(), root, "observer")
-        assert all(store.latest(b).released for b in range(BUCKETS) if store.latest(b))
 
         again = subprocess.run(args, cwd=str(PROJECT), capture_output=True, text=True, timeout=120)
         assert again.returncode == 0, again.stderr[-3000:]
