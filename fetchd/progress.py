@@ -3,9 +3,8 @@ the segment is closed; and closing it, when the cycle stops waiting for it.
 
 The scheduler's fetch sensor (airflow_dags/crawl_cycle.py) polls this between the generate and parse steps;
 it lists folders (or S3 prefixes) only and reads no Parquet, so a poke stays cheap however large the segment
-is. The listing is the daemons' own (`fetchd.daemon.fetchlist_buckets` / `unfinished_buckets` over a
-`fetchd.storage` store), so the sensor and the daemons always agree on what "done" means, on a local root
-and on S3 alike.
+is. The listing is the daemons' own (`fetchlist_buckets` / `is_done` of a `fetchd.storage` store), so the
+sensor and the daemons always agree on what "done" means, on a local root and on S3 alike.
 
 At the fetch deadline the scheduler closes the segment (`close_segment`: `ROOT/segments/<id>/_CLOSED.json`).
 Daemons then start none of its buckets, and a daemon fetching one stops it within `fetch.poll_interval_s` plus
@@ -53,11 +52,8 @@ def _open_store(root: str, segment_id: str, conf: Config | None) -> LocalStore:
 
 
 def _progress(store: LocalStore, segment_id: str) -> SegmentProgress:
-    from fetchd.daemon import fetchlist_buckets, unfinished_buckets
-
-    listed = fetchlist_buckets(store, segment_id)
-    unfinished = set(unfinished_buckets(store, segment_id))
-    return SegmentProgress(listed=listed, done=[b for b in listed if b not in unfinished],
+    listed = store.fetchlist_buckets(segment_id)  # listed once per poke (a delimited listing on S3)
+    return SegmentProgress(listed=listed, done=[b for b in listed if store.is_done(segment_id, b)],
                            closed=store.is_closed(segment_id))
 
 
