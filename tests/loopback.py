@@ -85,3 +85,10 @@ class ScriptedServer:
 def gaps(requests: list[dict]) -> list[float]:
     """Seconds from the end of each request to the start of the next (the politeness rule's own measure)."""
     return [b["start"] - a["end"] for a, b in zip(requests, requests[1:], strict=False)]
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on right now (for servers started by a child process)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]

@@ -11,7 +11,6 @@ import logging
 import math
 import os
 import re
-import socket
 import threading
 import time
 from collections import Counter, defaultdict
@@ -25,6 +24,7 @@ from crawler.config import ConfigError
 from fetchd.daemon import fetch_segment, serve
 from fetchd.metrics import render_prometheus
 from fetchd.sitefarm import FarmSpec, SiteFarm, read_request_log
+from tests.loopback import free_port
 from tests.test_fetchd import read_results, write_fetchlist
 
 SEGMENT = "seg-metrics"
@@ -117,12 +117,6 @@ def test_exposition_escapes_label_values():
 
 
 # ---- helpers -------------------------------------------------------------------------------------------
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def get(port: int, path: str) -> tuple[str, str]:

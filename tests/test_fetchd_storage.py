@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -25,6 +24,7 @@ import yaml
 from crawler import layout
 from fetchd.daemon import pending_work
 from fetchd.sitefarm import FarmSpec, SiteFarm, politeness_violations, read_request_log
+from tests.loopback import free_port
 from tests.test_fetchd import files_under, read_results, record_at, write_fetchlist
 
 pytestmark = pytest.mark.slow
@@ -46,12 +46,6 @@ def small_disk(tmp_path):
         yield mount_point
     finally:
         subprocess.run(["umount", "-l", str(mount_point)], check=False)
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def _status(port: int) -> dict:
@@ -78,7 +72,7 @@ def test_a_full_disk_pauses_fetching_and_the_daemon_resumes_when_space_returns(t
     root = small_disk / "root"
     farm = SiteFarm(FarmSpec(hosts=4, pages_per_host=30, cross_host_links=False), tmp_path / "farm.jsonl")
     farm.start()
-    port = _free_port()
+    port = free_port()
     process = None
     try:
         pages = sorted(u for u in farm.page_urls() if farm._resource(u).status == 200)

@@ -9,7 +9,6 @@ file only the driver wrote, a Python object captured by reference) would fail or
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -22,17 +21,12 @@ import yaml
 from delta_tables import table_df
 from fetchd.sitefarm import FarmSpec, SiteFarm
 from jobs import demo, submit
+from tests.loopback import free_port
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1200)]
 
 SPARK_CLASS = Path(pyspark.__file__).parent / "bin" / "spark-class"
 STEP_TIMEOUT_S = 300
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def _loopback_env() -> dict[str, str]:
@@ -54,7 +48,7 @@ def _wait_for(path: Path, text: str, process: subprocess.Popen, timeout_s: float
 def cluster(tmp_path_factory):
     """A standalone master and one worker (2 cores) on loopback; yields (master URL, worker work dir)."""
     base = tmp_path_factory.mktemp("cluster")
-    port = _free_port()
+    port = free_port()
     master_url = f"spark://127.0.0.1:{port}"
     work_dir = base / "work"
     processes = []
@@ -63,14 +57,14 @@ def cluster(tmp_path_factory):
         with open(master_log, "wb") as out:
             processes.append(subprocess.Popen(
                 [str(SPARK_CLASS), "org.apache.spark.deploy.master.Master", "--host", "127.0.0.1",
-                 "--port", str(port), "--webui-port", str(_free_port())],
+                 "--port", str(port), "--webui-port", str(free_port())],
                 stdout=out, stderr=subprocess.STDOUT, env=_loopback_env()))
         _wait_for(master_log, "I have been elected leader", processes[0], 90)
         worker_log = base / "worker.log"
         with open(worker_log, "wb") as out:
             processes.append(subprocess.Popen(
                 [str(SPARK_CLASS), "org.apache.spark.deploy.worker.Worker", master_url, "--host", "127.0.0.1",
-                 "--cores", "2", "--memory", "3g", "--webui-port", str(_free_port()), "--work-dir", str(work_dir)],
+                 "--cores", "2", "--memory", "3g", "--webui-port", str(free_port()), "--work-dir", str(work_dir)],
                 stdout=out, stderr=subprocess.STDOUT, env=_loopback_env()))
         _wait_for(worker_log, "Successfully registered with master", processes[1], 90)
         yield master_url, work_dir
