@@ -21,6 +21,8 @@ import random
 from dataclasses import dataclass
 from email.utils import parsedate_to_datetime
 
+from crawler.config import Config
+
 BACKOFF_JITTER = 0.25  # exponential backoff is stretched by a random factor in [1, 1 + this)
 BACKOFF_STATUSES = frozenset({429, 503})  # statuses whose Retry-After header directs our backoff
 NEGLIGIBLE_BACKOFF_S = 0.01  # a recovering backoff this small is over even when the minimum delay is 0
@@ -106,6 +108,21 @@ class HostGate:
 
     def __post_init__(self) -> None:
         self.concurrency_cap = self.concurrency_cap or self.max_concurrency
+
+    @classmethod
+    def from_config(cls, conf: Config) -> HostGate:
+        """A new host's gate under the `politeness.*` settings."""
+        return cls(
+            min_delay_s=conf["politeness.min_delay_s"],
+            max_crawl_delay_s=conf["politeness.max_crawl_delay_s"],
+            max_concurrency=conf["politeness.max_concurrency_per_host"],
+            backoff_base_s=conf["politeness.backoff_base_s"],
+            max_backoff_s=conf["politeness.max_backoff_s"],
+            max_failures=conf["politeness.max_consecutive_failures"],
+            recovery_factor=conf["politeness.backoff_recovery_factor"],
+            response_time_factor=conf["politeness.response_time_factor"],
+            max_response_time_delay_s=conf["politeness.max_response_time_delay_s"],
+        )
 
     def _delay_without_backoff(self) -> float:
         return effective_delay(self.min_delay_s, self.crawl_delay_s, self.max_crawl_delay_s, 0.0,

@@ -23,16 +23,16 @@ import re
 import signal
 import socket
 import threading
-import time
 from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
-from typing import Any
+from typing import Any, Protocol
 
 from warcio.timeutils import datetime_to_iso_date
 
 from crawler import layout, netpolicy, records, urls
+from crawler.clock import SYSTEM_CLOCK, Clock
 from crawler.config import Config
 from crawler.politeness import BACKOFF_STATUSES, HostGate, parse_retry_after
 from crawler.robots import ROBOTS_PATH, RobotsPolicy, RobotsState, policy_for_status
@@ -59,11 +59,11 @@ WARC_CONFORMS_TO = "http://iipc.github.io/warc-specifications/specifications/war
 _STOP_POLL_S = 0.5  # how often an idle scheduler looks at the stop flag
 
 
-async def _sleep(seconds: float, interrupted: Callable[[], bool]) -> None:
+async def _sleep(seconds: float, interrupted: Callable[[], bool], clock: Clock) -> None:
     """Sleep `seconds`, looking every `_STOP_POLL_S` whether to give up early."""
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline and not interrupted():
-        await asyncio.sleep(min(_STOP_POLL_S, max(0.0, deadline - time.monotonic())))
+    deadline = clock.monotonic() + seconds
+    while clock.monotonic() < deadline and not interrupted():
+        await asyncio.sleep(min(_STOP_POLL_S, max(0.0, deadline - clock.monotonic())))
 
 
 def daemon_identity(conf: Config) -> str:
@@ -127,30 +127,43 @@ def forget_hosts() -> None:
     _PROCESS_MEMORY.robots.clear()
 
 
+class Transport(Protocol):
+    """How the daemon talks to web servers: `fetchd.fetcher.Fetcher` (HTTP), or a scripted stand-in in tests."""
+
+    async def get(self, url: str, headers: dict[str, str] | None = None, max_bytes: int | None = None, *,
+                  page: bool = False) -> FetchResponse: ...
+
+    async def close(self) -> None: ...
+
+
 class Daemon:
-    """State shared by every bucket one daemon process fetches: HTTP session, gates, robots cache, slots."""
+    """State shared by every bucket one daemon process fetches: HTTP session, gates, robots cache, slots.
+
+    Every time it reads comes from `clock`, and every wait is on the event loop's clock, so a test can run the
+    daemon's own loop on a virtual clock (an event loop whose time is that clock's, and a scripted `transport`)."""
 
     def __init__(self, conf: Config, root: str, stop: threading.Event | None = None,
-                 store: LocalStore | None = None):
+                 store: LocalStore | None = None, clock: Clock = SYSTEM_CLOCK, transport: Transport | None = None):
         self.conf = conf
+        self.clock = clock
         self.store = store or open_store(conf, layout.normalize_root(root))
         self.root = self.store.local_root  # where files are written: the root itself, or an S3 root's staging
         self.stop = stop or threading.Event()
         self.daemon_id = daemon_identity(conf)
         self.resolver = GuardedResolver(conf["fetch.static_hosts"], conf["fetch.allow_networks"])
-        self.fetcher = Fetcher(conf, self.resolver)
+        self.fetcher: Transport = transport or Fetcher(conf, self.resolver)
         self.slots = asyncio.Semaphore(conf["fetch.concurrency"])
         self.gates = _PROCESS_MEMORY.gates
         self.robots_cache = _PROCESS_MEMORY.robots
         self.rng = random.Random()
         self.total = 0
-        self.metrics = Metrics()
+        self.metrics = Metrics(started=clock.monotonic())
         self.outcomes = self.metrics.outcomes
         self.segment_id: str | None = None  # the segment being (or last) fetched, for `/status`
         self.segment_closed = False          # the segment being fetched was closed: its bucket runs stop
         self.runs: list[BucketRun] = []      # its buckets, kept after they finish so `/status` shows them
         self.metrics_server: MetricsServer | None = None
-        self.lease_store: LeaseStore = self.store.lease_store(conf, self.daemon_id)
+        self.lease_store: LeaseStore = self.store.lease_store(conf, self.daemon_id, clock)
         self.leases: dict[int, Lease] = {}  # buckets this daemon owns
         self._heartbeat: asyncio.Task[None] | None = None
 
@@ -193,7 +206,7 @@ class Daemon:
         lease = self.leases.pop(bucket, None)
         if lease is not None:
             try:
-                self.lease_store.release(lease, time.time())
+                self.lease_store.release(lease, self.clock.wall())
             except OSError as exc:  # the lease then lapses by itself
                 log.warning("cannot release bucket %05d: %s", bucket, exc)
 
@@ -215,19 +228,7 @@ class Daemon:
         """The host's politeness gate, shared by all buckets and segments this daemon fetches."""
         gate = self.gates.get(host_key)
         if gate is None:
-            c = self.conf
-            gate = HostGate(
-                min_delay_s=c["politeness.min_delay_s"],
-                max_crawl_delay_s=c["politeness.max_crawl_delay_s"],
-                max_concurrency=c["politeness.max_concurrency_per_host"],
-                backoff_base_s=c["politeness.backoff_base_s"],
-                max_backoff_s=c["politeness.max_backoff_s"],
-                max_failures=c["politeness.max_consecutive_failures"],
-                recovery_factor=c["politeness.backoff_recovery_factor"],
-                response_time_factor=c["politeness.response_time_factor"],
-                max_response_time_delay_s=c["politeness.max_response_time_delay_s"],
-            )
-            self.gates[host_key] = gate
+            gate = self.gates[host_key] = HostGate.from_config(self.conf)
         return gate
 
     def warcinfo(self) -> dict[str, str]:
@@ -323,7 +324,7 @@ class Daemon:
     async def _storage_works(self, segment_id: str, bucket: int, pause: float, lease: Lease) -> bool:
         """Wait `pause` seconds (less if the daemon stops or the lease goes), then try a small durable write where
         the bucket's results go."""
-        await _sleep(pause, lambda: self.stopping() or lease.fenced())
+        await _sleep(pause, lambda: self.stopping() or lease.fenced(), self.clock)
         probe = layout.join(layout.fetched_dir(self.root, segment_id, bucket), ".storage-probe.tmp")
         try:
             os.makedirs(os.path.dirname(probe), exist_ok=True)
@@ -354,7 +355,8 @@ class BucketRun:
                                 daemon.warcinfo(), self.conf["ownership.results_batch_rows"], lease.fenced,
                                 daemon.metrics.warc_written, self.conf["fetch.warc_gzip_level"],
                                 lambda: daemon.store.sync_bucket(segment_id, bucket, lease.fenced))
-        self.sched = HostScheduler(daemon.gate_for, time.monotonic, self._report, recheck_s=_STOP_POLL_S)
+        self.clock = daemon.clock
+        self.sched = HostScheduler(daemon.gate_for, self.clock.monotonic, self._report, recheck_s=_STOP_POLL_S)
         self.hosts = self.sched.hosts  # what `fetchd.metrics` reads
         # The list is streamed: rows are taken on while the host queues hold fewer than `max_queued` (this run's
         # share of `fetch.max_queued_urls`).
@@ -377,7 +379,7 @@ class BucketRun:
         """Carry politeness and robots.txt across owners and runs, for a host this run just met: its next request
         waits one delay after the previous owner's last possible request end, and a robots.txt an earlier run of
         this bucket published is reused while it is in force (so a resumed bucket does not fetch it again)."""
-        wall_now, mono_now = time.time(), time.monotonic()
+        wall_now, mono_now = self.clock.wall(), self.clock.monotonic()
         row = self.previous_robots.pop(host.host_key, None)
         cached = self.d.robots_cache.get(host.host_key)
         if row is not None and row["expires_at"].timestamp() > wall_now and (cached is None or cached[1] <= mono_now):
@@ -475,8 +477,8 @@ class BucketRun:
         return None
 
     async def _run(self) -> dict[str, Any] | None:
-        started = time.time()
-        self.begun = time.monotonic()
+        started = self.clock.wall()
+        self.begun = self.clock.monotonic()
         while not self.should_stop():
             self._refill()
             wait = await self._dispatch_ready()
@@ -514,10 +516,10 @@ class BucketRun:
         """Let the requests in flight end. Once the lease is fenced they are cancelled at once; when the daemon
         is stopping (or the segment was closed) they get `ownership.shutdown_grace_s` and are then cancelled
         (their URLs stay unreported)."""
-        grace_ends = time.monotonic() + self.conf["ownership.shutdown_grace_s"]
+        grace_ends = self.clock.monotonic() + self.conf["ownership.shutdown_grace_s"]
         while self.tasks:
             over = (self.lease.fenced() or self.storage_error is not None
-                    or (self.d.stopping() and time.monotonic() >= grace_ends))
+                    or (self.d.stopping() and self.clock.monotonic() >= grace_ends))
             if over:
                 for task in self.tasks:
                     task.cancel()
@@ -535,7 +537,7 @@ class BucketRun:
         one cancelled before its task ran also skips its slot's release. Gates and slots outlive this run (the
         bucket's next run in this process uses them), so without this the host would stay closed and the daemon
         one slot short. No request of this run is left, and a host belongs to one bucket, so its gate has none."""
-        now = time.monotonic()
+        now = self.clock.monotonic()
         for host in self.sched.hosts.values():
             host.gate.abandoned(now)
         while self.slots_held:
@@ -557,7 +559,7 @@ class BucketRun:
             "hosts": len(self.hosts),
             "resumed": self.listed_urls - self.urls,
             "started_at": _utc(started).isoformat(),
-            "finished_at": _utc(time.time()).isoformat(),
+            "finished_at": _utc(self.clock.wall()).isoformat(),
         }
         self.out.check()
         write_json_atomic(manifest, layout.done_manifest(self.d.root, self.segment_id, self.bucket))
@@ -573,7 +575,7 @@ class BucketRun:
 
     def _count_politeness_wait(self, gate: HostGate) -> None:
         """A request is due on the host but its gate holds it: count the hold (`fetchd.metrics` says why here)."""
-        now = time.monotonic()
+        now = self.clock.monotonic()
         if not gate.paused and gate.next_allowed_at > now:
             self.d.metrics.politeness_wait(gate.next_allowed_at - now)
 
@@ -590,7 +592,7 @@ class BucketRun:
         row.update(
             segment_id=self.segment_id, bucket=self.bucket, url_id=item["url_id"],
             state_version=item["state_version"], url=item["url"], host_key=item["host_key"],
-            fetched_at=_utc(time.time()), outcome=outcome.value, truncated=False, daemon_id=self.d.daemon_id,
+            fetched_at=_utc(self.clock.wall()), outcome=outcome.value, truncated=False, daemon_id=self.d.daemon_id,
             sitemap_origin=item.get("sitemap_origin"),
         )
         row.update(values)
@@ -644,7 +646,7 @@ class BucketRun:
         while not gate.paused and not (stoppable and self.should_stop()):
             if self.lease.fenced():
                 raise Fenced(f"bucket {self.bucket:05d}: lease lost, no new request")
-            now = time.monotonic()
+            now = self.clock.monotonic()
             if gate.can_start(now):
                 gate.started(now)
                 return True
@@ -676,7 +678,7 @@ class BucketRun:
             host.policy = RobotsPolicy.disallow_all()
             return
         cached = self.d.robots_cache.get(host.host_key)
-        if cached is not None and cached[1] > time.monotonic():
+        if cached is not None and cached[1] > self.clock.monotonic():
             host.policy = cached[0]
         else:
             host.policy = await self._fetch_robots(host)
@@ -708,7 +710,7 @@ class BucketRun:
         policy = policy_for_status(status, body, token, max_bytes)
         self._robots_row(host.host_key, status, body, policy, location, response.error)
         if policy.state is not RobotsState.DISALLOW_ALL:  # an unreachable robots.txt is retried next time
-            self.d.robots_cache[host.host_key] = (policy, time.monotonic() + self.conf["robots.cache_ttl_s"])
+            self.d.robots_cache[host.host_key] = (policy, self.clock.monotonic() + self.conf["robots.cache_ttl_s"])
         return policy
 
     async def _gated_get(self, url: str, max_bytes: int | None = None,
@@ -716,7 +718,7 @@ class BucketRun:
         """One request taking the politeness gate of the URL's host and a global slot."""
         gate = self.d.gate_for(urls.host_key(url))
         if not await self._take_gate(gate, stoppable=False):  # a paused host's robots.txt: unreachable this time
-            return FetchResponse(url=url, started_at=time.time(), error="host paused")
+            return FetchResponse(url=url, started_at=self.clock.wall(), error="host paused")
         async with self.d.slots:
             response = await self.d.fetcher.get(url, headers, max_bytes)
         self._request_finished(gate, response)
@@ -724,7 +726,7 @@ class BucketRun:
 
     def _robots_row(self, host_key: str, status: int | None, body: str | None, policy: RobotsPolicy,
                     location: tuple[str, WrittenRecord] | None, error: str | None) -> None:
-        now = time.time()
+        now = self.clock.wall()
         self.out.add("robots", {
             "segment_id": self.segment_id,
             "bucket": self.bucket,
@@ -744,11 +746,10 @@ class BucketRun:
 
     # --- page fetch -------------------------------------------------------------------------------------
 
-    @staticmethod
-    def _retry_after(response: FetchResponse) -> float | None:
+    def _retry_after(self, response: FetchResponse) -> float | None:
         if response.status not in BACKOFF_STATUSES:
             return None
-        return parse_retry_after(response.header("Retry-After"), time.time())
+        return parse_retry_after(response.header("Retry-After"), self.clock.wall())
 
     async def _fetch_url(self, host: HostWork, item: dict[str, Any]) -> None:
         """Fetch one fetch-list URL (gate already taken, global slot held), follow its same-host redirects, and
@@ -798,7 +799,7 @@ class BucketRun:
             return await self.d.fetcher.get(url, headers, page=True)
         except Exception as exc:
             log.exception("fetching %s failed unexpectedly", url)
-            return FetchResponse(url=url, started_at=time.time(), error=f"{type(exc).__name__}: {exc}")
+            return FetchResponse(url=url, started_at=self.clock.wall(), error=f"{type(exc).__name__}: {exc}")
 
     def _request_finished(self, gate: HostGate, response: FetchResponse) -> float | None:
         """Close any request on its host's gate (the delay counts from now) and count the response; the
@@ -806,7 +807,7 @@ class BucketRun:
         if response.status is not None:
             self.d.metrics.response(len(response.body))
         retry_after = self._retry_after(response)
-        gate.finished(time.monotonic(), response.status, retry_after, self.d.rng, response.elapsed_ms / 1000)
+        gate.finished(self.clock.monotonic(), response.status, retry_after, self.d.rng, response.elapsed_ms / 1000)
         return retry_after
 
     def _redirect_step(self, host: HostWork, response: FetchResponse,
@@ -916,9 +917,13 @@ def exit_status(summary: dict[str, Any]) -> int:
     return 128 + signal.Signals[stopped_by].value if stopped_by else 0
 
 
-async def _fetch_segment(conf: Config, store: LocalStore, segment_id: str, buckets: list[int],
-                         stop: threading.Event) -> tuple[list[dict[str, Any]], list[int]]:
-    daemon = Daemon(conf, store.root, stop, store=store)
+async def fetch_segment_async(conf: Config, store: LocalStore, segment_id: str, buckets: list[int],
+                              stop: threading.Event, clock: Clock = SYSTEM_CLOCK, transport: Transport | None = None,
+                              ) -> tuple[list[dict[str, Any]], list[int]]:
+    """The given buckets of the segment on the running event loop (whose clock must be `clock`'s monotonic one),
+    talking through `transport` (HTTP by default): (manifests of the finished buckets, buckets another daemon
+    holds)."""
+    daemon = Daemon(conf, store.root, stop, store=store, clock=clock, transport=transport)
     try:
         await daemon.open()
         owned = [b for b in buckets if daemon.acquire(b)]
@@ -949,7 +954,7 @@ def fetch_segment(conf: Config, root: str, segment_id: str, buckets: list[int] |
         wanted = [b for b in requested if b in pending]
         skipped = [b for b in requested if b not in pending]
         if wanted:  # the daemon closes the store
-            manifests, held = asyncio.run(_fetch_segment(conf, store, segment_id, wanted, stop))
+            manifests, held = asyncio.run(fetch_segment_async(conf, store, segment_id, wanted, stop))
         else:
             manifests, held = [], []
             store.close()
@@ -979,8 +984,11 @@ def _claim(daemon: Daemon, work: dict[int, list[str]]) -> None:
         daemon.acquire(bucket)
 
 
-async def _serve(conf: Config, root: str, stop: threading.Event) -> None:
-    daemon = Daemon(conf, root, stop)
+async def serve_async(conf: Config, root: str, stop: threading.Event, clock: Clock = SYSTEM_CLOCK,
+                      transport: Transport | None = None) -> None:
+    """`serve` on the running event loop (whose clock must be `clock`'s monotonic one), talking through
+    `transport` (HTTP by default)."""
+    daemon = Daemon(conf, root, stop, clock=clock, transport=transport)
     try:
         await daemon.open()
         while not stop.is_set():
@@ -999,7 +1007,7 @@ async def _serve(conf: Config, root: str, stop: threading.Event) -> None:
                     fetched = True
             if fetched:
                 continue  # look for work again at once (a peer's lapsed bucket, the next segment)
-            await _sleep(conf["fetch.poll_interval_s"], stop.is_set)
+            await _sleep(conf["fetch.poll_interval_s"], stop.is_set, clock)
     finally:
         await daemon.close()
 
@@ -1011,4 +1019,4 @@ def serve(conf: Config, root: str, stop: threading.Event | None = None) -> None:
     released; whoever owns a bucket next resumes it."""
     stop = stop or threading.Event()
     with _stop_on_signals(stop):
-        asyncio.run(_serve(conf, layout.normalize_root(root), stop))
+        asyncio.run(serve_async(conf, layout.normalize_root(root), stop))

@@ -20,7 +20,6 @@ from __future__ import annotations
 import json
 import logging
 import math
-import time
 from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -50,7 +49,7 @@ class Metrics:
     politeness_wait_s: float = 0.0  # seconds of those holds
     storage_errors: int = 0        # times a bucket paused because its files could not be written
     storage_paused: int = 0        # buckets paused now, waiting for storage to work again
-    started: float = field(default_factory=time.monotonic)
+    started: float = 0.0           # the daemon's clock (monotonic) when it started
 
     def response(self, body_bytes: int) -> None:
         self.responses += 1
@@ -118,7 +117,7 @@ def _bucket_status(run: BucketRun, now: float) -> tuple[dict[str, Any], HostFigu
 
 def snapshot(daemon: Daemon) -> dict[str, Any]:
     """Every figure the daemon reports, at one instant."""
-    now = time.monotonic()
+    now = daemon.clock.monotonic()
     m = daemon.metrics
     totals = HostFigures()
     buckets = []

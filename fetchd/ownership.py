@@ -15,12 +15,12 @@ import json
 import logging
 import os
 import socket
-import time
 from collections.abc import Iterator
 from dataclasses import replace
 from typing import Any
 
 from crawler import layout
+from crawler.clock import SYSTEM_CLOCK, Clock
 from crawler.config import Config
 from crawler.ownership import LeaseRecord, fence_deadline, may_take, previous_last_end
 
@@ -78,11 +78,13 @@ def _process_is_gone(record: LeaseRecord) -> bool:
 class Lease:
     """A bucket this daemon owns: its epoch record and the monotonic deadline by which it must stop (fencing)."""
 
-    def __init__(self, record: LeaseRecord, deadline: float, previous_end: float | None):
+    def __init__(self, record: LeaseRecord, deadline: float, previous_end: float | None,
+                 clock: Clock = SYSTEM_CLOCK):
         self.record = record
         self.deadline = deadline
         self.previous_end = previous_end  # wall time the previous owner's last request ended, at the latest
         self.lost = False
+        self.clock = clock
 
     @property
     def bucket(self) -> int:
@@ -90,14 +92,16 @@ class Lease:
 
     def fenced(self, now_mono: float | None = None) -> bool:
         """Must this daemon stop touching the bucket now (lease lost, or not renewed in time)?"""
-        return self.lost or (time.monotonic() if now_mono is None else now_mono) >= self.deadline
+        return self.lost or (self.clock.monotonic() if now_mono is None else now_mono) >= self.deadline
 
 
 class LeaseStore:
-    """Acquire, renew and release bucket leases for one daemon identity."""
+    """Acquire, renew and release bucket leases for one daemon identity, on `clock` (wall time in the records,
+    monotonic time for the fence deadline)."""
 
-    def __init__(self, conf: Config, root: str, owner: str):
+    def __init__(self, conf: Config, root: str, owner: str, clock: Clock = SYSTEM_CLOCK):
         self.root = root
+        self.clock = clock
         self.owner = owner
         self.ttl_s = conf["ownership.lease_ttl_s"]
         self.fence_margin_s = conf["ownership.fence_margin_s"]
@@ -142,8 +146,8 @@ class LeaseStore:
 
     def try_acquire(self, bucket: int) -> Lease | None:
         """Take the bucket if the rule allows it now; None if another daemon holds it or won the race."""
-        started = time.monotonic()
-        now = time.time()
+        started = self.clock.monotonic()
+        now = self.clock.wall()
         previous = self.latest(bucket)
         dead = previous is not None and _process_is_gone(previous)
         if not may_take(previous, now, self.grace_s, dead):
@@ -164,20 +168,20 @@ class LeaseStore:
         log.info("took bucket %05d, epoch %d (previous owner: %s, %s)", bucket, record.epoch,
                  previous.owner if previous else "none", how)
         return Lease(record, fence_deadline(started, self.ttl_s, self.fence_margin_s),
-                     previous_last_end(previous, now, dead))
+                     previous_last_end(previous, now, dead), self.clock)
 
     def renew(self, lease: Lease) -> bool:
         """Extend the lease; False (and the lease marked lost) if it was not renewed before its deadline or a
         higher epoch exists."""
         if lease.lost:
             return False
-        started = time.monotonic()
+        started = self.clock.monotonic()
         if started >= lease.deadline:
             lease.lost = True
             return False
-        record = replace(lease.record, expires_at=time.time() + self.ttl_s)
+        record = replace(lease.record, expires_at=self.clock.wall() + self.ttl_s)
         written = self._write(record, exclusive=False)
-        if not written or self._epochs(lease.bucket)[-1] != record.epoch or time.monotonic() >= lease.deadline:
+        if not written or self._epochs(lease.bucket)[-1] != record.epoch or self.clock.monotonic() >= lease.deadline:
             lease.lost = True
             log.warning("lost bucket %05d (epoch %d): renewed too late or taken over", lease.bucket, record.epoch)
             return False
@@ -190,7 +194,7 @@ class LeaseStore:
         `last_request_end` (wall clock). A lease already lost is left alone."""
         if lease.lost or lease.fenced() or self._epochs(lease.bucket)[-1] != lease.record.epoch:
             return
-        record = replace(lease.record, released=True, expires_at=time.time(), last_request_end=last_request_end)
+        record = replace(lease.record, released=True, expires_at=self.clock.wall(), last_request_end=last_request_end)
         self._write(record, exclusive=False)
         lease.record, lease.lost = record, True
         log.info("released bucket %05d (epoch %d)", lease.bucket, record.epoch)
@@ -226,8 +230,9 @@ class S3LeaseStore(LeaseStore):
     prefix listing (strongly consistent on S3). Fencing is unchanged: it runs on this daemon's own clock.
     """
 
-    def __init__(self, conf: Config, root: str, owner: str, client: Any, s3_bucket: str, prefix: str):
-        super().__init__(conf, root, owner)
+    def __init__(self, conf: Config, root: str, owner: str, client: Any, s3_bucket: str, prefix: str,
+                 clock: Clock = SYSTEM_CLOCK):
+        super().__init__(conf, root, owner, clock)
         self.client, self.s3_bucket, self.prefix = client, s3_bucket, prefix
         self._etags: dict[tuple[int, int], str] = {}  # (bucket, epoch) -> ETag of this daemon's last write
 

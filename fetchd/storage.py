@@ -32,6 +32,7 @@ from collections.abc import Callable
 from typing import Any
 
 from crawler import layout
+from crawler.clock import SYSTEM_CLOCK, Clock
 from crawler.config import Config, s3_endpoint
 from fetchd.output import Fenced, write_json_atomic
 from fetchd.ownership import LeaseStore, S3LeaseStore, s3_errors
@@ -80,8 +81,8 @@ class LocalStore:
         os.makedirs(folder, exist_ok=True)
         write_json_atomic(payload, layout.closed_marker(self.root, segment_id))
 
-    def lease_store(self, conf: Config, owner: str) -> LeaseStore:
-        return LeaseStore(conf, self.root, owner)
+    def lease_store(self, conf: Config, owner: str, clock: Clock = SYSTEM_CLOCK) -> LeaseStore:
+        return LeaseStore(conf, self.root, owner, clock)
 
     def prepare_bucket(self, segment_id: str, bucket: int) -> None:
         """Make the local copy of the bucket current before its recovery and run (nothing to do here)."""
@@ -206,8 +207,8 @@ class S3Store(LocalStore):
             self.client.put_object(Bucket=self.bucket, Key=self.key(relkey), ContentType="application/json",
                                    Body=json.dumps(payload, indent=2, sort_keys=True).encode("utf-8"))
 
-    def lease_store(self, conf: Config, owner: str) -> LeaseStore:
-        return S3LeaseStore(conf, self.root, owner, self.client, self.bucket, self.prefix)
+    def lease_store(self, conf: Config, owner: str, clock: Clock = SYSTEM_CLOCK) -> LeaseStore:
+        return S3LeaseStore(conf, self.root, owner, self.client, self.bucket, self.prefix, clock)
 
     def warc_sizes(self, segment_id: str, bucket: int) -> list[int]:
         folder = self._relative(layout.warc_dir(self.local_root, segment_id, bucket))

@@ -104,10 +104,18 @@ class _Writer:
 
     def __init__(self) -> None:
         self._jobs: queue.SimpleQueue[tuple[Callable[..., Any], tuple[Any, ...], _Waiter]] = queue.SimpleQueue()
+        self._pending = 0  # jobs queued or being written, until their waiters are woken
+        self._pending_lock = threading.Lock()
         threading.Thread(target=self._serve, name="warc-writer", daemon=True).start()
 
     def put(self, job: Callable[..., Any], args: tuple[Any, ...], waiter: _Waiter) -> None:
+        with self._pending_lock:
+            self._pending += 1
         self._jobs.put((job, args, waiter))
+
+    def pending(self) -> int:
+        with self._pending_lock:
+            return self._pending
 
     def _serve(self) -> None:
         while True:
@@ -132,6 +140,8 @@ class _Writer:
             for loop, done in settle.items():
                 with contextlib.suppress(RuntimeError):  # the loop is closed: nobody is waiting any more
                     loop.call_soon_threadsafe(_settle, done)
+            with self._pending_lock:  # only now: a waiter's wake-up is already on its loop's way
+                self._pending -= len(batch)
 
 
 def _settle(done: list[tuple[asyncio.Future, Any, BaseException | None]]) -> None:
@@ -154,6 +164,12 @@ def _writer() -> _Writer:
         if _writer_instance is None:
             _writer_instance = _Writer()
         return _writer_instance
+
+
+def writes_pending() -> int:
+    """WARC jobs queued or being written in this process (an event loop on a virtual clock lets time pass only
+    when this is 0: a write takes no virtual time)."""
+    return _writer_instance.pending() if _writer_instance is not None else 0
 
 
 def iipc_stem(prefix: str, created: float, serial: int, host: str) -> str:
