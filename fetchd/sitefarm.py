@@ -860,9 +860,11 @@ def requested_url(record: dict) -> str | None:
 def politeness_violations(
     log: list[dict], delay_for_host: Callable[[str], float], tolerance_s: float = 0.0
 ) -> list[dict]:
-    """Politeness judged from the server's log alone, per Host header (host and port):
+    """Politeness judged from the server's log alone, per Host header (host and port), by the rule the daemon
+    promises (DESIGN §2.1): from the end of one request to a host to the start of the next, at least its delay.
     `concurrent` — a request started before an earlier one to that host ended;
-    `too_soon` — consecutive request starts closer than delay_for_host(host) - tolerance_s."""
+    `too_soon` — any other request that started less than delay_for_host(host) - tolerance_s after the latest
+    end of an earlier request to that host (end to start: stricter than spacing the starts)."""
     by_host: dict[str, list[dict]] = defaultdict(list)
     for record in log:
         by_host[record["host"]].append(record)
@@ -872,17 +874,17 @@ def politeness_violations(
         required = delay_for_host(host)
         latest_end = records[0]["end"]
         latest_end_path = records[0]["path"]
-        for previous, current in zip(records, records[1:], strict=False):
-            if current["start"] < latest_end:
+        for current in records[1:]:
+            gap = current["start"] - latest_end
+            if gap < 0:
                 violations.append(
                     {"kind": "concurrent", "host": host, "path": current["path"], "start": current["start"],
                      "previous_path": latest_end_path, "previous_end": latest_end}
                 )
-            gap = current["start"] - previous["start"]
-            if gap < required - tolerance_s:
+            elif gap < required - tolerance_s:
                 violations.append(
                     {"kind": "too_soon", "host": host, "path": current["path"], "start": current["start"],
-                     "previous_path": previous["path"], "gap_s": gap, "required_s": required}
+                     "previous_path": latest_end_path, "gap_s": gap, "required_s": required}
                 )
             if current["end"] > latest_end:
                 latest_end, latest_end_path = current["end"], current["path"]

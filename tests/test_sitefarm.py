@@ -287,8 +287,8 @@ def entry(host: str, start: float, end: float, path: str = "/") -> dict:
 
 
 def test_judge_finds_nothing_in_a_polite_log() -> None:
-    log = [entry("a:1", t, t + 0.1) for t in (0.0, 1.0, 2.0, 3.5)]
-    log += [entry("b:1", t, t + 0.5) for t in (0.2, 1.2, 2.2)]  # interleaved with host a: independent
+    log = [entry("a:1", t, t + 0.25) for t in (0.0, 1.25, 2.5, 4.0)]  # 1 s or more from each end to the next start
+    log += [entry("b:1", t, t + 0.5) for t in (0.25, 1.75, 3.25)]  # interleaved with host a: independent
     assert politeness_violations(log, lambda host: 1.0) == []
 
 
@@ -307,13 +307,32 @@ def test_judge_finds_starts_too_close() -> None:
     delays = {"a:1": 1.0, "b:1": 0.4}
     violations = politeness_violations(log, delays.__getitem__)
     assert [(v["kind"], v["host"], v["path"]) for v in violations] == [("too_soon", "a:1", "/early")]
-    assert violations[0]["gap_s"] == pytest.approx(0.9)
+    assert violations[0]["gap_s"] == pytest.approx(0.8)  # from the end of the previous request
     assert violations[0]["required_s"] == 1.0
-    assert politeness_violations(log, delays.__getitem__, tolerance_s=0.15) == []
+    assert politeness_violations(log, delays.__getitem__, tolerance_s=0.25) == []
+
+
+def test_judge_counts_the_delay_from_the_end_of_the_previous_request() -> None:
+    """Starts 1.5 s apart satisfy a 1 s delay start to start, but the first request took 0.8 s: from its end to the
+    next start is only 0.7 s, which the daemon promises never to do."""
+    log = [entry("a:1", 0.0, 0.8, "/slow"), entry("a:1", 1.5, 1.6, "/next"), entry("a:1", 2.6, 2.7, "/polite")]
+    violations = politeness_violations(log, lambda host: 1.0)
+    assert [(v["kind"], v["path"], v["previous_path"]) for v in violations] == [("too_soon", "/next", "/slow")]
+    assert violations[0]["gap_s"] == pytest.approx(0.7)
+
+
+def test_judge_measures_from_the_latest_end_of_any_earlier_request() -> None:
+    """After an overlap (reported once, as concurrent), the next request is measured from the end of the one that
+    ended last, not from the start of its predecessor."""
+    log = [entry("a:1", 0.0, 3.0, "/long"), entry("a:1", 1.0, 1.1, "/inside"), entry("a:1", 3.5, 3.6, "/after")]
+    violations = politeness_violations(log, lambda host: 1.0)
+    assert [(v["kind"], v["path"]) for v in violations] == [("concurrent", "/inside"), ("too_soon", "/after")]
+    assert violations[1]["previous_path"] == "/long" and violations[1]["gap_s"] == pytest.approx(0.5)
 
 
 def test_judge_on_the_real_server_log(tmp_path: Path) -> None:
-    """Two simultaneous requests to one host are caught from the server's own log; spaced ones are not."""
+    """Two simultaneous requests to one host, then one right after, are caught from the server's own log; spaced
+    ones are not."""
     log_path = tmp_path / "log.jsonl"
     with SiteFarm(FarmSpec(hosts=2, pages_per_host=5, latency_s=0.2), log_path) as small:
         threads = [threading.Thread(target=get, args=(small, "site-000.farm.test", p)) for p in ("/", "/section/0/")]
@@ -321,6 +340,7 @@ def test_judge_on_the_real_server_log(tmp_path: Path) -> None:
             thread.start()
         for thread in threads:
             thread.join(10)
+        get(small, "site-000.farm.test", "/robots.txt")  # at once after both ended: too soon
         for path in ("/", "/robots.txt"):
             get(small, "site-001.farm.test", path)
             time.sleep(0.3)
@@ -328,6 +348,7 @@ def test_judge_on_the_real_server_log(tmp_path: Path) -> None:
     log = read_request_log(log_path)
     violations = politeness_violations(log, lambda host: 0.3)
     assert {v["host"] for v in violations} == {f"site-000.farm.test:{port}"}
+    assert sorted((v["kind"], v["path"]) for v in violations)[-1] == ("too_soon", "/robots.txt")
     assert {v["kind"] for v in violations} == {"concurrent", "too_soon"}
 
 
