@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -45,34 +46,41 @@ def describe(result: Any) -> str:
     return str(result)
 
 
-def _timed(report: CycleReport, name: str, func, *args, **kwargs):
-    started = time.monotonic()
-    log.info("cycle: %s started", name)
-    result = func(*args, **kwargs)
-    report.seconds[name] = time.monotonic() - started
-    report.steps[name] = result
-    log.info("cycle: %s done in %.1fs: %s", name, report.seconds[name], result)
-    return result
+AfterStep = Callable[[str, Any], None]  # (step name, its result), called once the step is over
 
 
-def run_cycle(spark: SparkSession, conf: Config, root: str, seeds: str | None = None) -> CycleReport:
+def run_cycle(spark: SparkSession, conf: Config, root: str, seeds: str | None = None,
+              after_step: AfterStep | None = None) -> CycleReport:
+    """Run the steps in order; `after_step` is told when each is over (the tests keep a copy of the root there)."""
     from fetchd.daemon import exit_status, fetch_segment
     from jobs import dedup, generate, inject, parse, update
 
     report = CycleReport(segment_id=None)
+
+    def timed(name: str, func, *args):
+        started = time.monotonic()
+        log.info("cycle: %s started", name)
+        result = func(*args)
+        report.seconds[name] = time.monotonic() - started
+        report.steps[name] = result
+        log.info("cycle: %s done in %.1fs: %s", name, report.seconds[name], result)
+        if after_step is not None:
+            after_step(name, result)
+        return result
+
     if seeds:
-        _timed(report, "inject", inject.run, spark, conf, root, seeds)
-    generated = _timed(report, "generate", generate.run, spark, conf, root)
+        timed("inject", inject.run, spark, conf, root, seeds)
+    generated = timed("generate", generate.run, spark, conf, root)
     if not generated.url_count:
         return report
     report.segment_id = generated.segment_id
-    fetched = _timed(report, "fetch", fetch_segment, conf, root, generated.segment_id)
+    fetched = timed("fetch", fetch_segment, conf, root, generated.segment_id)
     if fetched.get("stopped_by"):
         # SIGTERM/SIGINT stopped the fetch (its results are published, its buckets released): the process was
         # asked to end, so the cycle ends here instead of going on to parse; the next fetch resumes the segment.
         raise SystemExit(exit_status(fetched))
-    _timed(report, "parse", parse.run, spark, conf, root, generated.segment_id)
+    timed("parse", parse.run, spark, conf, root, generated.segment_id)
     # Before update: update copies pages.duplicate_of into index_events and takes a parent's (lowered) priority.
-    _timed(report, "dedup", dedup.run, spark, conf, root, generated.segment_id)
-    _timed(report, "update", update.run, spark, conf, root, generated.segment_id)
+    timed("dedup", dedup.run, spark, conf, root, generated.segment_id)
+    timed("update", update.run, spark, conf, root, generated.segment_id)
     return report
