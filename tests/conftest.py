@@ -1,43 +1,145 @@
-"""Shared fixtures: one real local SparkSession with Delta for the whole test session, test config."""
+"""Session fixtures and the two lanes of the suite.
+
+Lanes: `make test` runs pytest-xdist with `-n 2 --dist loadgroup`. Every test that starts Spark — the shared
+in-process session (the `spark` fixture, directly or through another fixture) or a JVM in a child process
+(marked `spark`) — is in the `spark` group; every other test (the daemon against loopback servers, pure rules)
+is in the `light` group. Each group runs in one worker process, so the daemon tests' politeness waits overlap
+Spark's work, and the two lanes share no process, port range (`tests/support/servers.py::free_port`) or folder.
+
+Shared, built once per session where a test first needs them: the SparkSession, the shared crawl
+(`tests/support/crawl.py`) and the Airflow cycle on a standalone cluster (`tests/support/airflow.py`), which
+starts in the background as soon as the session is up when any selected test reads it.
+"""
 
 from __future__ import annotations
+
+import importlib.machinery
+import sys
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
 from crawler import config as config_mod
+from tests.support.config import load_test_config
 
-# Small, fast settings for tests; everything else is the documented default.
-TEST_OVERRIDES = {
-    "spark.master": "local[2]",
-    "spark.shuffle_partitions": 2,
-    "spark.driver_memory": "2g",
-    "spark.log_level": "ERROR",
-    "crawl.buckets": 4,
-    "politeness.min_delay_s": 0.2,
-    "fetch.allow_networks": ["127.0.0.0/8"],
-    "fetch.progress_interval_s": 5.0,
-    "fetch.total_timeout_s": 10.0,
-    # A daemon taking over a bucket waits this long before a host whose robots.txt it does not know yet (the
-    # farm's largest Crawl-delay is 0.5 s); the 60 s default would stall the takeover tests.
-    "politeness.max_crawl_delay_s": 2.0,
-    # Sitemap discovery adds URLs to every crawl of the farm; the tests that check it turn it on.
-    "sitemaps.probe_default_location": False,
-    "sitemaps.from_robots": False,
-}
+# An xdist worker's __main__ (execnet's) has neither __spec__ nor __file__, which pyspark's Spark Connect package
+# takes for a doctest run: importing it (Great Expectations does) then exits the process. A spec named __main__
+# says otherwise, and multiprocessing's spawn re-imports nothing for it in a child (as before).
+if getattr(sys.modules["__main__"], "__spec__", None) is None and not hasattr(sys.modules["__main__"], "__file__"):
+    sys.modules["__main__"].__spec__ = importlib.machinery.ModuleSpec("__main__", None)
+
+SPARK_LANE, LIGHT_LANE = "spark", "light"
+# Fixtures that start Spark, in this process or a child; the cycles that run all in child processes start in the
+# background as soon as the session is up.
+BACKGROUND_CYCLES = ("airflow_cycle", "s3_cycle")
+BACKGROUND_CYCLES_SET = frozenset(BACKGROUND_CYCLES)
+SPARK_FIXTURES = frozenset({"spark", *BACKGROUND_CYCLES})
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--lane", choices=(SPARK_LANE, LIGHT_LANE), help="run only the tests of this lane")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "spark: starts a Spark JVM in a child process (runs in the Spark lane)")
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Put every test in its lane (before xdist reads the groups), the readers of a background cycle last; with
+    --lane, keep only that lane's."""
+    lanes = {}
+    for item in items:
+        uses_spark = (not SPARK_FIXTURES.isdisjoint(getattr(item, "fixturenames", ()))
+                      or item.get_closest_marker("spark") is not None)
+        lanes[item] = SPARK_LANE if uses_spark else LIGHT_LANE
+        item.add_marker(pytest.mark.xdist_group(lanes[item]))
+    # The tests that read a background cycle go last, so the cycle has the rest of the lane's time to finish.
+    items.sort(key=lambda item: not BACKGROUND_CYCLES_SET.isdisjoint(getattr(item, "fixturenames", ())))
+    wanted = config.getoption("lane")
+    if wanted:
+        config.hook.pytest_deselected(items=[item for item in items if lanes[item] != wanted])
+        items[:] = [item for item in items if lanes[item] == wanted]
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Under `--dist loadgroup` a worker names each test with its group (`...@spark`); a test without one would be
+    spread over both lanes, so the Spark tests would start a second JVM: refuse to run (an xdist/pytest upgrade
+    broke the lanes before)."""
+    if session.config.getoption("loadgroup", default=False):
+        stray = [item.nodeid for item in session.items if "@" not in item.nodeid.rsplit("]", 1)[-1]]
+        if stray:
+            raise pytest.UsageError(f"--dist loadgroup did not group {len(stray)} tests, e.g. {stray[:3]}")
 
 
 @pytest.fixture(scope="session")
 def base_conf() -> config_mod.Config:
-    return config_mod.load().with_overrides(TEST_OVERRIDES)
+    return load_test_config()
 
 
 @pytest.fixture(scope="session")
-def spark(base_conf):
+def spark(base_conf, request):
     from jobs.base import spark_session
 
     session = spark_session(base_conf, app_name="cyclecrawl-tests")
+    for cycle in BACKGROUND_CYCLES:
+        if any(cycle in getattr(item, "fixturenames", ()) for item in request.session.items):
+            # All its work is in child processes: started now, it overlaps the in-process Spark tests (which
+            # leave part of the two cores idle) instead of running after them.
+            request.getfixturevalue(f"{cycle}_started")
     yield session
     session.stop()
+
+
+@pytest.fixture(scope="session")
+def shared_crawl(spark, base_conf, tmp_path_factory):
+    """The one crawl of the farm that the end-to-end, sitemap, trap and crash tests read (`tests/support/crawl.py`)."""
+    from tests.support.crawl import run_shared_crawl
+
+    return run_shared_crawl(spark, base_conf, tmp_path_factory.mktemp("shared-crawl"))
+
+
+@pytest.fixture(scope="session")
+def airflow_cycle_started(base_conf, tmp_path_factory):
+    """One whole cycle through Airflow, its Spark steps on a standalone cluster that is stopped afterwards, running
+    in a background thread (all its work is in child processes); the fixture waits for it at the session's end."""
+    from tests.support.airflow import run_cycle_through_airflow
+    from tests.support.cluster import standalone_cluster
+
+    base = tmp_path_factory.mktemp("airflow-cycle")
+
+    def run():
+        with standalone_cluster(base / "cluster") as cluster:
+            return run_cycle_through_airflow(base_conf, cluster, base)
+
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="airflow-cycle") as executor:
+        future = executor.submit(run)
+        yield future
+        future.exception()  # on the way out: no child process outlives the session
+
+
+@pytest.fixture(scope="session")
+def airflow_cycle(airflow_cycle_started):
+    """What the Airflow cycle left; the Airflow and the cluster tests both read it."""
+    return airflow_cycle_started.result()
+
+
+@pytest.fixture(scope="session")
+def s3_cycle_started(base_conf, tmp_path_factory):
+    """One whole cycle on an s3:// root of moto's server (kept up for the session), in a background thread."""
+    from tests.support.s3 import moto_server
+    from tests.support.s3_cycle import run_s3_cycle
+
+    base = tmp_path_factory.mktemp("s3-cycle")
+    with moto_server() as server, ThreadPoolExecutor(max_workers=1, thread_name_prefix="s3-cycle") as executor:
+        future = executor.submit(run_s3_cycle, base_conf, server, base)
+        yield future
+        future.exception()
+
+
+@pytest.fixture(scope="session")
+def s3_cycle(s3_cycle_started):
+    return s3_cycle_started.result()
 
 
 @pytest.fixture(autouse=True)

@@ -1,29 +1,25 @@
-"""The Airflow 3 DAG airflow_dags/crawl_cycle.py with a real Airflow, and the fetch progress check it polls.
-
-Airflow runs in subprocesses with its own AIRFLOW_HOME (sqlite metadata DB, no examples), so its global
-configuration and logging never touch the rest of the test session.
+"""The Airflow 3 DAG airflow_dags/crawl_cycle.py with a real Airflow (`tests/support/airflow.py`), and the fetch
+progress check it polls. The whole cycle through Airflow runs once per session, its Spark steps on a standalone
+cluster (the `airflow_cycle` fixture, which `tests/test_spark_cluster.py` reads as well).
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
-import signal
 import subprocess
 import sys
-import textwrap
 from pathlib import Path
 
 import pytest
-import yaml
 
 from crawler import layout
 from fetchd.progress import segment_progress
+from fetchd.sitefarm import requested_url
+from tests.support import airflow
+from tests.support.airflow import DAGS, run_airflow_script
 
 REPO = Path(__file__).resolve().parents[1]
-DAGS = REPO / "airflow_dags"
-BIN = Path(sys.executable).parent
 CYCLE_ORDER = ["inject", "generate", "fetch", "parse", "dedup", "update", "validate", "maintenance_due", "maintain"]
 
 
@@ -63,7 +59,7 @@ def test_progress_refuses_a_segment_id_that_leaves_its_folder(root):
 
 def test_progress_of_an_s3_root_lists_the_daemons_s3_keys(base_conf, tmp_path):
     """On S3 the same question is asked of prefixes and manifest keys, through the daemons' own store."""
-    from tests.moto_s3 import moto_server
+    from tests.support.s3 import moto_server
 
     with moto_server() as s3:
         bucket = s3.make_bucket("crawl")
@@ -80,30 +76,7 @@ def test_progress_of_an_s3_root_lists_the_daemons_s3_keys(base_conf, tmp_path):
 
 @pytest.fixture(scope="module")
 def airflow_env(tmp_path_factory) -> dict[str, str]:
-    """Environment of an isolated Airflow: its own home and sqlite DB, our DAG folder only, fast pokes and no
-    retries (a failing step fails the test at once instead of backing off)."""
-    home = tmp_path_factory.mktemp("airflow_home")
-    env = {
-        **os.environ,
-        "AIRFLOW_HOME": str(home),
-        "AIRFLOW__CORE__DAGS_FOLDER": str(DAGS),
-        "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
-        "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{home}/airflow.db",
-        "CYCLECRAWL_RETRIES": "0",
-        "CYCLECRAWL_POKE_INTERVAL_S": "2",
-        "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}",  # crawl, crawl-submit, fetchd of this venv
-    }
-    return env
-
-
-def run_airflow_script(env: dict[str, str], tmp_path: Path, script: str, *args: str, timeout: float = 120) -> dict:
-    """Run `script` (which prints one JSON line last) with a real Airflow in a subprocess."""
-    path = tmp_path / "airflow_script.py"
-    path.write_text(textwrap.dedent(script))
-    result = subprocess.run([sys.executable, str(path), *args], env=env, cwd=tmp_path, capture_output=True,
-                            text=True, timeout=timeout)
-    assert result.returncode == 0, result.stdout[-5000:] + result.stderr[-5000:]
-    return json.loads(result.stdout.strip().splitlines()[-1])
+    return airflow.airflow_env(tmp_path_factory.mktemp("airflow_home"))
 
 
 LOAD_DAG = """
@@ -259,87 +232,27 @@ def test_close_segment_command_writes_the_marker_once(root):
     assert json.loads(Path(layout.closed_marker(root, "seg-1")).read_text()) == marker
 
 
-RUN_CYCLE = """
-    import json, sys
-    from airflow.dag_processing.dagbag import DagBag
-    sys.path.insert(0, sys.argv[1])
-    from crawl_cycle import segment_id
-
-    dag = DagBag(dag_folder=sys.argv[1]).dags["crawl_cycle"]
-    run = dag.test(run_conf=json.loads(sys.argv[2]))
-    print(json.dumps({"state": str(run.state), "segment": segment_id(run),
-                      "tasks": {ti.task_id: str(ti.state) for ti in run.get_task_instances()}}))
-    """
-
-
-def crawl_commands() -> set[str]:
-    from jobs.cli import _parser
-
-    return next(set(a.choices) for a in _parser()._actions if isinstance(a, argparse._SubParsersAction))
-
-
 @pytest.mark.slow
 @pytest.mark.timeout(1500)
-def test_one_cycle_through_airflow_with_a_fetch_daemon(base_conf, airflow_env, tmp_path, request):
-    """`dag.test` drives one whole cycle: Spark steps through crawl-submit, the fetch by a `fetchd serve`
-    daemon running beside it on the same root; then the tables hold the segment's fetches, pages and URLs."""
-    from fetchd.sitefarm import FarmSpec, SiteFarm, read_request_log, requested_url
-    from jobs import demo
-
-    root = tmp_path / "root"
-    root.mkdir()
-    farm_log = tmp_path / "farm-requests.jsonl"
-    farm = SiteFarm(FarmSpec(hosts=3, pages_per_host=8), log_path=farm_log)
-    farm.start()
-    daemon = None
-    try:
-        conf = demo.demo_config(base_conf.with_overrides({"demo.min_delay_s": 0.2, "fetch.poll_interval_s": 1.0}),
-                                str(root), farm)
-        config_file = tmp_path / "crawl.yaml"
-        config_file.write_text(yaml.safe_dump(conf.as_dict()))
-        seed_urls = set(farm.seed_urls())
-        seeds = tmp_path / "seeds.txt"
-        seeds.write_text("\n".join(sorted(seed_urls)) + "\n")
-        subprocess.run([BIN / "airflow", "db", "migrate"], env=airflow_env, check=True, capture_output=True,
-                       timeout=300)
-        with open(tmp_path / "fetchd.log", "w") as daemon_log:
-            daemon = subprocess.Popen([BIN / "fetchd", "serve", "--root", str(root), "--config", str(config_file)],
-                                      stdout=daemon_log, stderr=subprocess.STDOUT)
-        run_conf = {"config": str(config_file), "root": str(root), "seeds": str(seeds), "spark_master": "local[2]",
-                    "segment_max_urls": 1000, "fetch_mode": "daemons", "fetch_deadline_minutes": 10,
-                    "maintain": "never"}
-        found = run_airflow_script(airflow_env, tmp_path, RUN_CYCLE, str(DAGS), json.dumps(run_conf), timeout=1200)
-    finally:
-        if daemon is not None:
-            daemon.send_signal(signal.SIGTERM)
-            try:
-                daemon.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                daemon.kill()
-        farm.stop()
-    assert daemon.returncode == 0, (tmp_path / "fetchd.log").read_text()[-3000:]
-
-    tasks = found["tasks"]
-    expected = {"inject": "success", "generate": "success", "fetch": "success", "await_daemons": "success",
-                "fetch_segment": "skipped", "parse": "success", "dedup": "success", "update": "success",
-                "maintenance_due": "success", "maintain": "skipped"}
-    if "validate" in crawl_commands():
-        expected["validate"] = "success"
-    else:  # `crawl validate` is not written yet: the task calls it anyway and fails, which stops maintenance
-        expected.update(validate="failed", maintenance_due="upstream_failed", maintain="upstream_failed")
-    assert tasks == expected, tasks
-
-    spark = request.getfixturevalue("spark")  # only now: the cycle's spark-submit JVMs have all exited
+def test_one_cycle_through_airflow_with_a_fetch_daemon(spark, airflow_cycle):
+    """`dag.test` drove one whole cycle: Spark steps through crawl-submit, the fetch by a `fetchd serve` daemon
+    running beside it on the same root; then the tables hold the segment's fetches, pages and URLs."""
     from delta_tables import table_df
 
-    segment = found["segment"]
-    fetches = table_df(spark, str(root), "fetches").where(f"segment_id = '{segment}'")
+    assert airflow_cycle.daemon_returncode == 0, airflow_cycle.daemon_log[-3000:]
+    assert airflow_cycle.tasks == {
+        "inject": "success", "generate": "success", "fetch": "success", "await_daemons": "success",
+        "fetch_segment": "skipped", "parse": "success", "dedup": "success", "update": "success",
+        "validate": "success", "maintenance_due": "success", "maintain": "skipped"}
+
+    root, segment, seed_urls = str(airflow_cycle.root), airflow_cycle.segment, airflow_cycle.seed_urls
+    fetches = table_df(spark, root, "fetches").where(f"segment_id = '{segment}'")
     answered = {r["url"] for r in fetches.where("status_code is not null").collect()}
     assert seed_urls <= answered
-    assert seed_urls <= set(map(requested_url, read_request_log(farm_log)))  # fetched from the farm, for real
-    urls = table_df(spark, str(root), "urls")
+    assert seed_urls <= set(map(requested_url, airflow_cycle.farm_log))  # fetched from the farm, for real
+    urls = table_df(spark, root, "urls")
     fetched_urls = {r["url"] for r in urls.where("status = 'fetched'").collect()}
     assert seed_urls <= fetched_urls
     assert urls.where(f"lease_segment = '{segment}'").count() == 0  # every fetched URL's lease completed
-    pages = table_df(spark, str(root), "pages").where(f"segment_id = '{segment}'")
+    pages = table_df(spark, root, "pages").where(f"segment_id = '{segment}'")
     assert pages.count() > 0 and pages.where("title is not null").count() > 0

@@ -17,6 +17,7 @@ from crawler import layout, urls
 from crawler.records import FETCHED
 from delta_tables import tables
 from jobs import dedup, generate, inject, update
+from tests.support.tables import append_rows
 
 SEG, OLD_SEG, NEXT_SEG = "seg-d1", "seg-d0", "seg-d2"
 BASE = 0x5A5A_F0F0_1234_8765
@@ -46,12 +47,6 @@ def uid(url: str) -> str:
 def page_row(url: str, segment: str, version: int, at: datetime, content_hash: str, simhash: int | None) -> dict:
     return {"url_id": uid(url), "state_version": version, "url": url, "segment_id": segment, "fetched_at": at,
             "content_hash": content_hash, "simhash": simhash}
-
-
-def append_rows(spark, root: str, name: str, rows: list[dict]) -> None:
-    schema = tables.TABLES[name].schema
-    df = spark.createDataFrame([tuple(r.get(f.name) for f in schema.fields) for r in rows], schema)
-    df.write.format("delta").mode("append").save(tables.table_path(root, name))
 
 
 def table_rows(spark, root: str, name: str) -> list[str]:

@@ -6,163 +6,35 @@ an independent reader. Only farm names mapped to 127.0.0.1 (static_hosts) and IP
 
 from __future__ import annotations
 
-import asyncio
-import gzip
 import json
 import os
 import random
 import re
-import socket
 import subprocess
 import sys
 import threading
 import time
 from collections import Counter
+from email.utils import formatdate
 from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from aiohttp import web
 from fastwarc.warc import ArchiveIterator, WarcRecordType
 
 from crawler import layout, records, urls
+from crawler.politeness import HostGate
 from crawler.robots import RobotsPolicy
 from fetchd import cli
 from fetchd.daemon import fetch_segment, serve
 from fetchd.sitefarm import FarmSpec, SiteFarm, politeness_violations, read_request_log
+from tests.support import virtual
+from tests.support.fetchlists import by_url, files_under, read_results, record_at, write_fetchlist
+from tests.support.servers import EdgeServer, edge_conf
 
 SEGMENT = "seg-test"
 MIN_DELAY = 0.2
-
-
-# ---- helpers -------------------------------------------------------------------------------------------
-
-
-def write_fetchlist(root: str, segment_id: str, items: list[dict], buckets: int) -> dict[int, list[dict]]:
-    """Fetch-list Parquet per bucket, as generate writes it (sorted by host then rank). Items: url, etag..."""
-    by_bucket: dict[int, list[dict]] = {}
-    ranks: Counter[str] = Counter()
-    for item in items:
-        url = urls.canonicalize(item["url"])
-        key = urls.host_key(url)
-        ranks[key] += 1
-        row = {
-            "segment_id": segment_id, "url_id": urls.url_id(url), "url": url, "host_key": key,
-            "state_version": 1, "rank": ranks[key], "priority": 1.0, "depth": 0,
-            "etag": item.get("etag"), "last_modified": item.get("last_modified"), "delay_s": MIN_DELAY,
-            "last_fetch_at": item.get("last_fetch_at"),
-        }
-        by_bucket.setdefault(urls.bucket_of(key, buckets), []).append(row)
-    for bucket, rows in by_bucket.items():
-        folder = layout.fetchlist_dir(root, segment_id, bucket)
-        os.makedirs(folder, exist_ok=True)
-        rows.sort(key=lambda r: (r["host_key"], r["rank"]))
-        pq.write_table(pa.Table.from_pylist(rows, schema=records.FETCHLIST), os.path.join(folder, "part-00000.parquet"))
-        Path(folder, "_SUCCESS").touch()  # Spark's marker must be ignored
-    return by_bucket
-
-
-def read_results(root: str, segment_id: str, kind: str = "fetched") -> list[dict]:
-    base = layout.fetched_dir(root, segment_id) if kind == "fetched" else layout.robots_dir(root, segment_id)
-    rows: list[dict] = []
-    for folder, _, names in os.walk(base):
-        for name in sorted(names):
-            if name.endswith(".parquet") and not name.startswith((".", "_")):
-                for row in pq.read_table(os.path.join(folder, name)).to_pylist():
-                    row["_file"] = os.path.join(folder, name)
-                    rows.append(row)
-    return rows
-
-
-def files_under(path: str) -> set[str]:
-    return {os.path.relpath(os.path.join(d, n), path) for d, _, names in os.walk(path) for n in names}
-
-
-def record_at(root: str, filename: str, offset: int):
-    """The first WARC record at `offset`, read by fastwarc, with its HTTP headers parsed."""
-    with open(os.path.join(root, filename), "rb") as fh:
-        fh.seek(offset)
-        record = next(iter(ArchiveIterator(fh, parse_http=True)))
-        record.freeze()
-        return record
-
-
-class EdgeServer:
-    """A loopback server for the cases the farm does not cover; routes by Host name and path, logs requests."""
-
-    def __init__(self):
-        self.log: list[dict] = []
-        self.busy_calls = 0
-        self.loop = asyncio.new_event_loop()
-        sock = socket.socket()
-        sock.bind(("127.0.0.1", 0))
-        sock.listen(64)
-        sock.setblocking(False)
-        self.port = sock.getsockname()[1]
-        ready = threading.Event()
-
-        def run() -> None:
-            asyncio.set_event_loop(self.loop)
-            app = web.Application()
-            app.router.add_route("*", "/{tail:.*}", self.handle)
-            self.runner = web.AppRunner(app, access_log=None)
-            self.loop.run_until_complete(self.runner.setup())
-            self.loop.run_until_complete(web.SockSite(self.runner, sock).start())
-            ready.set()
-            self.loop.run_forever()
-            self.loop.run_until_complete(self.runner.cleanup())
-
-        self.thread = threading.Thread(target=run, daemon=True)
-        self.thread.start()
-        assert ready.wait(10)
-
-    def stop(self) -> None:
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self.thread.join(10)
-
-    def url(self, host: str, path: str) -> str:
-        return f"http://{host}:{self.port}{path}"
-
-    def requests(self, host: str) -> list[dict]:
-        return [r for r in self.log if r["host"] == host]
-
-    async def handle(self, request: web.Request) -> web.StreamResponse:
-        start = time.time()
-        host = request.host.rpartition(":")[0] or request.host
-        response = self._respond(host, request)
-        await response.prepare(request)
-        self.log.append({"host": host, "path": request.path_qs, "start": start, "end": time.time(),
-                         "headers": dict(request.headers)})
-        await response.write_eof()
-        return response
-
-    def _respond(self, host: str, request: web.Request) -> web.StreamResponse:
-        path = request.path
-        if host == "broken.test" and path == "/robots.txt":
-            return web.Response(status=503, text="down")
-        if host == "moved.test" and path == "/robots.txt":
-            return web.Response(status=301, headers={"Location": "/real-robots.txt"})
-        if host == "moved.test" and path == "/real-robots.txt":
-            body = gzip.compress(b"User-agent: *\nDisallow: /no\n")
-            return web.Response(body=body, headers={"Content-Encoding": "gzip", "Content-Type": "text/plain"})
-        if path == "/robots.txt":
-            return web.Response(text="User-agent: *\nDisallow: /secret\n")
-        if host == "flaky.test":
-            return web.Response(status=500, text="oops")
-        if path == "/etag":
-            if request.headers.get("If-None-Match") == '"v1"':
-                return web.Response(status=304, headers={"ETag": '"v1"'})
-            return web.Response(text="versioned", headers={"ETag": '"v1"'})
-        if path == "/busy":
-            self.busy_calls += 1
-            if self.busy_calls == 1:
-                return web.Response(status=429, text="slow down", headers={"Retry-After": "1"})
-        if path == "/big":
-            return web.Response(body=b"x" * 50_000, content_type="application/octet-stream")
-        if path == "/moved":
-            return web.Response(status=301, headers={"Location": "/target?x=1#frag"})
-        return web.Response(text=f"<html><title>{path}</title></html>", content_type="text/html")
 
 
 @pytest.fixture
@@ -170,22 +42,6 @@ def edge():
     server = EdgeServer()
     yield server
     server.stop()
-
-
-def edge_conf(base_conf, edge: EdgeServer, **overrides):
-    values = {
-        "politeness.min_delay_s": 0.1,
-        "fetch.static_hosts": {
-            **{name: "127.0.0.1" for name in ("edge.test", "broken.test", "flaky.test", "moved.test")},
-            "private.test": "10.0.0.1",
-        },
-    }
-    values.update(overrides)
-    return base_conf.with_overrides(values)
-
-
-def by_url(rows: list[dict]) -> dict[str, dict]:
-    return {row["url"]: row for row in rows}
 
 
 # ---- the farm crawl (run once, judged many ways) -----------------------------------------------------
@@ -337,7 +193,7 @@ def test_rerunning_a_finished_segment_is_a_no_op(farm_crawl):
 
 
 def test_not_modified_is_a_revisit_record(edge, base_conf, root):
-    conf = edge_conf(base_conf, edge)
+    conf = edge_conf(base_conf)
     write_fetchlist(root, SEGMENT, [{"url": edge.url("edge.test", "/etag"), "etag": '"v1"',
                                      "last_modified": "Wed, 21 Oct 2015 07:28:00 GMT"}], conf["crawl.buckets"])
     fetch_segment(conf, root, SEGMENT)
@@ -353,7 +209,7 @@ def test_not_modified_is_a_revisit_record(edge, base_conf, root):
 
 
 def test_retry_after_slows_the_host(edge, base_conf, root):
-    conf = edge_conf(base_conf, edge)
+    conf = edge_conf(base_conf)
     write_fetchlist(root, SEGMENT, [{"url": edge.url("edge.test", p)} for p in ("/busy", "/after", "/later")],
                     conf["crawl.buckets"])
     fetch_segment(conf, root, SEGMENT)
@@ -363,12 +219,39 @@ def test_retry_after_slows_the_host(edge, base_conf, root):
     log = sorted(edge.requests("edge.test"), key=lambda r: r["start"])
     paths = [r["path"] for r in log]
     assert paths == ["/robots.txt", "/busy", "/after", "/later"]
-    assert log[2]["start"] - log[1]["end"] >= 1.0          # Retry-After honoured, counted from the 429's end
-    assert 0.1 <= log[3]["start"] - log[2]["end"] < 0.9    # and the host recovers after a success
+    assert log[2]["start"] - log[1]["end"] >= 1.0  # Retry-After honoured, counted from the 429's end
+    assert log[3]["start"] - log[2]["end"] >= 0.5  # a success halves the backoff (exactly: the virtual twin below)
+
+
+@pytest.mark.parametrize(("retry_after", "expected"), [
+    ("1", [0.1, 1.0, 0.5, 0.25, 0.125, 0.1, 0.1]),
+    ("date", [0.1, 1.9, 0.95, 0.475, 0.2375, 0.11875, 0.1]),
+], ids=["seconds", "http-date"])
+def test_retry_after_slows_the_host_and_successes_halve_it_exactly_on_the_virtual_clock(base_conf, retry_after,
+                                                                                         expected):
+    """The same host on the virtual clock (the real scheduler and gates, made from the daemon's config): the request
+    after the 429 starts exactly the Retry-After (seconds, or an HTTP date) after the 429's end; each success then
+    halves the backoff until it is no longer above the minimum delay, which is back from then on."""
+    conf = edge_conf(base_conf)
+    assert conf["politeness.min_delay_s"] == 0.1 and conf["politeness.backoff_recovery_factor"] == 0.5
+
+    def answer(host: str, path: str, earlier: int) -> virtual.Answer:
+        if path == "/busy":  # it starts at 0.1 s (robots.txt answered at once): the date is 1.9 s after its end
+            value = formatdate(virtual.EPOCH + 2.0, usegmt=True) if retry_after == "date" else "1"
+            return virtual.Answer(429, 0.0, value)
+        return virtual.Answer(404 if path == "/robots.txt" else 200, 0.0)
+
+    paths = ["/busy", "/after", "/p2", "/p3", "/p4", "/p5", "/p6"]
+    run = virtual.VirtualBucketRun(virtual.rows_of("http://edge.test", paths),
+                                   lambda _key: HostGate.from_config(conf), virtual.ScriptedServer(answer))
+    run.run()
+    log = run.server.requests("http://edge.test")
+    assert [r.path for r in log] == ["/robots.txt", *paths]
+    assert virtual.gaps(log) == pytest.approx(expected)
 
 
 def test_body_cap_truncates(edge, base_conf, root):
-    conf = edge_conf(base_conf, edge, **{"fetch.max_body_bytes": 10_000, "fetch.accept_content_types": []})
+    conf = edge_conf(base_conf, **{"fetch.max_body_bytes": 10_000, "fetch.accept_content_types": []})
     write_fetchlist(root, SEGMENT, [{"url": edge.url("edge.test", "/big")}], conf["crawl.buckets"])
     fetch_segment(conf, root, SEGMENT)
     [row] = read_results(root, SEGMENT)
@@ -379,7 +262,7 @@ def test_body_cap_truncates(edge, base_conf, root):
 
 
 def test_redirect_is_reported_not_followed(edge, base_conf, root):
-    conf = edge_conf(base_conf, edge, **{"fetch.max_redirects": 0})  # following: tests/test_fetch_limits.py
+    conf = edge_conf(base_conf, **{"fetch.max_redirects": 0})  # following: tests/test_fetch_limits.py
     write_fetchlist(root, SEGMENT, [{"url": edge.url("edge.test", "/moved")}], conf["crawl.buckets"])
     fetch_segment(conf, root, SEGMENT)
     [row] = read_results(root, SEGMENT)
@@ -389,7 +272,7 @@ def test_redirect_is_reported_not_followed(edge, base_conf, root):
 
 
 def test_loopback_literal_is_blocked_without_allow_list(edge, base_conf, root):
-    conf = edge_conf(base_conf, edge, **{"fetch.allow_networks": []})
+    conf = edge_conf(base_conf, **{"fetch.allow_networks": []})
     write_fetchlist(root, SEGMENT, [{"url": edge.url("127.0.0.1", "/a")}, {"url": edge.url("127.0.0.1", "/b")}],
                     conf["crawl.buckets"])
     fetch_segment(conf, root, SEGMENT)
@@ -400,7 +283,7 @@ def test_loopback_literal_is_blocked_without_allow_list(edge, base_conf, root):
 
 
 def test_static_host_on_private_address_is_blocked_before_connecting(edge, base_conf, root):
-    conf = edge_conf(base_conf, edge)  # private.test -> 10.0.0.1, allow list 127.0.0.0/8 only
+    conf = edge_conf(base_conf)  # private.test -> 10.0.0.1, allow list 127.0.0.0/8 only
     write_fetchlist(root, SEGMENT, [{"url": "http://private.test/"}, {"url": "http://private.test/x"}],
                     conf["crawl.buckets"])
     started = time.monotonic()
@@ -414,7 +297,7 @@ def test_static_host_on_private_address_is_blocked_before_connecting(edge, base_
 
 
 def test_robots_5xx_defers_the_host(edge, base_conf, root):
-    conf = edge_conf(base_conf, edge)
+    conf = edge_conf(base_conf)
     write_fetchlist(root, SEGMENT, [{"url": edge.url("broken.test", p)} for p in ("/", "/a", "/b")]
                     + [{"url": edge.url("edge.test", "/ok")}], conf["crawl.buckets"])
     fetch_segment(conf, root, SEGMENT)
@@ -429,7 +312,7 @@ def test_robots_5xx_defers_the_host(edge, base_conf, root):
 
 
 def test_repeated_failures_pause_the_host_and_defer_the_rest(edge, base_conf, root):
-    conf = edge_conf(base_conf, edge, **{"politeness.max_consecutive_failures": 2, "politeness.backoff_base_s": 0.3})
+    conf = edge_conf(base_conf, **{"politeness.max_consecutive_failures": 2, "politeness.backoff_base_s": 0.3})
     paths = [f"/p{i}" for i in range(5)]
     write_fetchlist(root, SEGMENT, [{"url": edge.url("flaky.test", p)} for p in paths], conf["crawl.buckets"])
     fetch_segment(conf, root, SEGMENT)
@@ -441,7 +324,7 @@ def test_repeated_failures_pause_the_host_and_defer_the_rest(edge, base_conf, ro
 
 
 def test_robots_denied_urls_are_reported_and_never_requested(edge, base_conf, root):
-    conf = edge_conf(base_conf, edge)
+    conf = edge_conf(base_conf)
     write_fetchlist(root, SEGMENT, [{"url": edge.url("edge.test", p)} for p in ("/secret/1", "/open", "/secret")],
                     conf["crawl.buckets"])
     fetch_segment(conf, root, SEGMENT)
@@ -451,7 +334,7 @@ def test_robots_denied_urls_are_reported_and_never_requested(edge, base_conf, ro
 
 
 def test_unfinished_bucket_is_resumed_from_what_was_published(edge, base_conf, root):
-    conf = edge_conf(base_conf, edge)
+    conf = edge_conf(base_conf)
     fetchlist = write_fetchlist(root, SEGMENT, [{"url": edge.url("edge.test", p)} for p in ("/a", "/b")],
                                 conf["crawl.buckets"])
     [bucket] = fetchlist
@@ -480,7 +363,7 @@ def test_unfinished_bucket_is_resumed_from_what_was_published(edge, base_conf, r
 
 
 def test_serve_picks_up_new_fetch_lists_and_stops(edge, base_conf, root):
-    conf = edge_conf(base_conf, edge, **{"fetch.poll_interval_s": 0.2})
+    conf = edge_conf(base_conf, **{"fetch.poll_interval_s": 0.2})
     stop = threading.Event()
     thread = threading.Thread(target=serve, args=(conf, root, stop), daemon=True)
     thread.start()
@@ -515,7 +398,7 @@ def test_cli_fetch_and_config_errors(edge, base_conf, root, capsys):
 
 
 def test_back_to_back_segments_stay_polite_and_reuse_robots(edge, base_conf, root):
-    conf = edge_conf(base_conf, edge, **{"politeness.min_delay_s": 0.5})
+    conf = edge_conf(base_conf, **{"politeness.min_delay_s": 0.5})
     write_fetchlist(root, "seg-a", [{"url": edge.url("edge.test", "/one")}], conf["crawl.buckets"])
     write_fetchlist(root, "seg-b", [{"url": edge.url("edge.test", "/two")}], conf["crawl.buckets"])
     fetch_segment(conf, root, "seg-a")
@@ -526,7 +409,7 @@ def test_back_to_back_segments_stay_polite_and_reuse_robots(edge, base_conf, roo
 
 
 def test_robots_redirect_is_followed_and_gzip_body_decoded(edge, base_conf, root):
-    conf = edge_conf(base_conf, edge)
+    conf = edge_conf(base_conf)
     write_fetchlist(root, SEGMENT, [{"url": edge.url("moved.test", p)} for p in ("/yes", "/no")],
                     conf["crawl.buckets"])
     fetch_segment(conf, root, SEGMENT)
@@ -572,7 +455,7 @@ def test_repeated_kill_9_loses_nothing_and_repeats_only_in_flight_fetches(edge, 
                     name += ".open"  # not closed yet: the next owner recovers it
                 assert record_at(root, name, row["warc_offset"]).headers["WARC-Target-URI"] == row["url"]
     assert 0 < len({r["url"] for r in read_results(root, SEGMENT)}) < len(paths)
-    summary = fetch_segment(edge_conf(base_conf, edge), root, SEGMENT)
+    summary = fetch_segment(edge_conf(base_conf), root, SEGMENT)
     assert summary["buckets"] == [bucket]
     rows = read_results(root, SEGMENT)
     assert Counter(r["url"] for r in rows) == Counter(edge.url("edge.test", p) for p in paths)

@@ -24,8 +24,8 @@ from crawler.config import ConfigError
 from fetchd.daemon import fetch_segment, serve
 from fetchd.metrics import render_prometheus
 from fetchd.sitefarm import FarmSpec, SiteFarm, read_request_log
-from tests.loopback import free_port
-from tests.test_fetchd import read_results, write_fetchlist
+from tests.support.fetchlists import read_results, write_fetchlist
+from tests.support.servers import free_port
 
 SEGMENT = "seg-metrics"
 MIN_DELAY = 0.2

@@ -20,19 +20,22 @@ import time
 from collections import Counter
 from pathlib import Path
 
-import pyarrow.parquet as pq
 import pytest
 import yaml
 from aiohttp import web
 from fastwarc.warc import ArchiveIterator, WarcRecordType
 
 from crawler import layout
+from crawler.clock import SYSTEM_CLOCK
 from fetchd.daemon import fetch_segment, pending_work
 from fetchd.ownership import S3LeaseStore
 from fetchd.sitefarm import FarmSpec, SiteFarm
 from fetchd.storage import S3Store
-from tests.moto_s3 import moto_server
-from tests.test_fetchd import EdgeServer, write_fetchlist
+from tests.support.s3 import moto_server, objects
+from tests.support.s3 import put_fetchlist as put_segment_fetchlist
+from tests.support.s3 import result_rows as segment_result_rows
+from tests.support.servers import EdgeServer
+from tests.support.virtual import EPOCH, VirtualClock
 
 PROJECT = Path(__file__).resolve().parents[1]
 SEGMENT = "seg-s3"
@@ -59,34 +62,11 @@ def s3_conf(base_conf, s3, tmp_path: Path, **overrides):
 
 
 def put_fetchlist(s3, root: str, tmp_path: Path, urls: list[str], buckets: int) -> dict[int, list[dict]]:
-    """Fetch lists written with pyarrow (as generate lays them out) and uploaded under the S3 root."""
-    local = str(tmp_path / "generated")
-    lists = write_fetchlist(local, SEGMENT, [{"url": u} for u in urls], buckets)
-    bucket, prefix = root.removeprefix("s3://").split("/", 1)
-    for folder, _, names in os.walk(local):
-        for name in names:
-            path = os.path.join(folder, name)
-            s3.client().upload_file(path, bucket, prefix + "/" + os.path.relpath(path, local))
-    return lists
-
-
-def objects(s3, root: str, under: str) -> dict[str, bytes]:
-    """Relative key -> content of every object under `root/under`."""
-    bucket, prefix = root.removeprefix("s3://").split("/", 1)
-    client = s3.client()
-    found = {}
-    for page in client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=f"{prefix}/{under}"):
-        for entry in page.get("Contents", []):
-            found[entry["Key"][len(prefix) + 1:]] = client.get_object(Bucket=bucket, Key=entry["Key"])["Body"].read()
-    return found
+    return put_segment_fetchlist(s3, root, tmp_path, SEGMENT, urls, buckets)
 
 
 def result_rows(s3, root: str, kind: str = "fetched") -> list[dict]:
-    rows = []
-    for key, data in objects(s3, root, f"segments/{SEGMENT}/{kind}/").items():
-        if key.endswith(".parquet"):
-            rows += [{**row, "_key": key} for row in pq.read_table(io.BytesIO(data)).to_pylist()]
-    return rows
+    return segment_result_rows(s3, root, SEGMENT, kind)
 
 
 def responses(warc: bytes) -> dict[int, str]:
@@ -164,10 +144,10 @@ def test_a_segment_fetched_to_s3_uploads_warc_then_results_then_the_manifest(s3,
 class HugeServer(EdgeServer):
     """The edge server plus one page too big for a single upload part."""
 
-    def _respond(self, host: str, request: web.Request) -> web.StreamResponse:
+    def respond(self, host: str, request: web.Request) -> web.StreamResponse:
         if request.path == "/huge":
             return web.Response(body=os.urandom(6 * MIB), content_type="text/html")  # incompressible
-        return super()._respond(host, request)
+        return super().respond(host, request)
 
 
 def test_a_warc_file_past_the_threshold_is_uploaded_in_parts(s3, s3_root, tmp_path, base_conf):
@@ -219,14 +199,14 @@ def test_a_staging_copy_behind_s3_is_dropped_and_one_ahead_is_kept(s3, s3_root, 
 
 
 def lease_conf(base_conf, s3, tmp_path):
-    return s3_conf(base_conf, s3, tmp_path, **{"ownership.lease_ttl_s": 2.0, "ownership.renew_interval_s": 0.2,
-                                               "ownership.fence_margin_s": 0.5, "ownership.takeover_grace_s": 0.2})
+    return s3_conf(base_conf, s3, tmp_path, **{"ownership.lease_ttl_s": 2.0, "ownership.renew_interval_s": 0.25,
+                                               "ownership.fence_margin_s": 0.5, "ownership.takeover_grace_s": 0.25})
 
 
-def lease_store(conf, root: str, owner: str) -> S3LeaseStore:
+def lease_store(conf, root: str, owner: str, clock=SYSTEM_CLOCK) -> S3LeaseStore:
     store = S3Store(conf, root)
     store.close()  # only its client and lease store are used
-    lease = store.lease_store(conf, owner)
+    lease = store.lease_store(conf, owner, clock)
     assert isinstance(lease, S3LeaseStore)
     return lease
 
@@ -253,13 +233,21 @@ def test_exactly_one_daemon_wins_each_epoch_race(s3, s3_root, tmp_path, base_con
 
 
 def test_takeover_after_expiry_fences_the_old_owner(s3, s3_root, tmp_path, base_conf):
+    """On the virtual clock: the expiry, the grace and the fence deadline are checked at their boundaries."""
     conf = lease_conf(base_conf, s3, tmp_path)
-    old, new = lease_store(conf, s3_root, "old"), lease_store(conf, s3_root, "new")
+    clock = VirtualClock()
+    old, new = lease_store(conf, s3_root, "old", clock), lease_store(conf, s3_root, "new", clock)
     lease = old.try_acquire(3)
     assert lease is not None and old.renew(lease)
     assert new.try_acquire(3) is None  # held and renewed
-    time.sleep(2.0 + 0.2 + 0.1)  # ttl + grace: expired without renewal
-    assert lease.fenced()  # the old owner stopped on its own clock before the takeover
+    expires = lease.record.expires_at
+    clock.now = lease.deadline - 2 ** -20
+    assert not lease.fenced()
+    clock.now = lease.deadline
+    assert lease.fenced()  # the old owner stops on its own clock, ttl - fence margin after its renewal
+    clock.now = expires + conf["ownership.takeover_grace_s"] - EPOCH - 2 ** -20
+    assert new.try_acquire(3) is None  # expired, but within the takeover grace
+    clock.now = expires + conf["ownership.takeover_grace_s"] - EPOCH
     taken = new.try_acquire(3)
     assert taken is not None and taken.record.epoch == 2
     assert not old.renew(lease) and lease.lost

@@ -13,8 +13,8 @@ from aiohttp import web
 
 from fetchd import daemon as daemon_mod
 from fetchd.resolver import GuardedResolver
-from tests.loopback import ScriptedServer
-from tests.test_fetchd import by_url, read_results, write_fetchlist
+from tests.support.fetchlists import by_url, read_results, write_fetchlist
+from tests.support.servers import ScriptedServer
 
 SEGMENT = "seg-ssrf"
 ALLOWED, REFUSED = "127.0.0.1", "127.0.0.2"

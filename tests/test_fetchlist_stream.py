@@ -20,7 +20,7 @@ from fetchd import daemon as daemon_mod
 from fetchd.daemon import BucketRun, fetch_segment
 from fetchd.fetchlist import FetchList, KeySet, result_key
 from fetchd.sitefarm import FarmSpec, SiteFarm, politeness_violations, read_request_log
-from tests.test_fetchd import read_results
+from tests.support.fetchlists import read_results
 
 SEGMENT = "seg-stream"
 MIN_DELAY = 0.1

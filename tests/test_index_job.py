@@ -18,7 +18,8 @@ from crawler import layout
 from delta_tables import tables
 from fetchd.daemon import fetch_segment
 from jobs import cli, index
-from tests.test_fetchd import EdgeServer, edge_conf, write_fetchlist
+from tests.support.fetchlists import write_fetchlist
+from tests.support.servers import EdgeServer, edge_conf
 
 SEGMENT = "seg-index"
 TORN_SEGMENT = "seg-index-torn"
@@ -32,7 +33,7 @@ def crawled(tmp_path_factory, base_conf):
     os.makedirs(root)
     server = EdgeServer()
     try:
-        conf = edge_conf(base_conf, server, **{"fetch.warc_max_bytes": 4_000})
+        conf = edge_conf(base_conf, **{"fetch.warc_max_bytes": 4_000})
         paths = [f"/page/{i}" for i in range(12)] + ["/moved", "/big", "/secret"]
         items = [{"url": server.url("edge.test", p)} for p in paths]
         items += [{"url": server.url("edge.test", "/etag"), "etag": '"v1"'},

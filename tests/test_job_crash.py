@@ -1,14 +1,17 @@
 """kill -9 of a Spark job's driver at a random point, then a re-run: nothing lost, nothing doubled (DESIGN §2.3).
 
-A prepared storage root (one merged cycle plus a fetched and parsed, un-merged second segment) is copied
-twice. Copy A runs the job once through the `crawl` command line: the reference. Copy B runs the same command
-in its own process group, is killed with SIGKILL (the Python driver, its JVM and its Python workers) at a
-seeded random point inside the job's working window, and then runs the command again to completion. Every
-table of B must then equal A's, column for column, except columns the job stamps from the wall clock.
+Every scenario starts from the shared crawl's root after the second cycle's dedup (`tests/support/crawl.py`): one
+merged cycle plus a fetched, parsed and deduplicated second segment that update has not merged yet. The root is
+copied twice. Copy A runs the job once through the `crawl` command line in this process, on the suite's Spark
+session: the reference. Copy B runs the same command in a child process of its own process group — the only
+process the test kills — with SIGKILL (the Python driver, its JVM and its Python workers) at a seeded random point
+inside the job's working window, and then the command again in this process, to completion. Every table of B
+must then equal A's, column for column, except columns the job stamps from the wall clock.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import random
 import shutil
@@ -23,12 +26,11 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
-import yaml
 
 from delta_tables import TABLES, table_df
-from fetchd.daemon import fetch_segment
-from fetchd.sitefarm import FarmSpec, SiteFarm
-from jobs import cycle, demo, generate, parse
+from jobs import cli
+from tests.support.config import SHORT_LIVED_JVM_ENV
+from tests.support.tables import snapshot
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(3600)]
 
@@ -48,73 +50,56 @@ GENERATED_SEGMENT = "seg-crash-generate"
 RUN_TIMEOUT_S = 900
 KILL_ATTEMPTS = 3
 NO_STEP = "(no step started)"
+STARTED = ": started"  # how `jobs.base.step` announces a step on the `jobs` logger
 
 
 @dataclass
 class Prepared:
-    """The prepared root and everything a job command needs, shared by every test of the module."""
+    """The snapshot every scenario copies and what a job command needs, shared by every test of the module."""
 
     base: Path
-    root: Path
+    root: Path            # read-only: each run works on its own copy
     config: Path
-    segment: str          # fetched and parsed, not yet merged by update
+    segment: str          # fetched, parsed and deduplicated, not yet merged by update
     seeds: Path           # a new seeds file for inject
     now: str              # fixed --now for generate
 
 
 @dataclass
 class Run:
-    """One `crawl` subprocess: how it ended and when (monotonic seconds since launch) its steps started."""
+    """One run of a `crawl` command: how it ended, when (seconds since launch) its steps started, its output."""
 
     returncode: int | None
     seconds: float
-    lines: list[tuple[float, str]] = field(default_factory=list)
+    steps: list[tuple[float, str]] = field(default_factory=list)
+    lines: list[str] = field(default_factory=list)
     killed: bool = False
 
     def last_step(self) -> str:
-        starts = [name for _, line in self.lines if (name := _step_name(line))]
-        return starts[-1] if starts else NO_STEP
+        return self.steps[-1][1] if self.steps else NO_STEP
 
     def tail(self, n: int = 40) -> str:
-        return "\n".join(line for _, line in self.lines[-n:])
+        return "\n".join(self.lines[-n:])
 
 
 def _step_name(line: str) -> str | None:
-    """The step of a `jobs.base.step` start line (the job is past JVM start-up and doing its own work)."""
+    """The step of a `jobs.base.step` start line in a child's log (the job is past JVM start-up, doing its work)."""
     marker = " INFO jobs: "
-    if marker in line and line.endswith(": started"):
-        return line.split(marker, 1)[1].removesuffix(": started")
+    if marker in line and line.endswith(STARTED):
+        return line.split(marker, 1)[1].removesuffix(STARTED)
     return None
 
 
 @pytest.fixture(scope="module")
-def prepared(spark, base_conf, tmp_path_factory) -> Prepared:
-    """One full cycle merged, then a second segment generated, fetched and parsed but not updated."""
+def prepared(shared_crawl, tmp_path_factory) -> Prepared:
     base = tmp_path_factory.mktemp("crash")
-    root = base / "root"
-    root.mkdir()
-    farm = SiteFarm(FarmSpec(hosts=4, pages_per_host=20), log_path=base / "farm" / "requests.jsonl")
-    farm.start()
-    try:
-        conf = demo.demo_config(base_conf.with_overrides({"demo.min_delay_s": 0.2}), str(root), farm)
-        seeds = base / "seeds.txt"
-        seeds.write_text("".join(f"{url}\n" for url in farm.seed_urls()))
-        first = cycle.run_cycle(spark, conf, str(root), seeds=str(seeds))
-        assert first.segment_id, "the first cycle fetched nothing"
-        second = generate.run(spark, conf, str(root))
-        assert second.url_count > 10, "the second segment must have enough URLs to make update's work visible"
-        fetch_segment(conf, str(root), second.segment_id)
-        parse.run(spark, conf, str(root), second.segment_id)
-        known = sorted(farm.page_urls())
-    finally:
-        farm.stop()
+    known = sorted(shared_crawl.farm.page_urls())
     new_seeds = base / "new-seeds.txt"
     lines = known[::3] + [f"http://new-{h:02d}.farm.test/page-{p}" for h in range(8) for p in range(5)]
     new_seeds.write_text("".join(f"{line}\n" for line in lines))
-    config = base / "crawler.yaml"
-    config.write_text(yaml.safe_dump(conf.as_dict(), sort_keys=True))
     now = (datetime.now(UTC) + timedelta(days=10)).replace(microsecond=0).isoformat()
-    return Prepared(base, root, config, second.segment_id, new_seeds, now)
+    return Prepared(base, shared_crawl.snapshot(2, "dedup"), shared_crawl.config_file, shared_crawl.segment(2),
+                    new_seeds, now)
 
 
 def _command(job: str, prepared: Prepared, root: Path) -> list[str]:
@@ -140,12 +125,14 @@ def _group_gone(pgid: int, timeout_s: float = 60.0) -> bool:
     return False
 
 
-def _run(command: list[str], log_path: Path, kill_at: tuple[str, float] | None = None) -> Run:
-    """Run `command` in a new session (its output kept in `log_path`). With `kill_at` = (step, seconds): SIGKILL
-    the whole process group that long after that step's start line, if the job is still running then."""
+def _run_killed(command: list[str], log_path: Path, kill_at: tuple[str, float]) -> Run:
+    """Run `command` in a child process of a new session (its output kept in `log_path`) and SIGKILL its whole
+    process group `kill_at[1]` seconds after the start line of step `kill_at[0]`, if the job is still running
+    then."""
     started = time.monotonic()
     proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True, cwd=Path(__file__).resolve().parents[1])
+                            start_new_session=True, cwd=Path(__file__).resolve().parents[1],
+                            env={**os.environ, **SHORT_LIVED_JVM_ENV})
     run = Run(returncode=None, seconds=0.0)
     step_seen = threading.Event()
 
@@ -153,54 +140,86 @@ def _run(command: list[str], log_path: Path, kill_at: tuple[str, float] | None =
         assert proc.stdout is not None
         for raw in proc.stdout:
             line = raw.rstrip("\n")
-            run.lines.append((time.monotonic() - started, line))
-            if kill_at is not None and _step_name(line) == kill_at[0]:
-                step_seen.set()
+            run.lines.append(f"{time.monotonic() - started:8.2f} {line}")
+            if (name := _step_name(line)) is not None:
+                run.steps.append((time.monotonic() - started, name))
+                if name == kill_at[0]:
+                    step_seen.set()
 
     reader = threading.Thread(target=drain, daemon=True)
     reader.start()
     try:
-        if kill_at is not None:
-            while not step_seen.wait(0.1) and proc.poll() is None:
-                assert time.monotonic() - started < RUN_TIMEOUT_S, f"step {kill_at[0]!r} never started"
-            try:
-                proc.wait(timeout=kill_at[1])
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                run.killed = True
+        while not step_seen.wait(0.1) and proc.poll() is None:
+            assert time.monotonic() - started < RUN_TIMEOUT_S, f"step {kill_at[0]!r} never started"
+        try:
+            proc.wait(timeout=kill_at[1])
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            run.killed = True
         proc.wait(timeout=RUN_TIMEOUT_S)
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
         reader.join(timeout=30)
-        log_path.write_text("\n".join(f"{t:8.2f} {line}" for t, line in run.lines) + "\n")
+        log_path.write_text("\n".join(run.lines) + "\n")
     if run.killed:
         assert _group_gone(proc.pid), "processes of the killed job are still running"
     run.returncode, run.seconds = proc.returncode, time.monotonic() - started
     return run
 
 
+class _StepRecorder(logging.Handler):
+    """Notes when each `jobs.base.step` starts in this process."""
+
+    def __init__(self, run: Run, started: float):
+        super().__init__(logging.INFO)
+        self.run, self.started = run, started
+
+    def emit(self, record: logging.LogRecord) -> None:
+        message = record.getMessage()
+        self.run.lines.append(message)
+        if message.endswith(STARTED):
+            self.run.steps.append((time.monotonic() - self.started, message.removesuffix(STARTED)))
+
+
+def _run_here(command: list[str]) -> Run:
+    """Run a `crawl` command line in this process, on the suite's Spark session, noting its steps."""
+    started = time.monotonic()
+    run = Run(returncode=None, seconds=0.0)
+    jobs_log = logging.getLogger("jobs")
+    recorder, level = _StepRecorder(run, started), jobs_log.level
+    jobs_log.addHandler(recorder)
+    jobs_log.setLevel(logging.INFO)
+    try:
+        run.returncode = cli.main(command[command.index("jobs.cli") + 1:])
+    finally:
+        jobs_log.removeHandler(recorder)
+        jobs_log.setLevel(level)
+    run.seconds = time.monotonic() - started
+    return run
+
+
 def _kill_point(reference_run: Run, fraction: float) -> tuple[str, float]:
-    """The point `fraction` of the way through the reference's working window (first step start to exit), as
-    (step, seconds after that step's start): anchored on a step, a kill lands in the same work however
-    long the JVM takes to start on a loaded machine."""
-    starts = [(t, _step_name(line)) for t, line in reference_run.lines if _step_name(line)]
+    """The point `fraction` of the way through the reference's working window (first step start to its end), as
+    (step, seconds after that step's start): anchored on a step, a kill lands in the same work however long the
+    child's JVM takes to start on a loaded machine."""
+    starts = reference_run.steps
     target = starts[0][0] + fraction * (reference_run.seconds - starts[0][0])
     at, name = max((s for s in starts if s[0] <= target), key=lambda s: s[0])
     return name, target - at
 
 
 @pytest.fixture(scope="module")
-def reference(prepared):
-    """job -> (root of copy A, its run): each job's reference run once per module."""
+def reference(spark, prepared):
+    """job -> (root of copy A, its run): each job's reference run once per module, in this process."""
     done: dict[str, tuple[Path, Run]] = {}
 
     def get(job: str) -> tuple[Path, Run]:
         if job not in done:
             root = prepared.base / f"ref-{job}"
             shutil.copytree(prepared.root, root)
-            run = _run(_command(job, prepared, root), prepared.base / f"ref-{job}.log")
+            run = _run_here(_command(job, prepared, root))
             assert run.returncode == 0, f"reference {job} failed:\n{run.tail()}"
             assert run.last_step() != NO_STEP, f"reference {job} logged no step:\n{run.tail()}"
             done[job] = (root, run)
@@ -211,15 +230,15 @@ def reference(prepared):
 
 def _crash_and_rerun(prepared: Prepared, reference_run: Run, job: str, dest: Path, seed: int,
                      window: tuple[float, float]) -> None:
-    """Copy B at `dest`: kill the job at a seeded random point of the reference's working window (earlier on
-    each attempt the job finished first), then re-run it to completion."""
+    """Copy B at `dest`: kill the job's child process at a seeded random point of the reference's working window
+    (earlier on each attempt the job finished first), then re-run it to completion in this process."""
     fraction = random.Random(seed).uniform(*window)
     for _ in range(KILL_ATTEMPTS):
         if dest.exists():
             shutil.rmtree(dest)
         shutil.copytree(prepared.root, dest)
         point = _kill_point(reference_run, fraction)
-        killed = _run(_command(job, prepared, dest), dest.with_suffix(".killed.log"), kill_at=point)
+        killed = _run_killed(_command(job, prepared, dest), dest.with_suffix(".killed.log"), kill_at=point)
         if killed.killed:
             break
         assert killed.returncode == 0, killed.tail()
@@ -229,37 +248,27 @@ def _crash_and_rerun(prepared: Prepared, reference_run: Run, job: str, dest: Pat
     assert killed.returncode == -signal.SIGKILL
     print(f"{job}: killed {point[1]:.1f}s after step {point[0]!r} started (fraction {fraction:.2f}); "
           f"last step started: {killed.last_step()!r}")
-    rerun = _run(_command(job, prepared, dest), dest.with_suffix(".rerun.log"))
+    rerun = _run_here(_command(job, prepared, dest))
     assert rerun.returncode == 0, f"re-run of {job} after the kill failed:\n{rerun.tail()}"
-
-
-def _snapshot(spark, root: Path, excluded: dict[str, set[str]]) -> dict[str, list[tuple]]:
-    """Every table's full contents (sorted rows as strings) without the wall-clock columns."""
-    snapshot = {}
-    for name in TABLES:
-        df = table_df(spark, str(root), name)
-        df = df.select(*sorted(c for c in df.columns if c not in excluded.get(name, set())))
-        snapshot[name] = sorted(tuple(f"{c}={row[c]}" for c in df.columns) for row in df.collect())
-    return snapshot
 
 
 @pytest.fixture(scope="module")
 def reference_snapshot(spark):
     """(reference root, excluded columns) -> its snapshot, read once however many crashed copies compare to it."""
-    done: dict[tuple[Path, str], dict[str, list[tuple]]] = {}
+    done: dict[tuple[Path, str], dict[str, list[str]]] = {}
 
-    def get(root: Path, excluded: dict[str, set[str]]) -> dict[str, list[tuple]]:
+    def get(root: Path, excluded: dict[str, set[str]]) -> dict[str, list[str]]:
         key = (root, repr(sorted((name, sorted(columns)) for name, columns in excluded.items())))
         if key not in done:
-            done[key] = _snapshot(spark, root, excluded)
+            done[key] = snapshot(spark, root, excluded)
         return done[key]
 
     return get
 
 
-def _assert_same_tables(spark, expected: dict[str, list[tuple]], crashed_root: Path,
+def _assert_same_tables(spark, expected: dict[str, list[str]], crashed_root: Path,
                         excluded: dict[str, set[str]]) -> None:
-    got = _snapshot(spark, crashed_root, excluded)
+    got = snapshot(spark, crashed_root, excluded)
     problems = []
     for name in TABLES:
         missing = Counter(expected[name]) - Counter(got[name])

@@ -8,49 +8,26 @@ from datetime import datetime, timezone
 
 import pytest
 from pyspark.sql import functions as F
-from pyspark.sql.types import StringType, StructType, TimestampType
 
 from crawler.config import ConfigError
-from delta_tables.tables import TABLES, conform, create_all, table_df, table_path
+from delta_tables.tables import create_all, table_df, table_path
 from jobs import maintain
+from tests.support.tables import append_rows
 
 APPENDS = 5
 WHEN = datetime(2026, 1, 2, 3, 4, 5, tzinfo=timezone.utc)
 
 
-def _row(schema: StructType, values: dict) -> dict:
-    """A full row: the given values, zero/empty for other required columns, null for optional ones."""
-    row = {}
-    for f in schema.fields:
-        if f.name in values:
-            row[f.name] = values[f.name]
-        elif f.nullable:
-            row[f.name] = None
-        elif isinstance(f.dataType, TimestampType):
-            row[f.name] = WHEN
-        elif isinstance(f.dataType, StringType):
-            row[f.name] = ""
-        else:
-            row[f.name] = 0
-    return row
-
-
-def _append(spark, root: str, name: str, rows: list[dict]) -> None:
-    schema = TABLES[name].schema
-    df = spark.createDataFrame([_row(schema, r) for r in rows], schema)
-    conform(df, name).write.format("delta").mode("append").save(table_path(root, name))
-
-
 def _fill(spark, root: str) -> None:
     """Five small appends to `segments` (unpartitioned) and `hosts` (4 bucket partitions)."""
     for i in range(APPENDS):
-        _append(spark, root, "segments", [
+        append_rows(spark, root, "segments", [
             {"segment_id": f"seg-{i}", "bucket": b, "state": "generated", "url_count": 10 * i + b,
              "counters": {"x": i}} for b in range(3)
-        ])
-        _append(spark, root, "hosts", [
+        ], WHEN)
+        append_rows(spark, root, "hosts", [
             {"host_key": f"http://h{i}-{b}.test", "bucket": b, "fetches": i * b} for b in range(4)
-        ])
+        ], WHEN)
 
 
 def _snapshot(spark, root: str, name: str) -> list:

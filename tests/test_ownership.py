@@ -1,7 +1,9 @@
 """Bucket ownership (DESIGN §6): the pure lease rule (`crawler.ownership`) and its file store
 (`fetchd.ownership`) on a real directory, raced by real OS processes. No Spark, no network.
 
-Timings are tiny (ttl 0.6 s) so expiry and fencing happen for real; every wait is bounded well under 5 s.
+Expiry, the takeover grace and fencing are timing rules: the store runs on a virtual clock there
+(`tests/support/virtual.py`), so each is checked exactly at its boundary, with no sleeping. The races between
+processes and threads run on the real clock with leases far longer than the test.
 """
 
 from __future__ import annotations
@@ -19,10 +21,10 @@ import pytest
 
 from crawler import config as config_mod
 from crawler.ownership import LeaseRecord, check_timing, fence_deadline, may_take, previous_last_end
-from fetchd import ownership as store_mod
 from fetchd.ownership import Lease, LeaseStore, leases_dir
+from tests.support.virtual import EPOCH, VirtualClock
 
-TTL, RENEW, MARGIN, GRACE = 0.6, 0.2, 0.15, 0.4
+TTL, RENEW, MARGIN, GRACE = 0.75, 0.25, 0.125, 0.5  # binary fractions: exact sums on the virtual clock
 BUCKET = 3
 SPAWN = multiprocessing.get_context("spawn")
 
@@ -38,8 +40,8 @@ def _short_conf(**extra: float) -> config_mod.Config:
     return config_mod.load(assignments=[f"ownership.{k}={v}" for k, v in values.items()])
 
 
-def _sleep_until_wall(when: float) -> None:
-    time.sleep(max(0.0, when - time.time()))
+def _at_wall(clock: VirtualClock, when: float) -> None:
+    clock.now = when - EPOCH
 
 
 def _epoch_files(root: str, bucket: int = BUCKET) -> list[str]:
@@ -127,15 +129,18 @@ def test_first_acquire_is_epoch_one_and_a_valid_lease_is_not_taken(root):
 
 
 def test_expired_lease_is_taken_only_after_the_grace_and_the_old_owner_loses_it(root):
-    conf = _short_conf()
-    a, b = LeaseStore(conf, root, "a"), LeaseStore(conf, root, "b")
+    conf, clock = _short_conf(), VirtualClock()
+    a, b = LeaseStore(conf, root, "a", clock), LeaseStore(conf, root, "b", clock)
     first = a.try_acquire(BUCKET)
     expires = first.record.expires_at
+    assert expires == clock.wall() + TTL
 
-    _sleep_until_wall(expires + 0.05)
+    _at_wall(clock, expires)
     assert b.try_acquire(BUCKET) is None  # expired, but within the grace
+    _at_wall(clock, expires + GRACE - 2 ** -20)
+    assert b.try_acquire(BUCKET) is None  # still within it, to the last moment
 
-    _sleep_until_wall(expires + GRACE + 0.01)
+    _at_wall(clock, expires + GRACE)
     second = b.try_acquire(BUCKET)
     assert second is not None and second.record.epoch == 2 and second.record.owner == "b"
     assert second.previous_end == expires  # the old owner was fenced before its expiry
@@ -146,21 +151,19 @@ def test_expired_lease_is_taken_only_after_the_grace_and_the_old_owner_loses_it(
     assert b.renew(second) is True
 
 
-def test_renewal_sees_a_higher_epoch_even_before_its_own_deadline(root, monkeypatch):
+def test_renewal_sees_a_higher_epoch_even_before_its_own_deadline(root):
     """A successor whose wall clock runs ahead (beyond the skew the grace allows) takes over early: the old
     owner, still inside its own fence deadline, must learn at its next renewal that it lost the bucket."""
     conf = _short_conf(lease_ttl_s=30.0, renew_interval_s=5.0, fence_margin_s=5.0)
-    a, b = LeaseStore(conf, root, "a"), LeaseStore(conf, root, "b")
+    clock = VirtualClock()
+    a, b = LeaseStore(conf, root, "a", clock), LeaseStore(conf, root, "b", VirtualClock(now=60.0))
     first = a.try_acquire(BUCKET)
-    real_time = time.time
-    with monkeypatch.context() as patch:
-        patch.setattr(store_mod.time, "time", lambda: real_time() + 60.0)
-        second = b.try_acquire(BUCKET)
+    second = b.try_acquire(BUCKET)
     assert second is not None and second.record.epoch == 2
     assert not first.fenced()
     assert a.renew(first) is False and first.lost and first.fenced()
     assert a.latest(BUCKET) == second.record
-    a.release(first, time.time())  # a lost lease is left alone by release
+    a.release(first, clock.wall())  # a lost lease is left alone by release
     assert a.latest(BUCKET) == second.record
 
 
@@ -180,33 +183,37 @@ def test_release_hands_over_at_once_with_the_last_request_end(root):
 
 
 def test_renewal_after_the_fence_deadline_is_refused_even_if_nobody_took_over(root):
-    conf = _short_conf()
-    a = LeaseStore(conf, root, "a")
+    conf, clock = _short_conf(), VirtualClock()
+    a = LeaseStore(conf, root, "a", clock)
     lease = a.try_acquire(BUCKET)
-    assert a.renew(lease) is True
+    assert lease.deadline == TTL - MARGIN
+    clock.now = lease.deadline - 2 ** -20
+    assert a.renew(lease) is True  # the last moment a renewal counts
+    assert lease.deadline == clock.now + TTL - MARGIN
     on_disk = a.latest(BUCKET)
-    time.sleep(max(0.0, lease.deadline - time.monotonic()) + 0.02)
+    clock.now = lease.deadline
     assert a.renew(lease) is False and lease.lost
     assert a.latest(BUCKET) == on_disk  # a refused renewal writes nothing: others still see it expire on time
     assert a.try_acquire(BUCKET) is None  # it must wait like anyone else
-    _sleep_until_wall(on_disk.expires_at + GRACE + 0.01)
+    _at_wall(clock, on_disk.expires_at + GRACE)
     again = a.try_acquire(BUCKET)
     assert again is not None and again.record.epoch == 2
 
 
 def test_renewal_moves_the_fence_deadline(root):
-    conf = _short_conf()
-    a = LeaseStore(conf, root, "a")
+    conf, clock = _short_conf(), VirtualClock()
+    a = LeaseStore(conf, root, "a", clock)
     lease = a.try_acquire(BUCKET)
     old_deadline, old_expiry = lease.deadline, lease.record.expires_at
     assert not lease.fenced(old_deadline - 0.001) and lease.fenced(old_deadline)
-    time.sleep(0.1)
-    started = time.monotonic()
+    clock.now = 0.25
     assert a.renew(lease) is True
-    assert lease.deadline >= started + TTL - MARGIN and lease.deadline > old_deadline
+    assert lease.deadline == 0.25 + TTL - MARGIN > old_deadline
     assert not lease.fenced(old_deadline)
-    assert lease.record.expires_at > old_expiry and a.latest(BUCKET).expires_at == lease.record.expires_at
-    time.sleep(max(0.0, lease.deadline - time.monotonic()) + 0.02)
+    assert lease.record.expires_at == old_expiry + 0.25 == a.latest(BUCKET).expires_at
+    clock.now = lease.deadline - 2 ** -20
+    assert not lease.fenced()
+    clock.now = lease.deadline
     assert lease.fenced()  # no renewal: fenced at the deadline by its own clock
 
 
@@ -253,11 +260,12 @@ def test_stale_reader_cannot_revive_a_pruned_epoch(root, monkeypatch):
 def test_lease_file_is_never_seen_half_written(root):
     """Renewals rewrite the epoch file and takeovers add new ones while a reader polls: every read parses."""
     conf = _short_conf(lease_ttl_s=30.0, renew_interval_s=5.0, fence_margin_s=5.0)
-    stop = SPAWN.Event()
-    writer = SPAWN.Process(target=_churn, args=(root, stop))
+    stop, writing = SPAWN.Event(), SPAWN.Event()
+    writer = SPAWN.Process(target=_churn, args=(root, stop, writing))
     writer.start()
     try:
         reader = LeaseStore(conf, root, "reader")
+        assert writing.wait(60), "the writer process never started writing"
         reads, deadline = 0, time.monotonic() + 1.5
         while time.monotonic() < deadline:
             folder = leases_dir(root, BUCKET)
@@ -280,13 +288,15 @@ def test_lease_file_is_never_seen_half_written(root):
     assert reads > 100
 
 
-def _churn(root: str, stop) -> None:
-    """Writer process: renew as fast as possible and hand the bucket over now and then."""
+def _churn(root: str, stop, writing) -> None:
+    """Writer process: renew as fast as possible and hand the bucket over now and then (`writing` is set once it
+    has begun, so a slow start on a busy machine does not eat the reader's window)."""
     conf = _short_conf(lease_ttl_s=30.0, renew_interval_s=5.0, fence_margin_s=5.0)
     store = LeaseStore(conf, root, "writer")
-    ends = time.monotonic() + 5.0
+    ends = time.monotonic() + 10.0
     while not stop.is_set() and time.monotonic() < ends:
         lease = store.try_acquire(BUCKET)
+        writing.set()
         for _ in range(20):
             if not store.renew(lease):
                 raise SystemExit(1)

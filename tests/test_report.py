@@ -10,14 +10,14 @@ from html.parser import HTMLParser
 from pathlib import Path
 
 import pytest
-from pyspark.sql.types import DoubleType, StringType, StructType, TimestampType
 
 from crawler import report as render
 from crawler.report import GAP_EDGES_S, HostStats, ReportData, bin_index
 from delta_tables import tables
 from jobs import cli
 from jobs import report as report_job
-from tests.conftest import TEST_OVERRIDES
+from tests.support.config import SPARK_CLI_SETTINGS
+from tests.support.tables import append_rows
 
 SEG, OTHER = "seg-r1", "seg-r0"
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
@@ -39,25 +39,6 @@ FETCHES = [
     (EVIL, 10.0, 10, "success", 200, 2048),       # gap 9.99
 ]
 GAPS = {A: [1.5, 0.4, 2.65], B: [0.48, 0.15], EVIL: [9.99]}
-
-
-def _row(schema: StructType, values: dict) -> tuple:
-    """A full row: the given values, zero/empty for other required columns, null for optional ones."""
-    def default(f):
-        if f.nullable:
-            return None
-        if isinstance(f.dataType, TimestampType):
-            return T0
-        if isinstance(f.dataType, DoubleType):
-            return 0.0
-        return "" if isinstance(f.dataType, StringType) else 0
-    return tuple(values[f.name] if f.name in values else default(f) for f in schema.fields)
-
-
-def append_rows(spark, root: str, name: str, rows: list[dict]) -> None:
-    schema = tables.TABLES[name].schema
-    spark.createDataFrame([_row(schema, r) for r in rows], schema).write.format("delta").mode("append").save(
-        tables.table_path(root, name))
 
 
 def _bins(values: list[float]) -> list[int]:
@@ -186,9 +167,8 @@ def test_report_page_parses_has_its_charts_and_escapes_hosts(spark, base_conf, c
 
 def test_cli_prints_the_summary_and_the_path(crawled, tmp_path, capsys):
     out = tmp_path / "r.html"
-    spark_settings = [f"--set={k}={v}" for k, v in TEST_OVERRIDES.items() if k.startswith("spark.")]
     # The configured minimum delay (5 s by default) is what "under the delay" is measured against.
-    assert cli.main(["report", "--root", crawled, "--segment", SEG, "--out", str(out), *spark_settings]) == 0
+    assert cli.main(["report", "--root", crawled, "--segment", SEG, "--out", str(out), *SPARK_CLI_SETTINGS]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert lines[0] == f"segment:         {SEG}: 11 fetches from 3 hosts"
     assert lines[2].startswith("politeness:      6 gaps, 5 under the delay (min_delay_s 5)")

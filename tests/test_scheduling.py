@@ -1,30 +1,29 @@
 """The host scheduler on a virtual clock: a simulated crawl of thousands of URLs over hosts with different delays,
 robots rules and failures, judged from the simulated servers' own log, plus unit tests of single decisions.
 
-The simulation drives `HostScheduler` as `fetchd.daemon.BucketRun` does (prepare = robots.txt through the gate,
-dispatch = `start` then one request, `HostGate.finished` at the response's end), but every response time and
-status comes from a seeded script. The checks recompute the delay rule from the server's side independently.
+The simulation (`tests/support/virtual.py`) drives `HostScheduler` as `fetchd.daemon.BucketRun` does (prepare =
+robots.txt through the gate, dispatch = `start` then one request, `HostGate.finished` at the response's end), but
+every response time and status comes from a seeded script. The checks recompute the delay rule from the server's
+side independently.
 """
 
 from __future__ import annotations
 
-import heapq
 import math
 import random
 from collections import Counter, defaultdict
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from email.utils import formatdate
 from typing import Any
 
 import pytest
 
-from crawler.politeness import BACKOFF_STATUSES, HostGate, parse_retry_after
-from crawler.robots import RobotsPolicy, policy_for_status
+from crawler.politeness import HostGate
+from crawler.robots import RobotsPolicy
 from crawler.scheduling import Dispatch, HostScheduler, Prepare, Report
 from crawler.status import FetchOutcome
+from tests.support.virtual import EPOCH, Request, VirtualBucketRun, VirtualClock
 
-EPOCH = 1_800_000_000.0  # wall-clock seconds at virtual time 0 (HTTP-date Retry-After values are absolute)
 TOKEN = "cyclecrawl"
 MAX_CRAWL_DELAY_S = 3.0
 BACKOFF_BASE_S = 1.0
@@ -45,27 +44,6 @@ class HostSpec:
     delay_s: float = 0.0         # the delay the rule gives after a success, computed by the test
 
 
-@dataclass
-class Request:
-    """One request as the simulated server saw it."""
-
-    host: str
-    path: str
-    start: float
-    end: float
-    status: int | None
-    retry_after: str | None = None
-    hold_until: float | None = None  # virtual time before which the server asked not to be contacted again
-
-
-@dataclass
-class Clock:
-    now: float = 0.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
 class Server:
     """The hosts' side: a seeded response time per request and a scripted status; logs every request."""
 
@@ -79,7 +57,7 @@ class Server:
         end = start + self.rng.uniform(0.02, 3.0)
         request = Request(host, path, start, end, 200)
         if path == "/robots.txt":
-            request.status = spec.robots_status
+            request.status, request.body = spec.robots_status, spec.robots_body
         else:
             index = self.page_requests[host]
             self.page_requests[host] += 1
@@ -101,88 +79,18 @@ class Server:
         return request
 
 
-@dataclass
-class Simulation:
-    specs: dict[str, HostSpec]
-    concurrency: int
-    seed: int
-    clock: Clock = field(default_factory=Clock)
-    reports: list[Report] = field(default_factory=list)
-    handed_out: list[dict[str, Any]] = field(default_factory=list)
-    rows: list[dict[str, Any]] = field(default_factory=list)
+def _simulation(specs: dict[str, HostSpec], concurrency: int, seed: int) -> VirtualBucketRun:
+    rows = []
+    for spec in specs.values():
+        for i in range(spec.pages):
+            private = spec.private_every and i % spec.private_every == 0
+            rows.append({"url": f"{spec.key}/{'private' if private else 'page'}/{i}", "host_key": spec.key, "rank": i})
 
-    def __post_init__(self) -> None:
-        self.rng = random.Random(self.seed)
-        self.server = Server(self.specs, random.Random(self.seed + 1))
-        self.gates: dict[str, HostGate] = {}
-        self.sched = HostScheduler(self.gate_for, self.clock, self.reports.append)
-        self.events: list[tuple[float, int, Callable[[], None]]] = []
-        self._seq = 0
-        for spec in self.specs.values():
-            for i in range(spec.pages):
-                private = spec.private_every and i % spec.private_every == 0
-                url = f"{spec.key}/{'private' if private else 'page'}/{i}"
-                self.rows.append({"url": url, "host_key": spec.key, "rank": i})
-        for row in self.rows:  # fetch-list order: by host, then rank
-            self.sched.add(row)
+    def gate_for(host_key: str) -> HostGate:
+        return HostGate(specs[host_key].min_delay_s, MAX_CRAWL_DELAY_S, concurrency, BACKOFF_BASE_S, MAX_BACKOFF_S,
+                        MAX_FAILURES)
 
-    def gate_for(self, host_key: str) -> HostGate:
-        gate = self.gates.get(host_key)
-        if gate is None:
-            gate = HostGate(self.specs[host_key].min_delay_s, MAX_CRAWL_DELAY_S, self.concurrency, BACKOFF_BASE_S,
-                            MAX_BACKOFF_S, MAX_FAILURES)
-            self.gates[host_key] = gate
-        return gate
-
-    def at(self, when: float, action: Callable[[], None]) -> None:
-        self._seq += 1
-        heapq.heappush(self.events, (when, self._seq, action))
-
-    def request(self, host_key: str, path: str, done: Callable[[Request], None]) -> None:
-        """One request (gate already taken): the response arrives at its end, which closes the gate."""
-        request = self.server.serve(host_key, path, self.clock.now)
-
-        def end() -> None:
-            retry_after = None
-            if request.status in BACKOFF_STATUSES:
-                retry_after = parse_retry_after(request.retry_after, EPOCH + self.clock.now)
-            self.gates[host_key].finished(self.clock.now, request.status, retry_after, self.rng)
-            done(request)
-
-        self.at(request.end, end)
-
-    def prepare(self, host: Any) -> None:
-        """robots.txt through the host's gate (open: the host is new), as `BucketRun._fetch_robots` does."""
-        host.gate.started(self.clock.now)
-
-        def done(request: Request) -> None:
-            host.policy = policy_for_status(request.status, self.specs[host.host_key].robots_body, TOKEN, 512000)
-            host.gate.set_crawl_delay(host.policy.crawl_delay_s)
-            self.sched.prepared(host)
-
-        self.request(host.host_key, "/robots.txt", done)
-
-    def run(self, max_steps: int = 200_000) -> None:
-        for _ in range(max_steps):
-            action = self.sched.next_ready()
-            if isinstance(action, Prepare):
-                self.prepare(action.host)
-                continue
-            if isinstance(action, Dispatch):
-                item = self.sched.start(action.host)
-                if item is not None:
-                    self.handed_out.append(item)
-                    path = item["url"][len(action.host.host_key):]
-                    self.request(action.host.host_key, path, lambda _r, h=action.host: self.sched.finished(h))
-                continue
-            wake = self.clock.now + action if action is not None else math.inf
-            when = min(wake, self.events[0][0] if self.events else math.inf)
-            if when == math.inf:
-                return
-            self.clock.now = max(self.clock.now, when)
-            while self.events and self.events[0][0] <= self.clock.now:
-                heapq.heappop(self.events)[2]()
-        pytest.fail("the simulated run did not end")
+    return VirtualBucketRun(rows, gate_for, Server(specs, random.Random(seed + 1)), seed)
 
 
 def _specs() -> dict[str, HostSpec]:
@@ -197,7 +105,7 @@ def _specs() -> dict[str, HostSpec]:
     return {h.key: h for h in hosts}
 
 
-def _check_politeness(sim: Simulation) -> dict[str, int]:
+def _check_politeness(sim: VirtualBucketRun, specs: dict[str, HostSpec]) -> dict[str, int]:
     """The delay rule and the concurrency allowance, recomputed from the server's log; returns what it saw.
     Every start is also held to each earlier Retry-After, not only the last end's."""
     seen: Counter[str] = Counter()
@@ -205,7 +113,7 @@ def _check_politeness(sim: Simulation) -> dict[str, int]:
     for request in sim.server.log:
         by_host[request.host].append(request)
     for host, log in by_host.items():
-        spec = sim.specs[host]
+        spec = specs[host]
         starts = sorted(log, key=lambda r: r.start)
         ends = sorted(log, key=lambda r: r.end)
         # The hold each end imposes on the next start: the delay (stretched by backoff after a failure).
@@ -250,7 +158,7 @@ def _check_politeness(sim: Simulation) -> dict[str, int]:
         for _, step in points:
             in_flight += step
             peak = max(peak, in_flight)
-        assert peak <= sim.concurrency, (host, peak)
+        assert peak <= sim.gate(host).concurrency_cap, (host, peak)
         seen[f"peak:{host}"] = peak
     seen["network_errors"] = sum(1 for r in sim.server.log if r.status is None)
     return seen
@@ -258,7 +166,8 @@ def _check_politeness(sim: Simulation) -> dict[str, int]:
 
 @pytest.mark.parametrize("concurrency, seed", [(1, 7), (2, 11)])
 def test_simulated_crawl_is_polite_and_reports_every_url_once(concurrency: int, seed: int) -> None:
-    sim = Simulation(_specs(), concurrency, seed)
+    specs = _specs()
+    sim = _simulation(specs, concurrency, seed)
     sim.run()
 
     # The run ended with nothing left.
@@ -276,7 +185,7 @@ def test_simulated_crawl_is_polite_and_reports_every_url_once(concurrency: int, 
     pages = [f"{r.host}{r.path}" for r in sim.server.log if r.path != "/robots.txt"]
     assert Counter(pages) == handed
     assert not [p for p in pages if "/private/" in p or p.startswith("http://b.test")]
-    assert Counter(r.host for r in sim.server.log if r.path == "/robots.txt") == Counter(list(sim.specs))
+    assert Counter(r.host for r in sim.server.log if r.path == "/robots.txt") == Counter(list(specs))
 
     outcomes = Counter((r.item["host_key"], r.outcome) for r in sim.reports)
     assert outcomes[("http://a.test", FetchOutcome.ROBOTS_DENIED)] == 300
@@ -286,9 +195,9 @@ def test_simulated_crawl_is_polite_and_reports_every_url_once(concurrency: int, 
     assert 0 < outcomes[("http://c.test", FetchOutcome.DEFERRED)] < 600  # paused during its failure run
     assert set(outcomes) == {("http://a.test", FetchOutcome.ROBOTS_DENIED), ("http://b.test", FetchOutcome.DEFERRED),
                              ("http://c.test", FetchOutcome.DEFERRED)}
-    assert sim.gates["http://c.test"].paused and not sim.gates["http://a.test"].paused
+    assert sim.gate("http://c.test").paused and not sim.gate("http://a.test").paused
 
-    seen = _check_politeness(sim)
+    seen = _check_politeness(sim, specs)
     assert seen["retry_after"] >= 20 and seen["network_errors"] >= 20 and seen["paused"] == 1
     assert seen["peak:http://a.test"] == concurrency  # the allowance is used, not just respected
 
@@ -300,7 +209,7 @@ def _gate(min_delay_s: float = 1.0, concurrency: int = 1) -> HostGate:
     return HostGate(min_delay_s, MAX_CRAWL_DELAY_S, concurrency, BACKOFF_BASE_S, MAX_BACKOFF_S, MAX_FAILURES)
 
 
-def _scheduler(clock: Clock, gates: dict[str, HostGate] | None = None) -> tuple[HostScheduler, list[Report]]:
+def _scheduler(clock: VirtualClock, gates: dict[str, HostGate] | None = None) -> tuple[HostScheduler, list[Report]]:
     gates = {} if gates is None else gates
     reports: list[Report] = []
     return HostScheduler(lambda key: gates.setdefault(key, _gate()), clock, reports.append), reports
@@ -311,7 +220,7 @@ def _row(url: str, host: str = "http://h.test") -> dict[str, Any]:
 
 
 def test_a_host_is_prepared_once_before_any_dispatch() -> None:
-    sched, _ = _scheduler(Clock())
+    sched, _ = _scheduler(VirtualClock())
     sched.add(_row("http://h.test/1"))
     sched.add(_row("http://h.test/2"))
     action = sched.next_ready()
@@ -341,7 +250,7 @@ def _prepared(sched: HostScheduler, policy: RobotsPolicy | None, blocked: str | 
 ])
 def test_a_host_that_cannot_be_fetched_reports_every_url(policy: RobotsPolicy | None, blocked: str | None,
                                                            outcome: FetchOutcome) -> None:
-    sched, reports = _scheduler(Clock())
+    sched, reports = _scheduler(VirtualClock())
     for i in range(3):
         sched.add(_row(f"http://h.test/{i}"))
     host = _prepared(sched, policy, blocked)
@@ -351,7 +260,7 @@ def test_a_host_that_cannot_be_fetched_reports_every_url(policy: RobotsPolicy | 
 
 
 def test_robots_denies_only_the_urls_it_disallows_in_fetch_list_order() -> None:
-    clock = Clock()
+    clock = VirtualClock()
     sched, reports = _scheduler(clock)
     for path in ("/no/1", "/no/2", "/yes/1", "/no/3", "/yes/2"):
         sched.add(_row("http://h.test" + path))
@@ -368,7 +277,7 @@ def test_robots_denies_only_the_urls_it_disallows_in_fetch_list_order() -> None:
 
 
 def test_a_paused_host_defers_what_is_left() -> None:
-    clock = Clock()
+    clock = VirtualClock()
     sched, reports = _scheduler(clock)
     for i in range(MAX_FAILURES + 3):
         sched.add(_row(f"http://h.test/{i}"))
@@ -385,7 +294,7 @@ def test_a_paused_host_defers_what_is_left() -> None:
 
 
 def test_waits_until_the_gate_opens_and_rechecks_a_gate_held_elsewhere() -> None:
-    clock = Clock()
+    clock = VirtualClock()
     gates = {"http://h.test": _gate(min_delay_s=2.0)}
     sched, _ = _scheduler(clock, gates)
     sched.add(_row("http://h.test/1"))
@@ -402,7 +311,7 @@ def test_waits_until_the_gate_opens_and_rechecks_a_gate_held_elsewhere() -> None
 
 
 def test_start_hands_out_nothing_when_the_gate_closed_while_waiting_for_a_slot() -> None:
-    clock = Clock()
+    clock = VirtualClock()
     sched, _ = _scheduler(clock)
     sched.add(_row("http://h.test/1"))
     host = _prepared(sched, RobotsPolicy.allow_all())
@@ -417,7 +326,7 @@ def test_start_hands_out_nothing_when_the_gate_closed_while_waiting_for_a_slot()
 
 
 def test_rows_added_later_are_scheduled_and_a_new_host_starts_unpaused() -> None:
-    clock = Clock()
+    clock = VirtualClock()
     gates = {"http://h.test": _gate()}
     gates["http://h.test"].paused = True  # paused in an earlier run
     sched, reports = _scheduler(clock, gates)

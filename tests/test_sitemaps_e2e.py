@@ -1,13 +1,12 @@
-"""Sitemaps end to end: discovered from robots.txt `Sitemap:` lines and the /sitemap.xml probe, fetched by the
-daemon through the politeness gates, parsed by the parse job, and folded into `urls` by update with their first
-schedule. Judged from the farm's own request log and the tables.
+"""Sitemaps end to end, read from the shared crawl (`tests/support/crawl.py`): discovered from robots.txt `Sitemap:`
+lines and the /sitemap.xml probe, fetched by the daemon through the politeness gates, parsed by the parse job, and
+folded into `urls` by update with their first schedule. Judged from the farm's own request log and the tables.
 """
 
 from __future__ import annotations
 
 import contextlib
 from datetime import UTC
-from pathlib import Path
 
 import pytest
 from pyspark.sql import functions as F
@@ -15,43 +14,25 @@ from pyspark.sql import functions as F
 from crawler.sitemaps import SITEMAP_FILE_PRIORITY, ChangeFreq, SitemapEntry, first_schedule
 from crawler.urls import canonicalize, host_key
 from delta_tables import table_df
-from fetchd.sitefarm import FarmSpec, SiteFarm, politeness_violations, read_request_log, requested_url
-from jobs import cycle, demo, inject
+from fetchd.sitefarm import requested_url
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
 
-# probe and robots.txt -> index -> children -> listed pages: four cycles reach everything a sitemap lists.
-CYCLES = 4
-
 
 @pytest.fixture(scope="module")
-def crawled(spark, base_conf, tmp_path_factory):
-    root = str(tmp_path_factory.mktemp("sitemaps-e2e") / "root")
-    Path(root).mkdir()
-    log_path = Path(root) / "sitefarm" / "requests.jsonl"
-    farm = SiteFarm(FarmSpec(hosts=6, pages_per_host=8, cross_host_links=False), log_path=log_path)
-    farm.start()
-    try:
-        conf = demo.demo_config(base_conf.with_overrides({
-            "demo.min_delay_s": 0.2, "sitemaps.probe_default_location": True, "sitemaps.from_robots": True,
-            "scope.max_depth": 1,
-        }), root, farm)
-        seeds = Path(root) / "seeds.txt"
-        seeds.write_text("".join(f"{url}\n" for url in farm.seed_urls()))
-        inject_result = inject.run(spark, conf, root, str(seeds))
-        reports = [cycle.run_cycle(spark, conf, root) for _ in range(CYCLES)]
-        sitemap_urls = farm.sitemap_urls()
-        entries = {url: farm.sitemap_entries(url) for url in sitemap_urls}
-        expected = farm.expected_fetches_sitemaps_only(conf["crawl.robots_token"])
-        never = farm.out_of_scope_sitemap_urls() | farm.disallowed_urls(conf["crawl.robots_token"])
-        orphans = farm.orphan_urls()
-    finally:
-        farm.stop()
-    log = read_request_log(log_path)
-    requested = set(map(requested_url, log))
-    yield {"root": root, "conf": conf, "farm": farm, "log": log, "requested": requested, "reports": reports,
-           "inject": inject_result, "sitemap_urls": sitemap_urls, "entries": entries, "expected": expected,
-           "never": never, "orphans": orphans}
+def crawled(shared_crawl):
+    """What the sitemap tests read of the shared crawl (four cycles: probe and robots.txt -> index -> children ->
+    listed pages reach everything a sitemap lists)."""
+    farm, conf = shared_crawl.farm, shared_crawl.conf
+    assert conf["sitemaps.probe_default_location"] and conf["sitemaps.from_robots"]
+    sitemap_urls = farm.sitemap_urls()
+    return {"root": str(shared_crawl.root), "conf": conf, "farm": farm, "log": shared_crawl.log,
+            "requested": set(map(requested_url, shared_crawl.log)), "reports": shared_crawl.reports,
+            "inject": shared_crawl.inject, "sitemap_urls": sitemap_urls,
+            "entries": {url: farm.sitemap_entries(url) for url in sitemap_urls},
+            "expected": farm.expected_fetches_sitemaps_only(conf["crawl.robots_token"]),
+            "never": farm.out_of_scope_sitemap_urls() | farm.disallowed_urls(conf["crawl.robots_token"]),
+            "orphans": farm.orphan_urls()}
 
 
 def _rows(spark, root: str, table: str) -> dict[str, object]:
@@ -70,15 +51,6 @@ def test_every_sitemap_and_listed_page_fetched_and_nothing_out_of_scope(crawled)
     assert {u for u, via in crawled["sitemap_urls"].items() if via == "index"}, "the farm has index children"
     assert expected - requested == set()
     assert crawled["never"] & requested == set()
-
-
-def test_sitemaps_fetched_through_the_politeness_gates(crawled):
-    farm, conf = crawled["farm"], crawled["conf"]
-
-    def delay_for(host: str) -> float:
-        return max(conf["politeness.min_delay_s"], farm.crawl_delay(host.split(":")[0]) or 0.0)
-
-    assert politeness_violations(crawled["log"], delay_for) == []
 
 
 def test_sitemap_files_stored_with_their_origin(spark, crawled):

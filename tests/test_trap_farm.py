@@ -1,61 +1,42 @@
-"""Crawler traps end to end (issue 3): an infinite calendar and an unbounded faceted search in the farm stay
-bounded by the trap rules, while ordinary large hosts are not cut below the known-URL cap.
+"""Crawler traps end to end (issue 3), read from the shared crawl (`tests/support/crawl.py`): an infinite calendar
+and an unbounded faceted search in the farm stay bounded by the trap rules, while ordinary large hosts are not cut
+below the known-URL cap.
 
-Real farm on loopback, real daemon, real Spark + Delta; caps small enough that the second cycle takes every
-trap to its cap and the third shows it stays there. Judged from the `urls` and `hosts` tables and from the
-farm's own request log.
+Real farm on loopback, real daemon, real Spark + Delta; caps small enough that the second cycle takes every trap
+to its cap and the later ones show it stays there. Every seed host also gets a /sitemap.xml probe (404 on these
+hosts), which is one of its known URLs. Judged from the `urls` and `hosts` tables and from the farm's own
+request log.
 """
 
 from __future__ import annotations
 
 from collections import Counter
-from pathlib import Path
 
 import pytest
-from pyspark.sql import functions as F
 
+from crawler.sitemaps import probe_url
 from crawler.traps import HOST_KNOWN_URL_CAP, TEMPLATE_NEW_URL_CAP, url_template
 from crawler.urls import canonicalize, host_key
 from delta_tables import table_df
-from fetchd.sitefarm import CALENDAR_HOST, FACETS_HOST, FarmSpec, SiteFarm, politeness_violations, read_request_log
-from jobs import cycle, demo, inject
+from fetchd.sitefarm import CALENDAR_HOST, FACETS_HOST, PROBE_PATH, SiteFarm
+from tests.support.crawl import CYCLES, FARM, KNOWN_URL_CAP, TEMPLATE_CAP
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
 
-CYCLES = 3
-CAP = 100  # traps.max_known_urls_per_host
-TEMPLATE_CAP = 40  # traps.max_new_urls_per_template_per_cycle
-LARGE, SMALL_LARGE = 300, 60  # articles of the two large hosts: 307 pages (> CAP) and 63 pages (< CAP)
+CAP = KNOWN_URL_CAP
+LARGE, SMALL_LARGE = FARM.large_host_pages  # 307 pages (> CAP) and 63 pages (< CAP)
 
 
 @pytest.fixture(scope="module")
-def crawled(spark, base_conf, tmp_path_factory):
-    """Three cycles over two small sites, both trap hosts and two large hosts; yields what the tests inspect."""
-    root = str(tmp_path_factory.mktemp("traps") / "root")
-    Path(root).mkdir()
-    log_path = Path(root) / "sitefarm" / "requests.jsonl"
-    spec = FarmSpec(hosts=2, pages_per_host=10, cross_host_links=False, latency_s=0.005, trap_hosts=True,
-                    large_host_pages=(LARGE, SMALL_LARGE))
-    farm = SiteFarm(spec, log_path=log_path)
-    farm.start()
-    try:
-        conf = demo.demo_config(base_conf.with_overrides({"demo.min_delay_s": 0.05}), root, farm).with_overrides({
-            "traps.max_known_urls_per_host": CAP,
-            "traps.max_new_urls_per_template_per_cycle": TEMPLATE_CAP,
-            "generate.per_host_max_urls": 60,
-        })
-        seeds = Path(root) / "seeds.txt"
-        seeds.write_text("".join(f"{url}\n" for url in farm.seed_urls()))
-        inject.run(spark, conf, root, str(seeds))
-        reports = [cycle.run_cycle(spark, conf, root) for _ in range(CYCLES)]
-    finally:
-        farm.stop()
+def crawled(spark, shared_crawl):
+    """The tables and log of the shared crawl as these tests read them."""
+    root = str(shared_crawl.root)
     urls = [row.asDict() for row in table_df(spark, root, "urls").select(
         "url", "host_key", "discovered_in").collect()]
     hosts = {row["host_key"]: row.asDict() for row in table_df(spark, root, "hosts").select(
         "host_key", "known_urls", "trap_rejections", "trap_sample").collect()}
-    yield {"root": root, "conf": conf, "farm": farm, "log": read_request_log(log_path), "reports": reports,
-           "urls": urls, "hosts": hosts}
+    return {"root": root, "conf": shared_crawl.conf, "farm": shared_crawl.farm, "log": shared_crawl.log,
+            "reports": shared_crawl.reports, "urls": urls, "hosts": hosts}
 
 
 def key_of(farm: SiteFarm, name: str) -> str:
@@ -102,13 +83,16 @@ def test_the_calendar_grows_at_most_one_template_cap_per_template_and_cycle(craw
 
 @pytest.mark.parametrize("name", [CALENDAR_HOST, FACETS_HOST])
 def test_the_crawler_requests_only_what_it_kept(crawled, name):
-    """Requests to a trap host (from the farm's log) are its robots.txt plus at most one per kept URL, and every
-    one of them was a real page: the bound is the crawler's, not the site running out."""
+    """Requests to a trap host (from the farm's log) are its robots.txt, its sitemap probe (a 404 here) and at most
+    one per kept URL, and every one of them was a real page: the bound is the crawler's, not the site running
+    out."""
     header = f"{name}:{crawled['farm'].port}"
     requests = [record for record in crawled["log"] if record["host"] == header]
-    pages = [record for record in requests if record["path"] != "/robots.txt"]
-    assert len(requests) > len(pages)  # robots.txt first
-    assert 60 < len(pages) <= CAP
+    assert [r["path"] for r in requests].count("/robots.txt") == 1 and requests[0]["path"] == "/robots.txt"
+    [probe] = [record for record in requests if record["path"] == PROBE_PATH]
+    assert probe["status"] == 404
+    pages = [record for record in requests if record["path"] not in ("/robots.txt", PROBE_PATH)]
+    assert 60 < len(pages) < CAP  # the probe is one of the CAP known URLs
     assert len({record["path"] for record in pages}) == len(pages)
     assert all(record["status"] == 200 for record in pages)
     kept = {row["url"] for row in rows_of(crawled, name)}
@@ -123,7 +107,7 @@ def test_large_host_is_cut_at_its_cap_not_below(crawled):
     assert len(pages) > CAP
     rows = rows_of(crawled, name)
     assert len(rows) == CAP
-    assert {row["url"] for row in rows} <= pages
+    assert {row["url"] for row in rows} <= pages | {probe_url(key_of(farm, name))}
     assert crawled["hosts"][key_of(farm, name)]["known_urls"] == CAP
     assert crawled["hosts"][key_of(farm, name)]["trap_rejections"].get(HOST_KNOWN_URL_CAP, 0) > 0
 
@@ -135,27 +119,9 @@ def test_large_host_under_the_cap_is_fully_known(crawled):
     name = farm.large_host_names()[1]
     pages = {url for url in farm.page_urls() if host_key(url) == key_of(farm, name)}
     assert len(pages) == 1 + 2 + SMALL_LARGE < CAP
-    assert {row["url"] for row in rows_of(crawled, name)} == pages
+    known = pages | {probe_url(key_of(farm, name))}
+    assert {row["url"] for row in rows_of(crawled, name)} == known
     host = crawled["hosts"][key_of(farm, name)]
-    assert host["known_urls"] == len(pages)
+    assert host["known_urls"] == len(known)
     assert host["trap_rejections"].get(TEMPLATE_NEW_URL_CAP, 0) > 0
     assert HOST_KNOWN_URL_CAP not in (host["trap_rejections"] or {})
-
-
-def test_ordinary_sites_are_crawled_completely(spark, crawled):
-    """The traps do not starve the other hosts: every page of the small sites within reach is fetched."""
-    farm, conf = crawled["farm"], crawled["conf"]
-    sites = {key_of(farm, name) for name in farm.host_names() if name.startswith("site-")}
-    expected = {url for url in farm.expected_fetches(conf["crawl.robots_token"], CYCLES - 1) if host_key(url) in sites}
-    assert len(expected) > 20
-    fetched = {row["url"] for row in table_df(spark, crawled["root"], "fetches").where(
-        F.col("status_code").isNotNull()).select("url").collect()}
-    assert expected <= fetched
-
-
-def test_zero_politeness_violations_from_farm_log(crawled):
-    farm, min_delay = crawled["farm"], crawled["conf"]["politeness.min_delay_s"]
-    log = crawled["log"]
-    assert len(log) > 250
-    assert politeness_violations(log, lambda host: farm.politeness_delay(host, min_delay)) == []
-    assert demo.robots_violations(log, farm.disallowed_urls(crawled["conf"]["crawl.robots_token"])) == []

@@ -19,7 +19,8 @@ from crawler.records import FETCHED
 from crawler.traps import TrapRules, trap_reason, url_template
 from delta_tables import tables
 from jobs import generate, inject, maintain, update
-from tests.test_update import all_tables, append_rows, bucket, fetched, uid, write_parquet
+from tests.support.fetchlists import result_row, write_parquet
+from tests.support.tables import append_rows, snapshot
 
 RULES = TrapRules(max_url_length=120, max_path_depth=12, max_segment_repeats=3, max_query_params=12,
                   max_new_urls_per_host_per_cycle=100, max_new_urls_per_template_per_cycle=100,
@@ -116,7 +117,20 @@ def test_classify_discovery():
         "denied domain (scope.deny_domains)")
 
 
-SEG = "seg-u1"  # the segment id tests.test_update.fetched() writes
+SEG = "seg-t1"
+BUCKETS = 4
+
+
+def uid(url: str) -> str:
+    return urls.url_id(url)
+
+
+def bucket(url: str) -> int:
+    return urls.bucket_of(urls.host_key(url), BUCKETS)
+
+
+def fetched(url: str, at: datetime, outcome: str, code: int | None) -> dict:
+    return result_row(SEG, url, at, outcome, code, buckets=BUCKETS)
 
 
 def by_url_id(found: list[str]) -> list[str]:
@@ -179,9 +193,9 @@ def test_update_stores_allowed_discoveries_counts_rejections_and_reruns_unchange
     assert {inlinks[u] for u in [*a_kept, *b_links]} == {1}
     assert "http://www.evil.co.uk" not in hosts  # rejected for scope, never known: no row
 
-    before = all_tables(spark, root)
+    before = snapshot(spark, root)
     update.run(spark, conf, root, SEG)
-    assert all_tables(spark, root) == before
+    assert snapshot(spark, root) == before
 
 
 def test_new_url_allowance_rule_and_its_sql_agree(spark):
@@ -215,9 +229,9 @@ def test_known_url_cap_bounds_a_host_and_maintain_recounts(spark, base_conf, roo
     hosts = {r.host_key: r for r in tables.table_df(spark, root, "hosts").collect()}
     assert hosts["http://a.test"].known_urls == 4 and hosts["http://b.test"].known_urls == 2
     assert hosts["http://a.test"].trap_rejections == {traps.HOST_KNOWN_URL_CAP: 7}
-    before = all_tables(spark, root)
+    before = snapshot(spark, root)
     update.run(spark, conf, root, SEG)
-    assert all_tables(spark, root) == before
+    assert snapshot(spark, root) == before
 
     # A drifted count (e.g. inject died between its two merges) is put right by maintain.
     DeltaTable.forPath(spark, tables.table_path(root, "hosts")).update(set={"known_urls": F.lit(0).cast("bigint")})

@@ -4,16 +4,14 @@ version, host counters and robots folded once, and a re-run that leaves every ta
 
 from __future__ import annotations
 
-import os
 from datetime import UTC, datetime, timedelta
-
-import pyarrow as pa
-import pyarrow.parquet as pq
 
 from crawler import layout, urls
 from crawler.records import FETCHED, ROBOTS
 from delta_tables import tables
 from jobs import generate, inject, update
+from tests.support.fetchlists import result_row, write_parquet
+from tests.support.tables import append_rows, snapshot
 
 BUCKETS = 4
 SEG = "seg-u1"
@@ -35,25 +33,8 @@ def bucket(url: str) -> int:
     return urls.bucket_of(urls.host_key(url), BUCKETS)
 
 
-def write_parquet(path: str, rows: list[dict], schema: pa.Schema) -> None:
-    os.makedirs(path, exist_ok=True)
-    pq.write_table(pa.Table.from_pylist(rows, schema=schema), os.path.join(path, "part-00000.parquet"))
-
-
-def append_rows(spark, root: str, name: str, rows: list[dict]) -> None:
-    schema = tables.TABLES[name].schema
-    df = spark.createDataFrame([tuple(r.get(f.name) for f in schema.fields) for r in rows], schema)
-    df.write.format("delta").mode("append").save(tables.table_path(root, name))
-
-
-def all_tables(spark, root: str) -> dict[str, list[str]]:
-    return {name: sorted(str(r) for r in tables.table_df(spark, root, name).collect()) for name in layout.TABLES}
-
-
 def fetched(url: str, at: datetime, outcome: str, code: int | None, version: int = 1, **extra) -> dict:
-    return {"segment_id": SEG, "bucket": bucket(url), "url_id": uid(url), "state_version": version, "url": url,
-            "host_key": urls.host_key(url), "fetched_at": at, "outcome": outcome, "status_code": code,
-            "warc_filename": f"segments/{SEG}/warc/x.warc.gz", "warc_offset": 100, "warc_length": 50, **extra}
+    return result_row(SEG, url, at, outcome, code, version, BUCKETS, **extra)
 
 
 def test_update_completes_discovers_and_reruns_idempotently(spark, base_conf, root, tmp_path):
@@ -142,12 +123,12 @@ def test_update_completes_discovers_and_reruns_idempotently(spark, base_conf, ro
     fetch_rows = tables.table_df(spark, root, "fetches").collect()
     assert len(fetch_rows) == 6 and {r.segment_id for r in fetch_rows} == {SEG}
 
-    before = all_tables(spark, root)
+    before = snapshot(spark, root)
     again = update.run(spark, base_conf, root, SEG)
     # A re-run reports what the segment did (so a crashed-and-re-run update records the same segment counts)
     # but changes nothing.
     assert (again.results, again.applied, again.stale, again.discovered, again.index_events) == (6, 5, 1, 2, 0)
-    assert all_tables(spark, root) == before
+    assert snapshot(spark, root) == before
 
 
 def test_update_without_fetched_results_does_nothing(spark, base_conf, root):

@@ -22,15 +22,14 @@ from crawler.ccindex import CAPTURE_TYPES
 from crawler.robots import RobotsState
 from delta_tables import tables
 from jobs import cli, validate
-from tests.conftest import TEST_OVERRIDES
-from tests.test_report import append_rows
+from tests.support.config import SPARK_CLI_SETTINGS, TEST_OVERRIDES
+from tests.support.tables import append_rows
 
 SEG = "seg-v1"
 NOW = datetime.now(UTC).replace(microsecond=0) - timedelta(hours=1)
 HOST = "http://a.test"
 U1, U2, U3, U4, U5 = (f"{n:032x}" for n in range(1, 6))
-CLI_SETTINGS = [f"--set={k}={v}" for k, v in TEST_OVERRIDES.items() if k.startswith("spark.")] + [
-    f"--set=crawl.buckets={TEST_OVERRIDES['crawl.buckets']}"]
+CLI_SETTINGS = [*SPARK_CLI_SETTINGS, f"--set=crawl.buckets={TEST_OVERRIDES['crawl.buckets']}"]
 
 # Each in-set expectation of the suites and the code's value set it must equal, so the two cannot drift.
 ENUMS = {

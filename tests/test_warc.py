@@ -34,8 +34,10 @@ from fetchd.warc import (
     new_record_id,
     recover_open_warc,
 )
-from tests.test_fetchd import SEGMENT, EdgeServer, edge_conf, read_results, record_at, write_fetchlist
+from tests.support.fetchlists import read_results, record_at, write_fetchlist
+from tests.support.servers import EdgeServer, edge_conf
 
+SEGMENT = "seg-warc"
 HTTP_TYPES = (WarcRecordType.request, WarcRecordType.response, WarcRecordType.revisit)
 
 
@@ -87,7 +89,7 @@ def test_iipc_stem_is_prefix_timestamp_serial_host():
 
 
 def test_daemon_warc_has_warcinfo_pairs_metadata_and_revisits(edge, base_conf, root):
-    conf = edge_conf(base_conf, edge, **{"fetch.max_body_bytes": 10_000})
+    conf = edge_conf(base_conf, **{"fetch.max_body_bytes": 10_000})
     last_fetch = datetime(2024, 5, 6, 7, 8, 9, 123_456, tzinfo=timezone.utc)
     write_fetchlist(root, SEGMENT, [
         {"url": edge.url("edge.test", "/page")},
@@ -179,7 +181,7 @@ def test_daemon_warc_has_warcinfo_pairs_metadata_and_revisits(edge, base_conf, r
 
 def test_rotation_at_warc_max_bytes(edge, base_conf, root):
     max_bytes = 1_500
-    conf = edge_conf(base_conf, edge, **{"fetch.warc_max_bytes": max_bytes})
+    conf = edge_conf(base_conf, **{"fetch.warc_max_bytes": max_bytes})
     paths = [f"/r{i}" for i in range(8)]
     write_fetchlist(root, SEGMENT, [{"url": edge.url("edge.test", p)} for p in paths], conf["crawl.buckets"])
     fetch_segment(conf, root, SEGMENT)
@@ -213,7 +215,7 @@ def test_rotation_under_concurrency_keeps_exchanges_whole_and_results_with_their
     rotated away. Its records stay contiguous in that file, its row is published in a result file named after
     it and points at its response, and its result record comes after it (later in the file, or in a later file)."""
     hosts = [f"h{i}.test" for i in range(8)]
-    conf = edge_conf(base_conf, edge, **{"fetch.warc_max_bytes": 2_000, "politeness.min_delay_s": 0.0,
+    conf = edge_conf(base_conf, **{"fetch.warc_max_bytes": 2_000, "politeness.min_delay_s": 0.0,
                                          "fetch.concurrency": 16, "fetch.warc_gzip_level": 1,
                                          "fetch.static_hosts": {h: "127.0.0.1" for h in hosts}})
     urls_listed = [edge.url(h, f"/r{i}") for h in hosts for i in range(6)]

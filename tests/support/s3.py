@@ -1,15 +1,22 @@
 """A real S3-compatible server for tests: moto's server on loopback, in this process (threaded).
 
 Every S3 path in the tests goes to it; clients find it through `endpoint` and the fake credentials in
-`client_env`, never through a real AWS endpoint.
+`client_env`, never through a real AWS endpoint. Also what tests put there and read back: fetch lists, objects,
+result rows.
 """
 
 from __future__ import annotations
 
+import io
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from pathlib import Path
+
+import pyarrow.parquet as pq
+
+from tests.support.fetchlists import write_fetchlist
 
 REGION = "us-east-1"
 CREDENTIALS = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": REGION}
@@ -56,3 +63,36 @@ def moto_server() -> Iterator[S3Server]:
                 os.environ.pop(key, None)
             else:
                 os.environ[key] = value
+
+
+def put_fetchlist(s3: S3Server, root: str, staging: Path, segment_id: str, urls: list[str],
+                  buckets: int) -> dict[int, list[dict]]:
+    """Fetch lists written with pyarrow (as generate lays them out) in `staging` and uploaded under the S3 root."""
+    local = str(staging / "generated")
+    lists = write_fetchlist(local, segment_id, [{"url": u} for u in urls], buckets)
+    bucket, prefix = root.removeprefix("s3://").split("/", 1)
+    for folder, _, names in os.walk(local):
+        for name in names:
+            path = os.path.join(folder, name)
+            s3.client().upload_file(path, bucket, prefix + "/" + os.path.relpath(path, local))
+    return lists
+
+
+def objects(s3: S3Server, root: str, under: str) -> dict[str, bytes]:
+    """Relative key -> content of every object under `root/under`."""
+    bucket, prefix = root.removeprefix("s3://").split("/", 1)
+    client = s3.client()
+    found = {}
+    for page in client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=f"{prefix}/{under}"):
+        for entry in page.get("Contents", []):
+            found[entry["Key"][len(prefix) + 1:]] = client.get_object(Bucket=bucket, Key=entry["Key"])["Body"].read()
+    return found
+
+
+def result_rows(s3: S3Server, root: str, segment_id: str, kind: str = "fetched") -> list[dict]:
+    """Every row of the segment's uploaded fetched (or robots) objects, with its key in `_key`."""
+    rows = []
+    for key, data in objects(s3, root, f"segments/{segment_id}/{kind}/").items():
+        if key.endswith(".parquet"):
+            rows += [{**row, "_key": key} for row in pq.read_table(io.BytesIO(data)).to_pylist()]
+    return rows

@@ -1,0 +1,127 @@
+"""A real Airflow for the DAG airflow_dags/crawl_cycle.py, and the one whole cycle the suite drives through it.
+
+Airflow runs in subprocesses with its own AIRFLOW_HOME (sqlite metadata DB, no examples), so its global
+configuration and logging never touch the rest of the test session.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+
+from crawler.config import Config
+from fetchd.sitefarm import FarmSpec, SiteFarm, read_request_log
+from jobs import demo
+from tests.support.cluster import Cluster
+from tests.support.config import SHORT_LIVED_JVM_ENV
+
+REPO = Path(__file__).resolve().parents[2]
+DAGS = REPO / "airflow_dags"
+BIN = Path(sys.executable).parent
+
+
+def airflow_env(home: Path) -> dict[str, str]:
+    """Environment of an isolated Airflow: its own home and sqlite DB, our DAG folder only, fast pokes and no
+    retries (a failing step fails the test at once instead of backing off); each step's Spark driver is a
+    short-lived JVM."""
+    return {
+        **os.environ,
+        **SHORT_LIVED_JVM_ENV,
+        "AIRFLOW_HOME": str(home),
+        "AIRFLOW__CORE__DAGS_FOLDER": str(DAGS),
+        "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
+        "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{home}/airflow.db",
+        "CYCLECRAWL_RETRIES": "0",
+        "CYCLECRAWL_POKE_INTERVAL_S": "2",
+        "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}",  # crawl, crawl-submit, fetchd of this venv
+    }
+
+
+def run_airflow_script(env: dict[str, str], folder: Path, script: str, *args: str, timeout: float = 120) -> dict:
+    """Run `script` (which prints one JSON line last) with a real Airflow in a subprocess."""
+    path = folder / "airflow_script.py"
+    path.write_text(textwrap.dedent(script))
+    result = subprocess.run([sys.executable, str(path), *args], env=env, cwd=folder, capture_output=True,
+                            text=True, timeout=timeout)
+    assert result.returncode == 0, result.stdout[-5000:] + result.stderr[-5000:]
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+RUN_CYCLE = """
+    import json, sys
+    from airflow.dag_processing.dagbag import DagBag
+    sys.path.insert(0, sys.argv[1])
+    from crawl_cycle import segment_id
+
+    dag = DagBag(dag_folder=sys.argv[1]).dags["crawl_cycle"]
+    run = dag.test(run_conf=json.loads(sys.argv[2]))
+    print(json.dumps({"state": str(run.state), "segment": segment_id(run),
+                      "tasks": {ti.task_id: str(ti.state) for ti in run.get_task_instances()}}))
+    """
+
+
+@dataclass
+class AirflowCycle:
+    """What one cycle through Airflow left: the root, the farm (stopped) and its log, the seeds, the run's task
+    states and segment, the daemon's exit status and log, and the cluster its Spark steps ran on."""
+
+    root: Path
+    farm: SiteFarm
+    farm_log: list[dict]
+    seed_urls: set[str]
+    tasks: dict[str, str]
+    segment: str
+    daemon_returncode: int | None
+    daemon_log: str
+    cluster: Cluster
+
+
+def run_cycle_through_airflow(base_conf: Config, cluster: Cluster, base: Path) -> AirflowCycle:
+    """`dag.test` drives one whole cycle: every Spark step through crawl-submit on the standalone cluster, the
+    fetch by a `fetchd serve` daemon running beside it on the same root."""
+    root = base / "root"
+    root.mkdir()
+    farm_log = base / "farm-requests.jsonl"
+    farm = SiteFarm(FarmSpec(hosts=3, pages_per_host=8), log_path=farm_log)
+    env = airflow_env(base / "airflow_home")
+    farm.start()
+    daemon = None
+    try:
+        conf = demo.demo_config(base_conf.with_overrides({
+            "demo.min_delay_s": 0.2, "fetch.poll_interval_s": 1.0,
+            "spark.driver_memory": "1g",  # beside the worker's executors
+        }), str(root), farm)
+        config_file = base / "crawl.yaml"
+        config_file.write_text(yaml.safe_dump(conf.as_dict()))
+        seed_urls = set(farm.seed_urls())
+        seeds = base / "seeds.txt"
+        seeds.write_text("\n".join(sorted(seed_urls)) + "\n")
+        subprocess.run([BIN / "airflow", "db", "migrate"], env=env, check=True, capture_output=True, timeout=300)
+        with open(base / "fetchd.log", "w") as daemon_log:
+            daemon = subprocess.Popen([BIN / "fetchd", "serve", "--root", str(root), "--config", str(config_file)],
+                                      stdout=daemon_log, stderr=subprocess.STDOUT)
+        run_conf = {"config": str(config_file), "root": str(root), "seeds": str(seeds),
+                    "spark_master": cluster.master_url, "segment_max_urls": 1000, "fetch_mode": "daemons",
+                    "fetch_deadline_minutes": 10, "maintain": "never"}
+        found = run_airflow_script({**env, "SPARK_LOCAL_IP": "127.0.0.1"}, base, RUN_CYCLE, str(DAGS),
+                                   json.dumps(run_conf), timeout=1200)
+    finally:
+        if daemon is not None:
+            daemon.send_signal(signal.SIGTERM)
+            try:
+                daemon.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                daemon.kill()
+                daemon.wait(timeout=30)
+        farm.stop()
+    return AirflowCycle(root=root, farm=farm, farm_log=read_request_log(farm_log), seed_urls=seed_urls,
+                        tasks=found["tasks"], segment=found["segment"], daemon_returncode=daemon.returncode,
+                        daemon_log=(base / "fetchd.log").read_text(), cluster=cluster)

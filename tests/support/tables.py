@@ -1,0 +1,51 @@
+"""Delta table helpers for tests: hand-built rows appended with the table's own schema, and whole-table
+snapshots for before/after comparisons."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from pathlib import Path
+
+from pyspark.sql.types import DoubleType, FloatType, MapType, StringType, StructType, TimestampType
+
+from delta_tables import tables
+
+FILLER_TIME = datetime(2026, 1, 1, tzinfo=UTC)  # a required timestamp a hand-built row leaves out
+
+
+def full_row(schema: StructType, values: dict, when: datetime = FILLER_TIME) -> tuple:
+    """A whole row of `schema`: the given values; for a required column left out zero, "", {} or `when`; null for
+    an optional one."""
+    def default(field):
+        if field.nullable:
+            return None
+        if isinstance(field.dataType, TimestampType):
+            return when
+        if isinstance(field.dataType, (DoubleType, FloatType)):
+            return 0.0
+        if isinstance(field.dataType, StringType):
+            return ""
+        if isinstance(field.dataType, MapType):
+            return {}
+        return 0
+    return tuple(values[f.name] if f.name in values else default(f) for f in schema.fields)
+
+
+def append_rows(spark, root: str, name: str, rows: list[dict], when: datetime = FILLER_TIME) -> None:
+    """Append hand-built rows to a table (see `full_row` for the columns they leave out)."""
+    schema = tables.TABLES[name].schema
+    df = spark.createDataFrame([full_row(schema, row, when) for row in rows], schema)
+    tables.conform(df, name).write.format("delta").mode("append").save(tables.table_path(root, name))
+
+
+def table_rows(spark, root: str | Path, name: str, excluded: set[str] = frozenset()) -> list[str]:
+    """A table's whole contents as sorted `column=value` lines per row, without the `excluded` columns."""
+    df = tables.table_df(spark, str(root), name)
+    columns = sorted(c for c in df.columns if c not in excluded)
+    return sorted(" ".join(f"{c}={row[c]}" for c in columns) for row in df.select(*columns).collect())
+
+
+def snapshot(spark, root: str | Path, excluded: dict[str, set[str]] | None = None) -> dict[str, list[str]]:
+    """Every table's whole contents (`table_rows`), for comparing two roots or one root before and after."""
+    excluded = excluded or {}
+    return {name: table_rows(spark, root, name, excluded.get(name, set())) for name in tables.TABLES}
