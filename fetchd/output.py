@@ -234,6 +234,10 @@ class BucketOutput:
         current = self._stem()
         for kind, rows in self.pending.items():
             for stem, group in _by_warc(rows, current).items():
+                # Asked again right before each file (the sync above can take long): a plain file system cannot
+                # make the check and the write one step, so the window where a lapsed lease still writes is kept
+                # to one small file.
+                self.check()
                 path = os.path.join(self.dirs[kind], f"{stem}-r{self.batch:04d}.parquet")
                 write_parquet_atomic(group, RESULT_KINDS[kind], path)
         self.batch += 1
