@@ -104,10 +104,13 @@ def test_a_full_disk_pauses_fetching_and_the_daemon_resumes_when_space_returns(t
                 status = _status(port)
             except OSError:
                 status = {}
-            if status.get("gauges", {}).get("storage_paused_buckets", 0) >= 1:
+            paused = status.get("gauges", {}).get("storage_paused_buckets", 0)
+            # Each bucket pauses when its own write fails: wait until every bucket with work left has.
+            if paused >= 1 and paused >= len(pending_work(str(root))):
                 break
             time.sleep(0.1)
         assert status["gauges"]["storage_paused_buckets"] >= 1, "the disk never filled"
+        assert status["gauges"]["storage_paused_buckets"] >= len(pending_work(str(root))), "a bucket never paused"
         paused_seen = time.time()
         assert pending_work(str(root))
 

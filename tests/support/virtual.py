@@ -275,6 +275,14 @@ class VirtualTimeLoop(asyncio.SelectorEventLoop):
     def _executor_job_done(self, _future: asyncio.Future) -> None:
         self._executor_jobs -= 1
 
+    async def shutdown_default_executor(self, *args: Any) -> None:
+        """Its thread joins the executor's threads: thread work the clock waits for, like an executor job."""
+        self._executor_jobs += 1
+        try:
+            await super().shutdown_default_executor(*args)
+        finally:
+            self._executor_jobs -= 1
+
     def idle(self) -> bool:
         return self._executor_jobs == 0 and writes_pending() == 0
 
