@@ -19,6 +19,8 @@ from delta_tables import tables
 from jobs import dedup, generate, inject, update
 from tests.support.tables import append_rows
 
+pytestmark = pytest.mark.slow  # every test reads the module's small crawl (about two minutes of Spark)
+
 SEG, OLD_SEG, NEXT_SEG = "seg-d1", "seg-d0", "seg-d2"
 BASE = 0x5A5A_F0F0_1234_8765
 FAR = ~BASE  # 64 bits from BASE

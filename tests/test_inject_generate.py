@@ -87,6 +87,7 @@ def test_inject_reports_bad_lines_injects_the_rest_and_is_idempotent(spark, base
     assert snapshot(spark, root) == before
 
 
+@pytest.mark.slow
 def test_generate_caps_sorts_leases_and_reruns_idempotently(spark, base_conf, root, seeded):
     # delay 10 s, 30 s segment: at most 3 URLs per host.
     conf = base_conf.with_overrides({"politeness.min_delay_s": 10.0, "generate.segment_seconds": 30})
@@ -181,6 +182,7 @@ def test_generate_skips_urls_the_stored_robots_rules_deny_until_they_expire(spar
         "http://a.test/2", "http://a.test/4"}
 
 
+@pytest.mark.slow
 def test_low_priority_url_is_fetched_within_bounded_cycles_under_constant_high_priority_load(spark, base_conf, root):
     """Each cycle brings exactly a host's cap of fresh priority-1.0 URLs; a 0.15 URL waiting since cycle 0
     must win a place as soon as its age boost lifts it above them (0.15 + 0.1/day * 9 days > 1.0), not never."""

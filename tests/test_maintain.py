@@ -48,6 +48,7 @@ def _parquet_on_disk(root: str, name: str) -> int:
     return count
 
 
+@pytest.mark.slow
 def test_optimize_compacts_to_one_file_per_partition_and_keeps_contents(spark, base_conf, root):
     create_all(spark, root)
     _fill(spark, root)
@@ -82,6 +83,7 @@ def test_optimize_compacts_to_one_file_per_partition_and_keeps_contents(spark, b
     assert again.summary().startswith("2 tables: files 5 -> 5")
 
 
+@pytest.mark.slow
 def test_vacuum_with_zero_retention_deletes_replaced_files(spark, base_conf, root, caplog):
     create_all(spark, root)
     _fill(spark, root)

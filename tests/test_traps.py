@@ -137,6 +137,7 @@ def by_url_id(found: list[str]) -> list[str]:
     return sorted(found, key=lambda u: (uid(u), u))
 
 
+@pytest.mark.slow
 def test_update_stores_allowed_discoveries_counts_rejections_and_reruns_unchanged(spark, base_conf, root, tmp_path):
     conf = base_conf.with_overrides({
         "traps.max_new_urls_per_host_per_cycle": 6, "traps.max_new_urls_per_template_per_cycle": 4,
@@ -205,6 +206,7 @@ def test_new_url_allowance_rule_and_its_sql_agree(spark):
     assert [r.a for r in rows] == [traps.new_url_allowance(k or 0, cap) for k, cap in cases] == [10, 7, 0, 0, 10]
 
 
+@pytest.mark.slow
 def test_known_url_cap_bounds_a_host_and_maintain_recounts(spark, base_conf, root, tmp_path):
     conf = base_conf.with_overrides({"traps.max_known_urls_per_host": 4})
     seeds = tmp_path / "seeds.txt"

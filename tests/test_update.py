@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
+import pytest
+
 from crawler import layout, urls
 from crawler.records import FETCHED, ROBOTS
 from delta_tables import tables
@@ -37,6 +39,7 @@ def fetched(url: str, at: datetime, outcome: str, code: int | None, version: int
     return result_row(SEG, url, at, outcome, code, version, BUCKETS, **extra)
 
 
+@pytest.mark.slow
 def test_update_completes_discovers_and_reruns_idempotently(spark, base_conf, root, tmp_path):
     seeds = tmp_path / "seeds.txt"
     seeds.write_text(SEEDS)
@@ -137,6 +140,7 @@ def test_update_without_fetched_results_does_nothing(spark, base_conf, root):
     assert tables.table_df(spark, root, "urls").count() == 0
 
 
+@pytest.mark.slow
 def test_robots_denied_url_waits_for_the_hosts_robots_expiry(spark, base_conf, root, tmp_path):
     seeds = tmp_path / "seeds.txt"
     seeds.write_text("http://a.test/private/x\nhttp://a.test/open\n")
@@ -158,6 +162,7 @@ def test_robots_denied_url_waits_for_the_hosts_robots_expiry(spark, base_conf, r
     assert rows["http://a.test/open"].status == "fetched"
 
 
+@pytest.mark.slow
 def test_unreachable_robots_keeps_the_last_good_copy(spark, base_conf, root, tmp_path):
     seeds = tmp_path / "seeds.txt"
     seeds.write_text("http://a.test/one\nhttp://a.test/two\n")

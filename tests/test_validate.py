@@ -195,6 +195,7 @@ def test_latest_time_is_computed_at_run_time(base_conf):
 # ---- on Spark ---------------------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_a_valid_crawl_passes_with_a_report_and_data_docs(valid_run):
     assert valid_run.success, valid_run.summary()
     assert [t.table for t in valid_run.tables] == list(layout.TABLES)
@@ -205,6 +206,7 @@ def test_a_valid_crawl_passes_with_a_report_and_data_docs(valid_run):
     assert valid_run.data_docs_index.is_file() and "<html" in valid_run.data_docs_index.read_text().lower()
 
 
+@pytest.mark.slow
 def test_every_defect_and_nothing_else_fails(defect_run):
     assert not defect_run.success
     assert sorted((f.table, f.name) for f in defect_run.failures) == sorted(
