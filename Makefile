@@ -1,6 +1,6 @@
 # Two commands do all set-up on a fresh machine (Python >= 3.10 and Java 17 present):
 #   make demo   - a full local crawl of the bundled demo site farm into $(ROOT)
-#   make test   - the test suite (FAST=1 skips the slow end-to-end tests)
+#   make test   - the test suite (FAST=1 skips the tests marked slow: the crawls)
 PYTHON ?= python3
 VENV := .venv
 ROOT ?= ./demo-crawl
