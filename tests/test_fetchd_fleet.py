@@ -30,6 +30,7 @@ from tests.support.fetchlists import files_under, read_results, write_fetchlist
 pytestmark = pytest.mark.slow
 
 BUCKETS = 6
+MIN_BUSY_BUCKETS = 5  # buckets with work: more than one daemon's max_buckets_per_daemon (3)
 MIN_DELAY = 0.2
 PROJECT = Path(__file__).resolve().parents[1]
 
@@ -71,16 +72,29 @@ def _owned_by(root: str, owner: str) -> list[int]:
     return [b for b in range(BUCKETS) if (rec := store.latest(b)) and rec.owner == owner and not rec.released]
 
 
+def _spread_farm(tmp_path: Path, attempts: int = 20) -> tuple[SiteFarm, list[str]]:
+    """A started farm whose pages fill at least MIN_BUSY_BUCKETS buckets, and those pages: a daemon holds at most 3,
+    so the later daemons must find work the first cannot hold. A host key carries its port, so the buckets a farm
+    fills change with the ports it gets. Only pages that answer 200: a followed redirect would fetch its target
+    twice across the two segments by design (once as a hop, once as a listed URL), which is not what this test
+    counts."""
+    for attempt in range(attempts):
+        farm = SiteFarm(FarmSpec(hosts=12, pages_per_host=16, cross_host_links=False),
+                        tmp_path / f"farm-{attempt}.jsonl")
+        farm.start()
+        pages = sorted(u for u in farm.page_urls() if farm._resource(u).status == 200)
+        if len({urls.bucket_of(urls.host_key(u), BUCKETS) for u in pages}) >= MIN_BUSY_BUCKETS:
+            return farm, pages
+        farm.stop()
+    raise AssertionError(f"no farm in {attempts} attempts filled {MIN_BUSY_BUCKETS} buckets")
+
+
 def test_three_daemons_share_buckets_survive_a_freeze_and_a_kill_and_stay_polite(tmp_path):
     root = str(tmp_path / "root")
     os.makedirs(root)
-    farm = SiteFarm(FarmSpec(hosts=12, pages_per_host=16, cross_host_links=False), tmp_path / "farm.jsonl")
-    farm.start()
+    farm, pages = _spread_farm(tmp_path)
     processes: dict[str, subprocess.Popen] = {}
     try:
-        # Only pages that answer 200: a followed redirect would fetch its target twice across the two segments
-        # by design (once as a hop, once as a listed URL), which is not what this test counts.
-        pages = sorted(u for u in farm.page_urls() if farm._resource(u).status == 200)
         segments = {"seg-1": pages[0::2], "seg-2": pages[1::2]}  # both pending at once: the same buckets in each
         for segment_id, items in segments.items():
             write_fetchlist(root, segment_id, [{"url": u} for u in items], BUCKETS)
