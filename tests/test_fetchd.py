@@ -31,7 +31,7 @@ from fetchd.daemon import fetch_segment, serve
 from fetchd.sitefarm import FarmSpec, SiteFarm, politeness_violations, read_request_log
 from tests.support import virtual
 from tests.support.fetchlists import by_url, files_under, read_results, record_at, write_fetchlist
-from tests.support.servers import EdgeServer, edge_conf
+from tests.support.servers import EdgeServer, edge_conf, gaps
 
 SEGMENT = "seg-test"
 MIN_DELAY = 0.2
@@ -243,11 +243,11 @@ def test_retry_after_slows_the_host_and_successes_halve_it_exactly_on_the_virtua
 
     paths = ["/busy", "/after", "/p2", "/p3", "/p4", "/p5", "/p6"]
     run = virtual.VirtualBucketRun(virtual.rows_of("http://edge.test", paths),
-                                   lambda _key: HostGate.from_config(conf), virtual.ScriptedServer(answer))
+                                   lambda _key: HostGate.from_config(conf), virtual.ScriptedVirtualServer(answer))
     run.run()
     log = run.server.requests("http://edge.test")
     assert [r.path for r in log] == ["/robots.txt", *paths]
-    assert virtual.gaps(log) == pytest.approx(expected)
+    assert gaps(log) == pytest.approx(expected)
 
 
 def test_body_cap_truncates(edge, base_conf, root):

@@ -43,7 +43,7 @@ def _virtual_answer(host: str, path: str, earlier: int) -> virtual.Answer:
 def _virtual_run(conf, hosts_paths: dict[str, list[str]], seed: int = 0) -> virtual.VirtualBucketRun:
     rows = [row for name, paths in hosts_paths.items() for row in virtual.rows_of(f"http://{name}", paths)]
     run = virtual.VirtualBucketRun(rows, lambda _key: HostGate.from_config(conf),
-                                   virtual.ScriptedServer(_virtual_answer), seed)
+                                   virtual.ScriptedVirtualServer(_virtual_answer), seed)
     run.run()
     return run
 
@@ -93,7 +93,7 @@ def test_after_503s_the_gaps_shrink_gradually_exactly_on_the_virtual_clock(base_
     first = 0.4 * (1 + BACKOFF_JITTER * jitter.random())
     second = 0.8 * (1 + BACKOFF_JITTER * jitter.random())
     expected = [first, second, second / 2, second / 4, second / 8, MIN_DELAY, MIN_DELAY]
-    assert virtual.gaps(pages) == pytest.approx(expected, abs=1e-9)
+    assert gaps(pages) == pytest.approx(expected, abs=1e-9)
 
 
 def test_after_503s_the_gaps_shrink_gradually(server, base_conf, root):
@@ -120,11 +120,11 @@ def test_a_slow_host_gets_gaps_of_k_times_its_response_time_exactly_on_the_virtu
     run = _virtual_run(conf, {name: [f"/{i}" for i in range(4)] for name in ("slow.test", "fast.test")})
     slow = run.server.requests("http://slow.test", pages_only=True)
     fast = run.server.requests("http://fast.test", pages_only=True)
-    assert virtual.gaps(slow) == pytest.approx([k * SLOW_S] * 3)  # k x the 0.3 s answers
-    assert virtual.gaps(fast) == pytest.approx([MIN_DELAY] * 3)   # per host: 2 x 0.01 s is under the minimum
+    assert gaps(slow) == pytest.approx([k * SLOW_S] * 3)  # k x the 0.3 s answers
+    assert gaps(fast) == pytest.approx([MIN_DELAY] * 3)   # per host: 2 x 0.01 s is under the minimum
     capped = _conf(base_conf, **{"politeness.response_time_factor": k, "politeness.max_response_time_delay_s": 0.4})
     run = _virtual_run(capped, {"slow.test": [f"/{i}" for i in range(3)]})
-    assert virtual.gaps(run.server.requests("http://slow.test", pages_only=True)) == pytest.approx([0.4] * 2)
+    assert gaps(run.server.requests("http://slow.test", pages_only=True)) == pytest.approx([0.4] * 2)
 
 
 def test_a_slow_host_gets_gaps_of_at_least_k_times_its_response_time(server, base_conf, root):
@@ -165,4 +165,4 @@ def test_crawl_delay_above_the_cap_gives_gaps_of_the_cap_exactly_on_the_virtual_
     run = _virtual_run(_conf(base_conf, **{"politeness.max_crawl_delay_s": 0.3}), {"lazy.test": ["/a", "/b", "/c"]})
     requests = run.server.requests("http://lazy.test")
     assert [r.path for r in requests] == ["/robots.txt", "/a", "/b", "/c"]
-    assert virtual.gaps(requests) == pytest.approx([0.3] * 3)
+    assert gaps(requests) == pytest.approx([0.3] * 3)

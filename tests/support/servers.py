@@ -14,7 +14,8 @@ import os
 import socket
 import threading
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from typing import Any
 
 from aiohttp import web
 
@@ -156,9 +157,11 @@ def edge_conf(base_conf, **overrides):
     return base_conf.with_overrides(values)
 
 
-def gaps(requests: list[dict]) -> list[float]:
-    """Seconds from the end of each request to the start of the next (the politeness rule's own measure)."""
-    return [b["start"] - a["end"] for a, b in zip(requests, requests[1:], strict=False)]
+def gaps(requests: Sequence[Any]) -> list[float]:
+    """Seconds from the end of each request to the start of the next (the politeness rule's own measure), for a
+    loopback server's log records (mappings) and a virtual server's `Request`s alike."""
+    times = [(r["start"], r["end"]) if isinstance(r, Mapping) else (r.start, r.end) for r in requests]
+    return [start - end for (_, end), (start, _) in zip(times, times[1:], strict=False)]
 
 
 def free_port() -> int:

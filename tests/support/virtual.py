@@ -89,8 +89,8 @@ Script = Callable[[str, str, int], Answer]  # (host key, path, how many requests
 
 
 @dataclass
-class ScriptedServer:
-    """A virtual server answering every request from a script."""
+class ScriptedVirtualServer:
+    """A virtual server answering every request from a script (the loopback one is `servers.ScriptedServer`)."""
 
     script: Script
     log: list[Request] = field(default_factory=list)
@@ -104,11 +104,6 @@ class ScriptedServer:
 
     def requests(self, host: str, pages_only: bool = False) -> list[Request]:
         return [r for r in self.log if r.host == host and not (pages_only and r.path == "/robots.txt")]
-
-
-def gaps(requests: list[Request]) -> list[float]:
-    """Seconds from the end of each request to the start of the next."""
-    return [b.start - a.end for a, b in zip(requests, requests[1:], strict=False)]
 
 
 @dataclass
