@@ -354,7 +354,8 @@ class BucketRun:
         self.out = BucketOutput(daemon.root, segment_id, bucket, daemon.daemon_id, self.conf["fetch.warc_max_bytes"],
                                 daemon.warcinfo(), self.conf["ownership.results_batch_rows"], lease.fenced,
                                 daemon.metrics.warc_written, self.conf["fetch.warc_gzip_level"],
-                                lambda: daemon.store.sync_bucket(segment_id, bucket, lease.fenced))
+                                lambda: daemon.store.sync_bucket(segment_id, bucket, lease.fenced),
+                                daemon.clock.wall)
         self.clock = daemon.clock
         self.sched = HostScheduler(daemon.gate_for, self.clock.monotonic, self._report, recheck_s=_STOP_POLL_S)
         self.hosts = self.sched.hosts  # what `fetchd.metrics` reads

@@ -161,7 +161,7 @@ class BucketOutput:
     def __init__(self, root: str, segment_id: str, bucket: int, daemon_id: str, warc_max_bytes: int,
                  warcinfo: dict[str, str], batch_rows: int, fenced: Callable[[], bool] = lambda: False,
                  on_write: Callable[[int], None] = lambda n: None, gzip_level: int = DEFAULT_GZIP_LEVEL,
-                 on_publish: Callable[[], None] = lambda: None):
+                 on_publish: Callable[[], None] = lambda: None, wall_time: Callable[[], float] = time.time):
         self.root, self.segment_id, self.bucket, self.daemon_id = root, segment_id, bucket, daemon_id
         self.warc_max_bytes = warc_max_bytes
         self.warcinfo = warcinfo
@@ -170,6 +170,7 @@ class BucketOutput:
         self.on_write = on_write
         self.gzip_level = gzip_level
         self.on_publish = on_publish  # told after rows are published or a WARC closed (an S3 root uploads them)
+        self.wall_time = wall_time  # the daemon's clock: a WARC's name carries the time it was opened
         self.seq = 0
         self.batch = 0
         self.warc_files = 0  # closed by this run, and their bytes (for `/status`)
@@ -191,7 +192,7 @@ class BucketOutput:
         The daemon id is the host part, so daemons sharing a bucket folder never pick the same name."""
         if self.current is not None:
             return os.path.basename(self.current.path).removesuffix(WARC_SUFFIX)
-        return iipc_stem(f"{self.segment_id}-{self.bucket:05d}", time.time(), self.seq, self.daemon_id)
+        return iipc_stem(f"{self.segment_id}-{self.bucket:05d}", self.wall_time(), self.seq, self.daemon_id)
 
     def warc(self) -> WarcFile:
         self.check()
