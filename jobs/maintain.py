@@ -32,6 +32,8 @@ log = logging.getLogger("jobs.maintain")
 # Delta refuses VACUUM below the tables' default deleted-file retention (7 days) unless this check is off.
 DELTA_SAFE_RETENTION_HOURS = 168.0
 RETENTION_CHECK_CONF = "spark.databricks.delta.retentionDurationCheck.enabled"
+# VACUUM lists a table's files in this many tasks (Delta reads Spark's partition discovery setting, default 10000).
+LISTING_PARALLELISM_CONF = "spark.sql.sources.parallelPartitionDiscovery.parallelism"
 VACUUM_LOGGING_CONF = "spark.databricks.delta.vacuum.logging.enabled"
 MAX_FILE_SIZE_CONF = "spark.databricks.delta.optimize.maxFileSize"
 
@@ -112,9 +114,10 @@ def session_conf(spark: SparkSession, settings: dict[str, str]) -> Iterator[None
                 spark.conf.set(key, value)
 
 
-def vacuum_settings(retention_hours: float) -> dict[str, str]:
-    """Session confs VACUUM needs: its metrics in the table history, and the safety check off only when asked for."""
-    settings = {VACUUM_LOGGING_CONF: "true"}
+def vacuum_settings(retention_hours: float, listing_tasks: int) -> dict[str, str]:
+    """Session confs VACUUM needs: its metrics in the table history, the tasks its file listing runs in, and the
+    safety check off only when asked for."""
+    settings = {VACUUM_LOGGING_CONF: "true", LISTING_PARALLELISM_CONF: str(listing_tasks)}
     if retention_hours < DELTA_SAFE_RETENTION_HOURS:
         log.warning("maintain.vacuum_retention_hours=%g is below Delta's safe %g h: turning off %s for VACUUM; "
                     "readers of versions older than that may fail", retention_hours, DELTA_SAFE_RETENTION_HOURS,
@@ -203,7 +206,8 @@ def run(spark: SparkSession, conf: Config, root: str, tables: list[str] | None =
     result = MaintainResult(retention_hours=retention_hours, vacuumed=vacuum)
     settings = {MAX_FILE_SIZE_CONF: str(conf["maintain.target_file_mb"] * 1024 * 1024)}
     if vacuum:
-        settings.update(vacuum_settings(retention_hours))
+        listing_tasks = conf["maintain.vacuum_listing_tasks"] or 4 * spark.sparkContext.defaultParallelism
+        settings.update(vacuum_settings(retention_hours, listing_tasks))
     if all(DeltaTable.isDeltaTable(spark, table_path(root, name)) for name in ("urls", "hosts")):
         result.known_urls_corrected = recount_known_urls(spark, root)
     with session_conf(spark, settings):

@@ -92,8 +92,18 @@ def test_vacuum_with_zero_retention_deletes_replaced_files(spark, base_conf, roo
     assert on_disk >= APPENDS
     conf = base_conf.with_overrides({"maintain.vacuum_retention_hours": 0})
 
-    with caplog.at_level(logging.WARNING, logger="jobs.maintain"):
-        result = maintain.run(spark, conf, root, tables=["segments"])
+    context = spark.sparkContext
+    context.setJobGroup("vacuum-test", "maintain with vacuum")
+    try:
+        with caplog.at_level(logging.WARNING, logger="jobs.maintain"):
+            result = maintain.run(spark, conf, root, tables=["segments"])
+    finally:
+        context.setLocalProperty("spark.jobGroup.id", None)
+    tracker = context.statusTracker()
+    tasks = [tracker.getStageInfo(stage).numTasks for job in tracker.getJobIdsForGroup("vacuum-test")
+             for stage in tracker.getJobInfo(job).stageIds if tracker.getStageInfo(stage)]
+    # VACUUM lists files in maintain.vacuum_listing_tasks (0: 4 x the default parallelism), not Delta's 10000.
+    assert tasks and max(tasks) <= 4 * context.defaultParallelism, tasks
 
     assert "maintain.vacuum_retention_hours=0" in caplog.text
     (segments,) = result.tables
@@ -103,6 +113,7 @@ def test_vacuum_with_zero_retention_deletes_replaced_files(spark, base_conf, roo
     assert _snapshot(spark, root, "segments") == before
     # The safety check is back on for everyone else once maintain returns.
     assert spark.conf.get(maintain.RETENTION_CHECK_CONF, None) in (None, "true")
+    assert spark.conf.get(maintain.LISTING_PARALLELISM_CONF, None) in (None, "10000")
     assert "vacuum removed" in result.summary()
 
 
