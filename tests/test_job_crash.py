@@ -1,12 +1,14 @@
 """kill -9 of a Spark job's driver at a random point, then a re-run: nothing lost, nothing doubled (DESIGN §2.3).
 
 Every scenario starts from the shared crawl's root after the second cycle's dedup (`tests/support/crawl.py`): one
-merged cycle plus a fetched, parsed and deduplicated second segment that update has not merged yet. The root is
-copied twice. Copy A runs the job once through the `crawl` command line in this process, on the suite's Spark
-session: the reference. Copy B runs the same command in a child process of its own process group — the only
-process the test kills — with SIGKILL (the Python driver, its JVM and its Python workers) at a seeded random point
-inside the job's working window, and then the command again in this process, to completion. Every table of B
-must then equal A's, column for column, except columns the job stamps from the wall clock.
+merged cycle plus a fetched, parsed and deduplicated second segment that update has not merged yet. Copy A of it
+runs the job once through the `crawl` command line in this process, on the suite's Spark session: the reference
+(for update, the shared crawl's own update of that segment is that run already: the same job on the same state
+with the same config, and its copy after update is the reference). Copy B runs the same command in a child process
+of its own process group — the only process the test kills — with SIGKILL (the Python driver, its JVM and its
+Python workers) at a seeded random point inside the job's working window, and then the command again in this
+process, to completion. Every table of B must then equal A's, column for column, except columns the job stamps
+from the wall clock.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ import pytest
 from delta_tables import TABLES, table_df
 from jobs import cli
 from tests.support.config import SHORT_LIVED_JVM_ENV
+from tests.support.crawl import STARTED, StepLog
 from tests.support.tables import snapshot
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(3600)]
@@ -50,7 +53,6 @@ GENERATED_SEGMENT = "seg-crash-generate"
 RUN_TIMEOUT_S = 900
 KILL_ATTEMPTS = 3
 NO_STEP = "(no step started)"
-STARTED = ": started"  # how `jobs.base.step` announces a step on the `jobs` logger
 
 
 @dataclass
@@ -63,6 +65,8 @@ class Prepared:
     segment: str          # fetched, parsed and deduplicated, not yet merged by update
     seeds: Path           # a new seeds file for inject
     now: str              # fixed --now for generate
+    updated: Path         # read-only: the shared crawl's root after its update of `segment`
+    update_log: StepLog   # and when that update's steps started
 
 
 @dataclass
@@ -99,7 +103,7 @@ def prepared(shared_crawl, tmp_path_factory) -> Prepared:
     new_seeds.write_text("".join(f"{line}\n" for line in lines))
     now = (datetime.now(UTC) + timedelta(days=10)).replace(microsecond=0).isoformat()
     return Prepared(base, shared_crawl.snapshot(2, "dedup"), shared_crawl.config_file, shared_crawl.segment(2),
-                    new_seeds, now)
+                    new_seeds, now, shared_crawl.snapshot(2, "update"), shared_crawl.step_logs[(2, "update")])
 
 
 def _command(job: str, prepared: Prepared, root: Path) -> list[str]:
@@ -216,6 +220,9 @@ def reference(spark, prepared):
     done: dict[str, tuple[Path, Run]] = {}
 
     def get(job: str) -> tuple[Path, Run]:
+        if job == "update":
+            log = prepared.update_log
+            return prepared.updated, Run(returncode=0, seconds=log.seconds, steps=log.starts)
         if job not in done:
             root = prepared.base / f"ref-{job}"
             shutil.copytree(prepared.root, root)

@@ -13,7 +13,9 @@ all read this one crawl instead of crawling again.
 
 from __future__ import annotations
 
+import logging
 import shutil
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -31,12 +33,42 @@ KNOWN_URL_CAP = 100       # traps.max_known_urls_per_host
 TEMPLATE_CAP = 40         # traps.max_new_urls_per_template_per_cycle
 PER_HOST_MAX_URLS = 60    # generate.per_host_max_urls: a trap or large host takes more than one cycle to its cap
 BAD_SEED_LINES = ("this is not a url", "ftp://site-000.farm.test/file", "http://")
+STARTED = ": started"  # how `jobs.base.step` announces a step on the `jobs` logger
+
+
+@dataclass
+class StepLog:
+    """How long one cycle step took and when (seconds after it began) each of its job steps started: the crash
+    tests place their kill points in a step's working window by it."""
+
+    seconds: float = 0.0
+    starts: list[tuple[float, str]] = field(default_factory=list)
+
+
+class _StepStarts(logging.Handler):
+    """Notes the job-step starts that the `jobs` logger announces."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.INFO)
+        self.began = time.monotonic()
+        self.log = StepLog()
+
+    def emit(self, record: logging.LogRecord) -> None:
+        message = record.getMessage()
+        if record.name == "jobs" and message.endswith(STARTED):
+            self.log.starts.append((time.monotonic() - self.began, message.removesuffix(STARTED)))
+
+    def take(self) -> StepLog:
+        """The log of the step that ends now; the next one begins."""
+        taken, taken.seconds = self.log, time.monotonic() - self.began
+        self.began, self.log = time.monotonic(), StepLog()
+        return taken
 
 
 @dataclass
 class SharedCrawl:
     """What the crawl left: its final root, config, the farm (stopped: its ground truth still answers), the farm's
-    request log, inject's result, each cycle's report, and a copy of the root after every step."""
+    request log, inject's result, each cycle's report, and a copy of the root and a `StepLog` after every step."""
 
     base: Path
     root: Path
@@ -47,6 +79,7 @@ class SharedCrawl:
     inject: Any
     reports: list[cycle.CycleReport]
     snapshots: dict[tuple[int, str], Path] = field(default_factory=dict)
+    step_logs: dict[tuple[int, str], StepLog] = field(default_factory=dict)
 
     def segment(self, number: int) -> str:
         """The segment id of cycle `number` (1-based)."""
@@ -86,7 +119,12 @@ def run_shared_crawl(spark, base_conf: Config, base: Path) -> SharedCrawl:
     log_path = base / "sitefarm" / "requests.jsonl"
     farm = SiteFarm(FARM, log_path=log_path)
     snapshots: dict[tuple[int, str], Path] = {}
+    step_logs: dict[tuple[int, str], StepLog] = {}
     reports: list[cycle.CycleReport] = []
+    jobs_log, recorder = logging.getLogger("jobs"), _StepStarts()
+    level = jobs_log.level
+    jobs_log.addHandler(recorder)
+    jobs_log.setLevel(logging.INFO)
     farm.start()
     try:
         conf = crawl_config(base_conf, str(root), farm)
@@ -94,14 +132,18 @@ def run_shared_crawl(spark, base_conf: Config, base: Path) -> SharedCrawl:
         seeds.write_text("\n".join([*farm.seed_urls(), *BAD_SEED_LINES]) + "\n")
         for number in range(1, CYCLES + 1):
             def keep(step: str, _result: Any, number: int = number) -> None:
+                step_logs[(number, step)] = recorder.take()
                 snapshots[(number, step)] = shutil.copytree(root, snapshots_dir / f"cycle-{number}-{step}")
+                recorder.take()  # the copy is no step's work
 
             reports.append(cycle.run_cycle(spark, conf, str(root), seeds=str(seeds) if number == 1 else None,
                                            after_step=keep))
     finally:
         farm.stop()
+        jobs_log.removeHandler(recorder)
+        jobs_log.setLevel(level)
     config_file = base / "crawl.yaml"
     config_file.write_text(yaml.safe_dump(conf.as_dict(), sort_keys=True))
     return SharedCrawl(base=base, root=root, conf=conf, config_file=config_file, farm=farm,
                        log=read_request_log(log_path), inject=reports[0].steps["inject"], reports=reports,
-                       snapshots=snapshots)
+                       snapshots=snapshots, step_logs=step_logs)
