@@ -14,6 +14,7 @@ starts in the background as soon as the session is up when any selected test rea
 from __future__ import annotations
 
 import importlib.machinery
+import shutil
 import sys
 from concurrent.futures import ThreadPoolExecutor
 
@@ -156,3 +157,19 @@ def root(tmp_path) -> str:
     path = tmp_path / "root"
     path.mkdir()
     return str(path)
+
+
+@pytest.fixture(scope="session")
+def _tables_template(spark, tmp_path_factory):
+    from delta_tables import create_all
+
+    path = tmp_path_factory.mktemp("tables-template") / "root"
+    create_all(spark, str(path))
+    return path
+
+
+@pytest.fixture
+def tables_root(_tables_template, tmp_path) -> str:
+    """A root whose tables exist and are empty: a copy of one created once per session (creating the tables costs
+    about 3 CPU-s a root; the jobs' own create_all then finds them all)."""
+    return str(shutil.copytree(_tables_template, tmp_path / "root"))

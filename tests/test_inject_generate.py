@@ -14,6 +14,13 @@ from crawler.records import FETCHLIST
 from delta_tables import tables
 from jobs import generate, inject
 
+
+@pytest.fixture
+def root(tables_root) -> str:
+    """Every test here starts with the tables created (`tests/conftest.py::tables_root`)."""
+    return tables_root
+
+
 SEEDS = """# test seeds
 http://a.test/1\tpriority=5
 http://a.test/2\tpriority=4

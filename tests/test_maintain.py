@@ -10,7 +10,7 @@ import pytest
 from pyspark.sql import functions as F
 
 from crawler.config import ConfigError
-from delta_tables.tables import create_all, table_df, table_path
+from delta_tables.tables import table_df, table_path
 from jobs import maintain
 from tests.support.tables import append_rows
 
@@ -49,8 +49,8 @@ def _parquet_on_disk(root: str, name: str) -> int:
 
 
 @pytest.mark.slow
-def test_optimize_compacts_to_one_file_per_partition_and_keeps_contents(spark, base_conf, root):
-    create_all(spark, root)
+def test_optimize_compacts_to_one_file_per_partition_and_keeps_contents(spark, base_conf, tables_root):
+    root = tables_root
     _fill(spark, root)
     before = {name: _snapshot(spark, root, name) for name in ("segments", "hosts")}
     assert sum(_files_per_partition(spark, root, "segments").values()) >= APPENDS
@@ -84,8 +84,8 @@ def test_optimize_compacts_to_one_file_per_partition_and_keeps_contents(spark, b
 
 
 @pytest.mark.slow
-def test_vacuum_with_zero_retention_deletes_replaced_files(spark, base_conf, root, caplog):
-    create_all(spark, root)
+def test_vacuum_with_zero_retention_deletes_replaced_files(spark, base_conf, tables_root, caplog):
+    root = tables_root
     _fill(spark, root)
     before = _snapshot(spark, root, "segments")
     on_disk = _parquet_on_disk(root, "segments")

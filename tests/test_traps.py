@@ -22,6 +22,13 @@ from jobs import generate, inject, maintain, update
 from tests.support.fetchlists import result_row, write_parquet
 from tests.support.tables import append_rows, snapshot
 
+
+@pytest.fixture
+def root(tables_root) -> str:
+    """Every test here starts with the tables created (`tests/conftest.py::tables_root`)."""
+    return tables_root
+
+
 RULES = TrapRules(max_url_length=120, max_path_depth=12, max_segment_repeats=3, max_query_params=12,
                   max_new_urls_per_host_per_cycle=100, max_new_urls_per_template_per_cycle=100,
                   max_known_urls_per_host=1000)

@@ -15,6 +15,13 @@ from jobs import generate, inject, update
 from tests.support.fetchlists import result_row, write_parquet
 from tests.support.tables import append_rows, snapshot
 
+
+@pytest.fixture
+def root(tables_root) -> str:
+    """Every test here starts with the tables created (`tests/conftest.py::tables_root`)."""
+    return tables_root
+
+
 BUCKETS = 4
 SEG = "seg-u1"
 SEEDS = "\n".join([
