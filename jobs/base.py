@@ -144,11 +144,14 @@ def pinned_table(spark: SparkSession, root: str, name: str) -> DataFrame:
     return spark.read.format("delta").option("versionAsOf", version).load(path)
 
 
+STEP_STARTED = ": started"  # the end of the line `step` logs when a step starts (tests read it)
+
+
 @contextmanager
 def step(name: str) -> Iterator[None]:
     """Log the start and duration of a job step (a periodic progress line for long work)."""
     started = time.monotonic()
-    log.info("%s: started", name)
+    log.info("%s" + STEP_STARTED, name)
     try:
         yield
     finally:

@@ -13,7 +13,6 @@ from the wall clock.
 
 from __future__ import annotations
 
-import logging
 import os
 import random
 import shutil
@@ -31,8 +30,9 @@ import pytest
 
 from delta_tables import TABLES, table_df
 from jobs import cli
+from jobs.base import STEP_STARTED
 from tests.support.config import SHORT_LIVED_JVM_ENV
-from tests.support.crawl import STARTED, StepLog
+from tests.support.crawl import StepLog, recording_steps
 from tests.support.tables import snapshot
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(3600)]
@@ -89,8 +89,8 @@ class Run:
 def _step_name(line: str) -> str | None:
     """The step of a `jobs.base.step` start line in a child's log (the job is past JVM start-up, doing its work)."""
     marker = " INFO jobs: "
-    if marker in line and line.endswith(STARTED):
-        return line.split(marker, 1)[1].removesuffix(STARTED)
+    if marker in line and line.endswith(STEP_STARTED):
+        return line.split(marker, 1)[1].removesuffix(STEP_STARTED)
     return None
 
 
@@ -173,35 +173,12 @@ def _run_killed(command: list[str], log_path: Path, kill_at: tuple[str, float]) 
     return run
 
 
-class _StepRecorder(logging.Handler):
-    """Notes when each `jobs.base.step` starts in this process."""
-
-    def __init__(self, run: Run, started: float):
-        super().__init__(logging.INFO)
-        self.run, self.started = run, started
-
-    def emit(self, record: logging.LogRecord) -> None:
-        message = record.getMessage()
-        self.run.lines.append(message)
-        if message.endswith(STARTED):
-            self.run.steps.append((time.monotonic() - self.started, message.removesuffix(STARTED)))
-
-
 def _run_here(command: list[str]) -> Run:
     """Run a `crawl` command line in this process, on the suite's Spark session, noting its steps."""
-    started = time.monotonic()
-    run = Run(returncode=None, seconds=0.0)
-    jobs_log = logging.getLogger("jobs")
-    recorder, level = _StepRecorder(run, started), jobs_log.level
-    jobs_log.addHandler(recorder)
-    jobs_log.setLevel(logging.INFO)
-    try:
-        run.returncode = cli.main(command[command.index("jobs.cli") + 1:])
-    finally:
-        jobs_log.removeHandler(recorder)
-        jobs_log.setLevel(level)
-    run.seconds = time.monotonic() - started
-    return run
+    with recording_steps() as recorder:
+        returncode = cli.main(command[command.index("jobs.cli") + 1:])
+    log = recorder.take()
+    return Run(returncode=returncode, seconds=log.seconds, steps=log.starts, lines=recorder.lines)
 
 
 def _kill_point(reference_run: Run, fraction: float) -> tuple[str, float]:

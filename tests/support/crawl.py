@@ -16,6 +16,8 @@ from __future__ import annotations
 import logging
 import shutil
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -25,6 +27,7 @@ import yaml
 from crawler.config import Config
 from fetchd.sitefarm import FarmSpec, SiteFarm, read_request_log
 from jobs import cycle, demo
+from jobs.base import STEP_STARTED
 
 CYCLES = 4
 FARM = FarmSpec(hosts=6, pages_per_host=20, trap_hosts=True, large_host_pages=(300, 60))
@@ -33,36 +36,51 @@ KNOWN_URL_CAP = 100       # traps.max_known_urls_per_host
 TEMPLATE_CAP = 40         # traps.max_new_urls_per_template_per_cycle
 PER_HOST_MAX_URLS = 60    # generate.per_host_max_urls: a trap or large host takes more than one cycle to its cap
 BAD_SEED_LINES = ("this is not a url", "ftp://site-000.farm.test/file", "http://")
-STARTED = ": started"  # how `jobs.base.step` announces a step on the `jobs` logger
 
 
 @dataclass
 class StepLog:
-    """How long one cycle step took and when (seconds after it began) each of its job steps started: the crash
-    tests place their kill points in a step's working window by it."""
+    """How long one piece of work took and when (seconds after it began) each of its job steps started: the crash
+    tests place their kill points in a job's working window by it."""
 
     seconds: float = 0.0
     starts: list[tuple[float, str]] = field(default_factory=list)
 
 
-class _StepStarts(logging.Handler):
-    """Notes the job-step starts that the `jobs` logger announces."""
+class StepRecorder(logging.Handler):
+    """Notes every message of the `jobs` loggers and when each `jobs.base.step` started."""
 
     def __init__(self) -> None:
         super().__init__(logging.INFO)
+        self.lines: list[str] = []
         self.began = time.monotonic()
         self.log = StepLog()
 
     def emit(self, record: logging.LogRecord) -> None:
         message = record.getMessage()
-        if record.name == "jobs" and message.endswith(STARTED):
-            self.log.starts.append((time.monotonic() - self.began, message.removesuffix(STARTED)))
+        self.lines.append(message)
+        if message.endswith(STEP_STARTED):
+            self.log.starts.append((time.monotonic() - self.began, message.removesuffix(STEP_STARTED)))
 
     def take(self) -> StepLog:
-        """The log of the step that ends now; the next one begins."""
+        """The log of the work that ends now; the next begins."""
         taken, taken.seconds = self.log, time.monotonic() - self.began
         self.began, self.log = time.monotonic(), StepLog()
         return taken
+
+
+@contextmanager
+def recording_steps() -> Iterator[StepRecorder]:
+    """A `StepRecorder` on the `jobs` logger (at INFO) for the duration of the block."""
+    jobs_log, recorder = logging.getLogger("jobs"), StepRecorder()
+    level = jobs_log.level
+    jobs_log.addHandler(recorder)
+    jobs_log.setLevel(logging.INFO)
+    try:
+        yield recorder
+    finally:
+        jobs_log.removeHandler(recorder)
+        jobs_log.setLevel(level)
 
 
 @dataclass
@@ -121,27 +139,22 @@ def run_shared_crawl(spark, base_conf: Config, base: Path) -> SharedCrawl:
     snapshots: dict[tuple[int, str], Path] = {}
     step_logs: dict[tuple[int, str], StepLog] = {}
     reports: list[cycle.CycleReport] = []
-    jobs_log, recorder = logging.getLogger("jobs"), _StepStarts()
-    level = jobs_log.level
-    jobs_log.addHandler(recorder)
-    jobs_log.setLevel(logging.INFO)
     farm.start()
     try:
         conf = crawl_config(base_conf, str(root), farm)
         seeds = base / "seeds.txt"
         seeds.write_text("\n".join([*farm.seed_urls(), *BAD_SEED_LINES]) + "\n")
-        for number in range(1, CYCLES + 1):
-            def keep(step: str, _result: Any, number: int = number) -> None:
-                step_logs[(number, step)] = recorder.take()
-                snapshots[(number, step)] = shutil.copytree(root, snapshots_dir / f"cycle-{number}-{step}")
-                recorder.take()  # the copy is no step's work
+        with recording_steps() as recorder:
+            for number in range(1, CYCLES + 1):
+                def keep(step: str, _result: Any, number: int = number) -> None:
+                    step_logs[(number, step)] = recorder.take()
+                    snapshots[(number, step)] = shutil.copytree(root, snapshots_dir / f"cycle-{number}-{step}")
+                    recorder.take()  # the copy is no step's work
 
-            reports.append(cycle.run_cycle(spark, conf, str(root), seeds=str(seeds) if number == 1 else None,
-                                           after_step=keep))
+                reports.append(cycle.run_cycle(spark, conf, str(root), seeds=str(seeds) if number == 1 else None,
+                                               after_step=keep))
     finally:
         farm.stop()
-        jobs_log.removeHandler(recorder)
-        jobs_log.setLevel(level)
     config_file = base / "crawl.yaml"
     config_file.write_text(yaml.safe_dump(conf.as_dict(), sort_keys=True))
     return SharedCrawl(base=base, root=root, conf=conf, config_file=config_file, farm=farm,
