@@ -1,19 +1,21 @@
 """update: fold a segment's fetch results, robots observations, pages and links into the tables (DESIGN §5).
 
-Every step is a Delta MERGE and idempotent, so re-running update for a segment changes no table:
+Every write is a Delta MERGE and idempotent, so re-running update for a segment changes no table. Five commits:
 1. `fetches`       insert-if-absent on (segment_id, url_id, state_version)
 2. `index_events`  insert-if-absent on (url_id, state_version), from the pre-completion `urls` row
-3. `hosts`         counters, robots and backoff, applied only where last_segment is not this segment
-4. `urls`          completion, only where (url_id, url, state_version) match and the lease is this segment's
-5. discoveries     outlinks (not rel=nofollow) and redirect targets, one MERGE into `urls`: new ones inserted,
-                   known ones get inlinks/depth (guarded by urls.inlink_segment); new hosts inserted; accepted
-                   and rejected counts -> `hosts.known_urls` / `trap_rejections` (guarded by discovery_segment)
-6. `segments`      per bucket -> merged with counts, only if not merged yet
+3. `urls`          one MERGE: completion, only where (url_id, url, state_version) match and the lease is this
+                   segment's; discoveries (outlinks not rel=nofollow, redirect targets, sitemap entries): new ones
+                   inserted, known ones get inlinks/depth (guarded by urls.inlink_segment)
+4. `hosts`         one MERGE: counters, robots and backoff (guarded by hosts.last_segment); accepted and rejected
+                   discoveries -> `known_urls` / `trap_rejections` (guarded by hosts.discovery_segment); hosts of
+                   new URLs inserted
+5. `segments`      per bucket -> merged with counts, only if not merged yet
 
 All reads of `urls`, `hosts`, `pages` and `links` are pinned to the Delta version at the start of the job, so
-every step sees the same pre-update state however often Spark evaluates a plan. Per-record rules come from
-crawler.revisit (status, interval, next fetch, failures) and crawler.frontier (index event kind, scope and
-keys of discovered URLs, host backoff), applied as Python UDFs so the rules exist once.
+every step sees the same pre-update state however often Spark evaluates a plan; the segment's results and
+their pre-completion rows are read once and cached. Per-record rules come from crawler.revisit (status,
+interval, next fetch, failures) and crawler.frontier (index event kind, scope and keys of discovered URLs,
+host backoff), applied as Python UDFs so the rules exist once.
 """
 
 from __future__ import annotations
@@ -22,7 +24,8 @@ import logging
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
-from pyspark.sql import Column, DataFrame, SparkSession, Window
+from pyspark import StorageLevel
+from pyspark.sql import Column, DataFrame, Row, SparkSession, Window
 from pyspark.sql import functions as F
 from pyspark.sql.pandas.types import from_arrow_schema
 
@@ -44,7 +47,6 @@ from crawler.traps import (
 )
 from delta_tables import tables
 from jobs.base import insert_if_absent, merge_counts, merge_into, pinned_table, step
-from jobs.inject import insert_hosts_if_absent
 
 log = logging.getLogger("jobs.update")
 
@@ -64,7 +66,7 @@ class UpdateResult:
     stale: int = 0            # results ignored: version no longer current or lease not this segment's
     discovered: int = 0       # new rows in `urls`
     index_events: int = 0     # new rows in `index_events`
-    hosts_updated: int = 0    # `hosts` rows updated or inserted from this segment's results
+    hosts_updated: int = 0    # `hosts` rows updated or inserted: counters, discovery tallies, hosts of new URLs
 
     def summary(self) -> str:
         return (f"{self.results} results: {self.applied} applied, {self.stale} stale, {self.discovered} new URLs, "
@@ -101,10 +103,6 @@ def _latest(df: DataFrame, keys: list[str], order: list[Column]) -> DataFrame:
         "_rn")
 
 
-def _bucket_counts(df: DataFrame, bucket_col: str = "bucket") -> dict[int, int]:
-    return {r[0]: r[1] for r in df.groupBy(bucket_col).count().collect()}
-
-
 def _representative() -> Column:
     """The page another URL's page duplicates, from pages' dedup marks: the exact representative, else the
     near-duplicate cluster's representative when that is another URL; null for a page that is no duplicate."""
@@ -139,14 +137,18 @@ def run(spark: SparkSession, conf: Config, root: str, segment_id: str) -> Update
         return result
     now = datetime.now(UTC)
     seg = F.lit(segment_id)
+    # Every later step reads the results: one read, one dedup of repeated results, kept for the job.
     results = _latest(fetched.withColumn("segment_id", seg), ["url_id", "state_version"],
-                      [F.desc("fetched_at"), F.asc("outcome")])
-    result_buckets = _bucket_counts(results)
-    result.results = sum(result_buckets.values())
-    if not result.results:
-        log.info("update %s: fetched results are empty; nothing to do", segment_id)
-        return result
+                      [F.desc("fetched_at"), F.asc("outcome")]).persist(StorageLevel.MEMORY_AND_DISK)
+    try:
+        return _fold(spark, conf, root, segment_id, results, now, result)
+    finally:
+        results.unpersist()
 
+
+def _fold(spark: SparkSession, conf: Config, root: str, segment_id: str, results: DataFrame, now: datetime,
+          result: UpdateResult) -> UpdateResult:
+    seg = F.lit(segment_id)
     urls_snap = pinned_table(spark, root, "urls")
     hosts_snap = pinned_table(spark, root, "hosts")
     pages = _latest(pinned_table(spark, root, "pages").where(F.col("segment_id") == seg),
@@ -163,51 +165,78 @@ def run(spark: SparkSession, conf: Config, root: str, segment_id: str) -> Update
         F.col("depth").alias("prev_depth"), F.col("priority").alias("prev_priority"),
         F.col("last_segment").alias("prev_last_segment"),
     )
-    current = results.join(previous, ["url_id", "url"]).where(F.col("prev_version") == F.col("state_version"))
-    live = current.where(F.col("prev_lease") == seg).join(
-        pages.select("url_id", "state_version", F.col("content_hash").alias("new_hash"),
-                     F.col("simhash").alias("new_simhash"), _representative().alias("duplicate_of")),
-        ["url_id", "state_version"], "left")
-    # Applied = completes now, or completed by an earlier run of this update that died before the end: a re-run
-    # then records the same counts as an uninterrupted run.
-    applied_buckets = _bucket_counts(current.where((F.col("prev_lease") == seg) | (F.col("prev_last_segment") == seg)))
-    result.applied = sum(applied_buckets.values())
-    result.stale = result.results - result.applied
+    # Each result with its URL's row when that row is still at the result's version (else the result is stale).
+    with_previous = results.join(previous, ["url_id", "url"], "left").withColumn(
+        "current", F.col("prev_version").eqNullSafe(F.col("state_version"))).persist(StorageLevel.MEMORY_AND_DISK)
+    try:
+        # Applied = completes now, or completed by an earlier run of this update that died before the end: a re-run
+        # then records the same counts as an uninterrupted run.
+        applied = F.col("current") & ((F.col("prev_lease") == seg) | (F.col("prev_last_segment") == seg))
+        per_bucket = {r["bucket"]: r for r in with_previous.groupBy("bucket").agg(
+            F.count("*").alias("results"), F.countDistinct("host_key").alias("hosts"),
+            F.count(F.when(applied, 1)).alias("applied")).collect()}
+        result.results = sum(r["results"] for r in per_bucket.values())
+        if not result.results:
+            log.info("update %s: fetched results are empty; nothing to do", segment_id)
+            return result
+        result.applied = sum(r["applied"] for r in per_bucket.values())
+        result.stale = result.results - result.applied
 
-    with step(f"update {segment_id}: fetches"):
-        insert_if_absent(spark, root, "fetches", tables.conform(results, "fetches"),
-                         "t.segment_id = s.segment_id AND t.url_id = s.url_id AND t.state_version = s.state_version")
+        with step(f"update {segment_id}: fetches"):
+            insert_if_absent(spark, root, "fetches", tables.conform(results, "fetches"), "t.segment_id = s.segment_id"
+                             " AND t.url_id = s.url_id AND t.state_version = s.state_version")
 
-    decide, event_kind = completion_udfs(RevisitPolicy.from_config(conf))
-    live = live.withColumn("kind", event_kind("outcome", "status_code", "prev_hash", "new_hash", "duplicate_of"))
-    with step(f"update {segment_id}: index events"):
-        # Sitemaps are crawl machinery, not documents: indexers never hear of them.
-        events = live.where(F.col("kind").isNotNull() & F.col("sitemap_origin").isNull()).select(
-            "url_id", "state_version", "url", "kind", "segment_id", "status_code", "warc_filename", "warc_offset",
-            "warc_length", F.coalesce("new_hash", "prev_hash").alias("content_hash"), "duplicate_of",
-            F.col("fetched_at").alias("created_at"),
-        )
-        result.index_events = insert_if_absent(spark, root, "index_events", tables.conform(events, "index_events"),
-                                               "t.url_id = s.url_id AND t.state_version = s.state_version")
+        decide, event_kind = completion_udfs(RevisitPolicy.from_config(conf))
+        live = with_previous.where(F.col("current") & (F.col("prev_lease") == seg)).join(
+            pages.select("url_id", "state_version", F.col("content_hash").alias("new_hash"),
+                         F.col("simhash").alias("new_simhash"), _representative().alias("duplicate_of")),
+            ["url_id", "state_version"], "left",
+        ).withColumn("kind", event_kind("outcome", "status_code", "prev_hash", "new_hash", "duplicate_of"))
+        with step(f"update {segment_id}: index events"):
+            # Sitemaps are crawl machinery, not documents: indexers never hear of them.
+            events = live.where(F.col("kind").isNotNull() & F.col("sitemap_origin").isNull()).select(
+                "url_id", "state_version", "url", "kind", "segment_id", "status_code", "warc_filename", "warc_offset",
+                "warc_length", F.coalesce("new_hash", "prev_hash").alias("content_hash"), "duplicate_of",
+                F.col("fetched_at").alias("created_at"),
+            )
+            result.index_events = insert_if_absent(spark, root, "index_events",
+                                                   tables.conform(events, "index_events"),
+                                                   "t.url_id = s.url_id AND t.state_version = s.state_version")
 
-    with step(f"update {segment_id}: hosts"):
         robots = segment_robots(spark, root, segment_id)
-        result.hosts_updated = update_hosts(spark, conf, root, segment_id, results, robots, hosts_snap, now)
+        targets = discovery_targets(conf, segment_id, results, links, urls_snap, hosts_snap, robots).persist(
+            StorageLevel.MEMORY_AND_DISK)  # the classifying UDF runs once
+        try:
+            fresh = targets.where(~F.col("known"))  # includes rows a crashed earlier run of this update stored
+            with step(f"update {segment_id}: discoveries"):
+                tally = {r["parent_bucket"]: r for r in fresh.groupBy("parent_bucket").agg(
+                    F.count(F.when(F.col("reason").isNull(), 1)).alias("accepted"),
+                    F.count(F.when(F.col("reason").isNotNull(), 1)).alias("rejected")).collect()}
+            discovered_buckets = {b: r["accepted"] for b, r in tally.items() if r["accepted"]}
+            result.discovered = sum(discovered_buckets.values())
+            log.info("update %s: %d discovered URLs (new), %d rejected by scope and trap rules", segment_id,
+                     result.discovered, sum(r["rejected"] for r in tally.values()))
 
-    with step(f"update {segment_id}: complete urls"):
-        # The host's robots expiry: this segment's observation, else the one stored (robots_denied waits for it).
-        observed = robots.select("host_key", F.col("robots_expires_at").alias("r"))
-        robots_expiry = hosts_snap.select("host_key", F.col("robots_expires_at").alias("h")).join(
-            observed, "host_key", "full_outer").select("host_key", F.coalesce("r", "h").alias("robots_expires_at"))
-        complete_urls(spark, root, segment_id, live.join(robots_expiry, "host_key", "left"), decide, now)
+            with step(f"update {segment_id}: urls"):
+                # The host's robots expiry: this segment's observation, else the one stored (robots_denied waits
+                # for it).
+                observed = robots.select("host_key", F.col("robots_expires_at").alias("r"))
+                robots_expiry = hosts_snap.select("host_key", F.col("robots_expires_at").alias("h")).join(
+                    observed, "host_key", "full_outer").select(
+                    "host_key", F.coalesce("r", "h").alias("robots_expires_at"))
+                completed = completion_rows(live.join(robots_expiry, "host_key", "left"), decide)
+                merge_urls(spark, conf, root, segment_id, completed, targets, now)
 
-    with step(f"update {segment_id}: discoveries"):
-        discovered_buckets = insert_discoveries(spark, conf, root, segment_id, results, links, urls_snap,
-                                                hosts_snap, robots, now)
-        result.discovered = sum(discovered_buckets.values())
+            with step(f"update {segment_id}: hosts"):
+                fetch_counts = host_fetch_counts(conf, segment_id, results, robots, hosts_snap)
+                result.hosts_updated = merge_hosts(spark, root, segment_id, fetch_counts, discovery_tally(fresh), now)
+        finally:
+            targets.unpersist()
 
-    with step(f"update {segment_id}: segments"):
-        record_merged(spark, root, segment_id, results, applied_buckets, discovered_buckets, now)
+        with step(f"update {segment_id}: segments"):
+            record_merged(spark, root, segment_id, per_bucket, discovered_buckets, now)
+    finally:
+        with_previous.unpersist()
     log.info(
         "update %s: %d results, %d applied, %d stale, %d discovered, %d index events, %d hosts updated",
         segment_id, result.results, result.applied, result.stale, result.discovered, result.index_events,
@@ -235,10 +264,15 @@ def segment_robots(spark: SparkSession, root: str, segment_id: str) -> DataFrame
     )
 
 
-def update_hosts(spark: SparkSession, conf: Config, root: str, segment_id: str, results: DataFrame, robots: DataFrame,
-                 hosts_snap: DataFrame, now: datetime) -> int:
-    """Counters, robots (`robots` = segment_robots of this segment) and backoff per host; applied once per
-    segment (guarded by hosts.last_segment)."""
+HOST_COUNTERS = ["fetches", "status_2xx", "status_3xx", "status_4xx", "status_5xx", "status_429", "network_errors",
+                 "robots_denied"]
+
+
+def host_fetch_counts(conf: Config, segment_id: str, results: DataFrame, robots: DataFrame,
+                      hosts_snap: DataFrame) -> DataFrame:
+    """Per host of this segment's results or robots observations (`robots` = segment_robots): HOST_COUNTERS,
+    last_fetch_at, the robots columns (`has_robots` when observed) and the backoff decided from the stored
+    level (crawler.frontier.host_backoff)."""
     code = F.col("status_code")
     requested = F.col("outcome").isin(REQUESTED)
 
@@ -261,8 +295,7 @@ def update_hosts(spark: SparkSession, conf: Config, root: str, segment_id: str, 
         F.max(F.when(code.isin(THROTTLE_CODES), F.col("retry_after_s"))).alias("retry_after_s"),
     )
     robots = robots.withColumn("has_robots", F.lit(True))
-    counter_cols = ["fetches", "status_2xx", "status_3xx", "status_4xx", "status_5xx", "status_429", "network_errors",
-                    "robots_denied", "throttled", "responded_ok"]
+    counter_cols = [*HOST_COUNTERS, "throttled", "responded_ok"]
     base_s, cap_s = conf["politeness.backoff_base_s"], conf["politeness.max_backoff_s"]
 
     @F.udf("struct<level:int, until_us:bigint>")
@@ -273,7 +306,7 @@ def update_hosts(spark: SparkSession, conf: Config, root: str, segment_id: str, 
 
     snap = hosts_snap.select("host_key", F.col("backoff_level").alias("h_level"),
                              F.col("backoff_until").alias("h_until"))
-    source = (
+    return (
         counters.join(robots, "host_key", "full_outer")
         .withColumn("bucket", F.coalesce("bucket", "r_bucket"))
         .withColumn("has_robots", F.coalesce("has_robots", F.lit(False)))
@@ -284,54 +317,92 @@ def update_hosts(spark: SparkSession, conf: Config, root: str, segment_id: str, 
         .withColumn("backoff_level", F.col("bo.level"))
         .withColumn("backoff_until", F.timestamp_micros("bo.until_us"))
     )
-    counted = counter_cols[:8]
+
+
+def merge_hosts(spark: SparkSession, root: str, segment_id: str, fetch_counts: DataFrame, tally: DataFrame,
+                now: datetime) -> int:
+    """One MERGE into `hosts` of this segment's fetch counts (host_fetch_counts; applied where last_segment is
+    not this segment) and discovery tally (discovery_tally; applied where discovery_segment is not); a host
+    without a row gets one when it has results or accepted URLs. Returns the rows updated or inserted."""
+    source = fetch_counts.withColumn("has_fetch", F.lit(True)).join(
+        tally.withColumn("has_tally", F.lit(True)), ["host_key", "bucket"], "full_outer")
+    seg = F.lit(segment_id)
+    fetch = F.col("s.has_fetch").isNotNull() & ~F.col("t.last_segment").eqNullSafe(seg)
+    tallies = F.col("s.has_tally").isNotNull() & ~F.col("t.discovery_segment").eqNullSafe(seg)
     # An unreachable robots.txt (5xx, network) disallows all for now, but the last good copy stays stored: it is
     # what the host said, and generate ignores it while the state is disallow_all.
-    new_body = F.col("s.has_robots") & (F.col("s.robots_state") != RobotsState.DISALLOW_ALL.value)
+    has_robots = F.coalesce("s.has_robots", F.lit(False))
+    new_body = has_robots & (F.col("s.robots_state") != RobotsState.DISALLOW_ALL.value)
     robots_changed = new_body & ~F.col("t.robots_body").eqNullSafe(F.col("s.robots_body"))
 
+    def when_fetch(name: str, value: Column) -> Column:
+        return F.when(fetch, value).otherwise(F.col(f"t.{name}"))
+
     def from_robots(name: str, source_name: str | None = None) -> Column:
-        return F.when(F.col("s.has_robots"), F.col(f"s.{source_name or name}")).otherwise(F.col(f"t.{name}"))
+        return F.when(has_robots, F.col(f"s.{source_name or name}")).otherwise(F.col(f"t.{name}"))
+
+    no_counts = F.create_map().cast("map<string,bigint>")
+    no_urls = F.array().cast("array<string>")
+    has_rejections = F.col("s.rejections").isNotNull()
+
+    def when_tally(name: str, value: Column) -> Column:
+        return F.when(tallies, value).otherwise(F.col(f"t.{name}"))
 
     updates = {
-        **{c: F.col(f"t.{c}") + F.col(f"s.{c}") for c in counted},
-        "last_fetch_at": F.greatest("t.last_fetch_at", "s.last_fetch_at"),
-        **{c: from_robots(c) for c in ROBOTS_COLUMNS[:5] if c != "robots_body"},
-        "robots_body": F.when(new_body, F.col("s.robots_body")).otherwise(F.col("t.robots_body")),
-        "crawl_delay_s": from_robots("crawl_delay_s", "robots_crawl_delay_s"),
-        "policy_version": F.col("t.policy_version") + F.when(robots_changed, 1).otherwise(0),
-        "backoff_level": F.col("s.backoff_level"),
-        "backoff_until": F.col("s.backoff_until"),
-        "last_segment": F.lit(segment_id),
+        **{c: when_fetch(c, F.col(f"t.{c}") + F.col(f"s.{c}")) for c in HOST_COUNTERS},
+        "last_fetch_at": when_fetch("last_fetch_at", F.greatest("t.last_fetch_at", "s.last_fetch_at")),
+        **{c: when_fetch(c, from_robots(c)) for c in ROBOTS_COLUMNS[:5] if c != "robots_body"},
+        "robots_body": when_fetch("robots_body", F.when(new_body, F.col("s.robots_body")).otherwise(
+            F.col("t.robots_body"))),
+        "crawl_delay_s": when_fetch("crawl_delay_s", from_robots("crawl_delay_s", "robots_crawl_delay_s")),
+        "policy_version": when_fetch("policy_version", F.col("t.policy_version") + F.when(robots_changed, 1).otherwise(
+            0)),
+        "backoff_level": when_fetch("backoff_level", F.col("s.backoff_level")),
+        "backoff_until": when_fetch("backoff_until", F.col("s.backoff_until")),
+        "last_segment": when_fetch("last_segment", seg),
+        "known_urls": when_tally("known_urls", F.col("t.known_urls") + F.coalesce("s.accepted", F.lit(0))),
+        "trap_rejections": when_tally("trap_rejections", F.when(has_rejections, F.map_zip_with(
+            F.coalesce("t.trap_rejections", no_counts), F.col("s.rejections"),
+            lambda _, old, new: F.coalesce(old, F.lit(0)) + F.coalesce(new, F.lit(0)))).otherwise(
+            F.col("t.trap_rejections"))),
+        "trap_sample": when_tally("trap_sample", F.when(has_rejections, F.slice(
+            F.array_distinct(F.concat(F.coalesce("t.trap_sample", no_urls), F.col("s.sample"))), 1,
+            TRAP_SAMPLE_SIZE)).otherwise(F.col("t.trap_sample"))),
+        "discovery_segment": when_tally("discovery_segment", seg),
         "updated_at": F.lit(now),
     }
+    fetched = F.col("s.has_fetch").isNotNull()
+    counted = F.col("s.has_tally").isNotNull()
     inserts = {
         "host_key": F.col("s.host_key"),
         "bucket": F.col("s.bucket"),
-        **{c: F.col(f"s.{c}") for c in counted},
+        **{c: F.coalesce(f"s.{c}", F.lit(0)).cast("bigint") for c in HOST_COUNTERS},
         **{c: F.col(f"s.{c}") for c in ROBOTS_COLUMNS[:5] if c != "robots_body"},
         "robots_body": F.when(new_body, F.col("s.robots_body")),
         "crawl_delay_s": F.col("s.robots_crawl_delay_s"),
         "last_fetch_at": F.col("s.last_fetch_at"),
         "policy_version": F.when(new_body, 1).otherwise(0).cast("bigint"),
-        "known_urls": F.lit(0).cast("bigint"),
-        "backoff_level": F.col("s.backoff_level"),
+        "known_urls": F.coalesce("s.accepted", F.lit(0)).cast("bigint"),
+        "trap_rejections": F.col("s.rejections"),
+        "trap_sample": F.when(has_rejections, F.col("s.sample")),
+        "backoff_level": F.coalesce("s.backoff_level", F.lit(0)),
         "backoff_until": F.col("s.backoff_until"),
-        "last_segment": F.lit(segment_id),
+        "last_segment": F.when(fetched, seg),
+        "discovery_segment": F.when(counted, seg),
         "updated_at": F.lit(now),
     }
     metrics = (
         merge_into(spark, root, "hosts", source, "t.bucket = s.bucket AND t.host_key = s.host_key")
-        .whenMatchedUpdate(condition=~F.col("t.last_segment").eqNullSafe(F.lit(segment_id)), set=updates)
-        .whenNotMatchedInsert(values=inserts)
+        .whenMatchedUpdate(condition=fetch | tallies, set=updates)
+        .whenNotMatchedInsert(condition=fetched | (F.coalesce("s.accepted", F.lit(0)) > 0), values=inserts)
         .execute()
     )
     counts = merge_counts(metrics)
     return counts.get("num_updated_rows", 0) + counts.get("num_inserted_rows", 0)
 
 
-def complete_urls(spark: SparkSession, root: str, segment_id: str, live: DataFrame, decide, now: datetime) -> None:
-    """Apply each live result to its URL row: only the current version under this segment's lease completes."""
+def completion_rows(live: DataFrame, decide) -> DataFrame:
+    """Each live result's new URL state (`n_*` columns) by its URL's keys, bucket and version (`c_version`)."""
     outcome = F.col("outcome")
     success, not_modified = outcome == FetchOutcome.SUCCESS.value, outcome == FetchOutcome.NOT_MODIFIED.value
     requested = outcome.isin(REQUESTED)
@@ -340,8 +411,8 @@ def complete_urls(spark: SparkSession, root: str, segment_id: str, live: DataFra
     robots_wait_us = F.unix_micros("robots_expires_at") - F.unix_micros("fetched_at")
     d = decide("outcome", "status_code", "prev_status", "prev_interval", "prev_failures", "prev_hash", "new_hash",
                robots_wait_us)
-    source = live.withColumn("d", d).select(
-        "url_id", "url", "state_version", F.col("u_bucket").alias("bucket"),
+    return live.withColumn("d", d).select(
+        "url_id", "url", F.col("state_version").alias("c_version"), F.col("u_bucket").alias("bucket"),
         F.col("d.status").alias("n_status"),
         F.col("d.fetch_interval_s").alias("n_interval"),
         F.timestamp_micros(F.unix_micros("fetched_at") + F.col("d.wait_us")).alias("n_next_fetch_at"),
@@ -358,42 +429,12 @@ def complete_urls(spark: SparkSession, root: str, segment_id: str, live: DataFra
         F.when(outcome == FetchOutcome.REDIRECT.value, F.col("redirect_to"))
         .when(success | not_modified, F.lit(None)).otherwise(F.col("prev_redirect_to")).alias("n_redirect_to"),
     )
-    condition = (
-        (F.col("t.bucket") == F.col("s.bucket"))
-        & (F.col("t.url_id") == F.col("s.url_id"))
-        & (F.col("t.url") == F.col("s.url"))
-        & (F.col("t.state_version") == F.col("s.state_version"))
-        & (F.col("t.lease_segment") == F.lit(segment_id))
-    )
-    updates = {
-        "status": "s.n_status",
-        "fetch_interval_s": "s.n_interval",
-        "next_fetch_at": "s.n_next_fetch_at",
-        "failure_count": "s.n_failures",
-        "last_fetch_at": "s.n_last_fetch_at",
-        "last_status_code": "s.n_status_code",
-        "etag": "s.n_etag",
-        "last_modified": "s.n_last_modified",
-        "content_hash": "s.n_hash",
-        "simhash": "s.n_simhash",
-        "last_changed_at": "s.n_changed_at",
-        "redirect_to": "s.n_redirect_to",
-        "lease_segment": "null",
-        "lease_expires_at": "null",
-    }
-    (
-        merge_into(spark, root, "urls", source, condition)
-        .whenMatchedUpdate(set={**{k: F.expr(v) for k, v in updates.items()},
-                                "last_segment": F.lit(segment_id), "updated_at": F.lit(now)})
-        .execute()
-    )
 
 
-def insert_discoveries(spark: SparkSession, conf: Config, root: str, segment_id: str, results: DataFrame,
-                       links: DataFrame, urls_snap: DataFrame, hosts_snap: DataFrame, robots: DataFrame,
-                       now: datetime) -> dict[int, int]:
-    """Outlinks, redirect targets, sitemap entries and robots.txt `Sitemap:` URLs -> `urls` (and their hosts) in
-    one MERGE; rejections -> `hosts`.
+def discovery_targets(conf: Config, segment_id: str, results: DataFrame, links: DataFrame, urls_snap: DataFrame,
+                      hosts_snap: DataFrame, robots: DataFrame) -> DataFrame:
+    """Outlinks, redirect targets, sitemap entries and robots.txt `Sitemap:` URLs of this segment, one row per
+    target (_classified_targets): what merge_urls stores and discovery_tally counts.
 
     A new URL is inserted with discovered_at = next_fetch_at = the parent's fetch time, and depth and priority
     by how it was found (crawler.sitemaps for the sitemap rules): a link or redirect target gets depth =
@@ -404,8 +445,7 @@ def insert_discoveries(spark: SparkSession, conf: Config, root: str, segment_id:
     linking to it in this segment and its depth lowered if a shallower path appeared, once per segment (guarded
     by urls.inlink_segment); a known page found to be a sitemap gains its `sitemap_origin`. URLs that scope or
     trap rules reject are not stored: they are counted per host and reason in `hosts`, and accepted ones add to
-    `hosts.known_urls` (guarded by hosts.discovery_segment). Returns new URLs per bucket of the discovering page
-    (for the `segments` counts)."""
+    `hosts.known_urls` (guarded by hosts.discovery_segment)."""
     parents = results.select(
         F.col("url_id").alias("from_url_id"), F.col("state_version").alias("from_state_version"),
         F.col("url").alias("from_url"), "fetched_at", F.col("bucket").alias("parent_bucket"), "outcome",
@@ -432,7 +472,15 @@ def insert_discoveries(spark: SparkSession, conf: Config, root: str, segment_id:
     if conf["sitemaps.from_robots"]:
         candidates = candidates.unionByName(_robots_sitemap_candidates(robots, conf["robots.max_bytes"]))
 
-    targets = _classified_targets(conf, segment_id, candidates, urls_snap, hosts_snap).persist()  # UDF runs once
+    return _classified_targets(conf, segment_id, candidates, urls_snap, hosts_snap)
+
+
+def merge_urls(spark: SparkSession, conf: Config, root: str, segment_id: str, completed: DataFrame,
+               targets: DataFrame, now: datetime) -> None:
+    """One MERGE into `urls` of the live results' completions (completion_rows: only the current version under
+    this segment's lease completes) and the discovered targets (discovery_targets): new ones inserted with
+    status unfetched, known ones get `inlinks` += distinct linking pages, a lower depth and a sitemap origin,
+    once per segment (guarded by urls.inlink_segment)."""
     becomes_sitemap = F.col("known_origin").isNull() & F.col("sitemap_origin").isNotNull()
     stored = targets.where(F.col("reason").isNull() & (~F.col("known") | (F.col("inlinks") > 0) | becomes_sitemap))
     nulls = ("last_fetch_at", "last_status_code", "etag", "last_modified", "content_hash", "simhash",
@@ -455,24 +503,42 @@ def insert_discoveries(spark: SparkSession, conf: Config, root: str, segment_id:
         ),
         "urls",
     )
-    fresh = stored.where(~F.col("known"))  # includes rows a crashed earlier run of this update stored
-    per_bucket = _bucket_counts(fresh, "parent_bucket")
+    keys = ["bucket", "url_id", "url"]
+    source = completed.withColumn("completes", F.lit(True)).join(
+        rows.withColumn("discovers", F.lit(True)), keys, "full_outer")
+    seg = F.lit(segment_id)
+    completes = (F.col("s.completes").isNotNull() & (F.col("t.state_version") == F.col("s.c_version"))
+                 & (F.col("t.lease_segment") == seg))
+    discovers = F.col("s.discovers").isNotNull() & ~F.col("t.inlink_segment").eqNullSafe(seg)
+    completion = {
+        **{c: F.col(f"s.{n}") for c, n in (
+            ("status", "n_status"), ("fetch_interval_s", "n_interval"), ("next_fetch_at", "n_next_fetch_at"),
+            ("failure_count", "n_failures"), ("last_fetch_at", "n_last_fetch_at"),
+            ("last_status_code", "n_status_code"), ("etag", "n_etag"), ("last_modified", "n_last_modified"),
+            ("content_hash", "n_hash"), ("simhash", "n_simhash"), ("last_changed_at", "n_changed_at"),
+            ("redirect_to", "n_redirect_to"))},
+        "lease_segment": F.lit(None),
+        "lease_expires_at": F.lit(None),
+        "last_segment": seg,
+        "updated_at": F.lit(now),
+    }
+    discovery = {
+        "inlinks": F.col("t.inlinks") + F.col("s.inlinks"),
+        "depth": F.least("t.depth", "s.depth"),
+        "inlink_segment": seg,
+        "sitemap_origin": F.coalesce("t.sitemap_origin", "s.sitemap_origin"),
+    }
+    updates = {
+        **{c: F.when(completes, v).otherwise(F.col(f"t.{c}")) for c, v in completion.items()},
+        **{c: F.when(discovers, v).otherwise(F.col(f"t.{c}")) for c, v in discovery.items()},
+    }
     (
-        merge_into(spark, root, "urls", rows, "t.bucket = s.bucket AND t.url_id = s.url_id AND t.url = s.url")
-        .whenMatchedUpdate(condition=~F.col("t.inlink_segment").eqNullSafe(F.lit(segment_id)), set={
-            "inlinks": F.col("t.inlinks") + F.col("s.inlinks"),
-            "depth": F.least("t.depth", "s.depth"),
-            "inlink_segment": F.lit(segment_id),
-            "sitemap_origin": F.coalesce("t.sitemap_origin", "s.sitemap_origin"),
-        })
-        .whenNotMatchedInsertAll()
+        merge_into(spark, root, "urls", source, "t.bucket = s.bucket AND t.url_id = s.url_id AND t.url = s.url")
+        .whenMatchedUpdate(condition=completes | discovers, set=updates)
+        .whenNotMatchedInsert(condition=F.col("s.discovers").isNotNull(),
+                              values={c: F.col(f"s.{c}") for c in tables.TABLES["urls"].schema.fieldNames()})
         .execute()
     )
-    insert_hosts_if_absent(spark, root, fresh, now)
-    rejected = record_discovery_tally(spark, root, segment_id, targets.where(~F.col("known")), now)
-    log.info("update %s: %d discovered URLs rejected by scope and trap rules", segment_id, rejected)
-    targets.unpersist()
-    return per_bucket
 
 
 def _candidate_rank(candidates: DataFrame) -> DataFrame:
@@ -584,13 +650,11 @@ def _classified_targets(conf: Config, segment_id: str, candidates: DataFrame, ur
     return targets.drop("allowance")
 
 
-def record_discovery_tally(spark: SparkSession, root: str, segment_id: str, fresh: DataFrame, now: datetime) -> int:
-    """Fold this segment's new link targets into `hosts`: accepted ones -> `known_urls`, rejected ones ->
-    `trap_rejections` (reason -> count) and `trap_sample` (at most TRAP_SAMPLE_SIZE URLs); once per segment
-    (guarded by hosts.discovery_segment). Only hosts with a row are counted: a host the crawl never accepted a
-    URL of gets no row just for being rejected. Returns URLs rejected."""
+def discovery_tally(fresh: DataFrame) -> DataFrame:
+    """Per host of this segment's new link targets (`fresh`): `accepted` URLs, `rejections` (reason -> count) and
+    a `sample` of at most TRAP_SAMPLE_SIZE rejected URLs, for `hosts.known_urls`, `trap_rejections` and
+    `trap_sample` (merge_hosts). A host the crawl never accepted a URL of gets no row just for being rejected."""
     rejected = fresh.where(F.col("reason").isNotNull())
-    total = rejected.count()
     accepted = fresh.where(F.col("reason").isNull()).groupBy("host_key", "bucket").agg(
         F.count("*").alias("accepted"))
     counts = rejected.groupBy("host_key", "bucket", "reason").agg(F.count("*").alias("n")).groupBy(
@@ -598,41 +662,19 @@ def record_discovery_tally(spark: SparkSession, root: str, segment_id: str, fres
     sample_rank = F.row_number().over(Window.partitionBy("host_key").orderBy("url"))
     samples = rejected.withColumn("_r", sample_rank).where(F.col("_r") <= TRAP_SAMPLE_SIZE).groupBy(
         "host_key").agg(F.array_sort(F.collect_list("url")).alias("sample"))
-    source = accepted.join(counts, ["host_key", "bucket"], "full_outer").join(samples, "host_key", "left")
-    no_counts = F.create_map().cast("map<string,bigint>")
-    no_urls = F.array().cast("array<string>")
-    has_rejections = F.col("s.rejections").isNotNull()
-    updates = {
-        "known_urls": F.col("t.known_urls") + F.coalesce("s.accepted", F.lit(0)),
-        "trap_rejections": F.when(has_rejections, F.map_zip_with(
-            F.coalesce("t.trap_rejections", no_counts), F.col("s.rejections"),
-            lambda _, old, new: F.coalesce(old, F.lit(0)) + F.coalesce(new, F.lit(0)))).otherwise(
-            F.col("t.trap_rejections")),
-        "trap_sample": F.when(has_rejections, F.slice(
-            F.array_distinct(F.concat(F.coalesce("t.trap_sample", no_urls), F.col("s.sample"))), 1,
-            TRAP_SAMPLE_SIZE)).otherwise(F.col("t.trap_sample")),
-        "discovery_segment": F.lit(segment_id),
-        "updated_at": F.lit(now),
-    }
-    (
-        merge_into(spark, root, "hosts", source, "t.bucket = s.bucket AND t.host_key = s.host_key")
-        .whenMatchedUpdate(condition=~F.col("t.discovery_segment").eqNullSafe(F.lit(segment_id)), set=updates)
-        .execute()
-    )
-    return total
+    return accepted.join(counts, ["host_key", "bucket"], "full_outer").join(samples, "host_key", "left")
 
 
-def record_merged(spark: SparkSession, root: str, segment_id: str, results: DataFrame, applied: dict[int, int],
+def record_merged(spark: SparkSession, root: str, segment_id: str, per_bucket: dict[int, Row],
                   discovered: dict[int, int], now: datetime) -> None:
-    """Each bucket of the segment -> state merged with its counts, unless it is merged already."""
-    per_bucket = {r["bucket"]: (r["n"], r["hosts"]) for r in results.groupBy("bucket").agg(
-        F.count("*").alias("n"), F.countDistinct("host_key").alias("hosts")).collect()}
+    """Each bucket of the segment -> state merged with its counts (`per_bucket`: results, hosts, applied per
+    bucket), unless it is merged already."""
     known = [r["bucket"] for r in tables.table_df(spark, root, "segments").where(
         F.col("segment_id") == segment_id).select("bucket").collect()]
     rows = []
     for bucket in sorted(set(per_bucket) | set(known) | set(discovered)):
-        count, hosts = per_bucket.get(bucket, (0, 0))
-        done = applied.get(bucket, 0)
+        counts = per_bucket.get(bucket)
+        count, hosts, done = (counts["results"], counts["hosts"], counts["applied"]) if counts else (0, 0, 0)
         rows.append((segment_id, bucket, SegmentState.MERGED.value, count, hosts, count, done, count - done,
                      discovered.get(bucket, 0)))
     source = spark.createDataFrame(

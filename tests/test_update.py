@@ -13,7 +13,7 @@ from crawler.records import FETCHED, ROBOTS
 from delta_tables import tables
 from jobs import generate, inject, update
 from tests.support.fetchlists import result_row, write_parquet
-from tests.support.tables import append_rows, snapshot
+from tests.support.tables import append_rows, snapshot, table_versions
 
 
 @pytest.fixture
@@ -88,9 +88,14 @@ def test_update_completes_discovers_and_reruns_idempotently(spark, base_conf, ro
         {"segment_id": SEG, "from_url_id": uid(src), "from_state_version": 1, "to_url_id": uid(dst), "to_url": dst,
          "rel_nofollow": nofollow} for src, dst, nofollow in link_targets])
 
+    versions = table_versions(root)
     result = update.run(spark, base_conf, root, SEG)
     assert (result.results, result.applied, result.stale, result.discovered, result.index_events) == (6, 5, 1, 2, 3)
-    assert result.hosts_updated == 2
+    # One commit each to fetches, index_events, urls (completion and discoveries), hosts (counters, tallies and new
+    # hosts) and segments; nothing else written.
+    commits = {name: version - versions[name] for name, version in table_versions(root).items()}
+    assert commits == {name: int(name in {"fetches", "index_events", "urls", "hosts", "segments"}) for name in commits}
+    assert result.hosts_updated == 3  # a and b (results), c (host of a new URL)
 
     rows = {r["url"]: r for r in tables.table_df(spark, root, "urls").collect()}
     assert len(rows) == 8 and "http://a.test/nofollow" not in rows

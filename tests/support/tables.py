@@ -49,3 +49,12 @@ def snapshot(spark, root: str | Path, excluded: dict[str, set[str]] | None = Non
     """Every table's whole contents (`table_rows`), for comparing two roots or one root before and after."""
     excluded = excluded or {}
     return {name: table_rows(spark, root, name, excluded.get(name, set())) for name in tables.TABLES}
+
+
+def table_versions(root: str | Path) -> dict[str, int]:
+    """Each table's latest Delta version (its newest commit file), for counting the commits a job makes."""
+    versions = {}
+    for name in tables.TABLES:
+        log = Path(tables.table_path(str(root), name)) / "_delta_log"
+        versions[name] = max(int(p.name.removesuffix(".json")) for p in log.glob("*.json"))
+    return versions
