@@ -22,10 +22,9 @@ install: $(STAMP)
 demo: $(STAMP)
 	$(VENV)/bin/crawl demo --root $(ROOT)
 
-# Three lanes (tests/conftest.py), one xdist worker each: the shared crawl and the cycles, the other Spark tests, and
-# the daemon and pure tests.
+# Two lanes (tests/conftest.py): the Spark tests in one xdist worker, the daemon and pure tests in the other.
 test: $(STAMP)
-	$(PY) -m pytest -n 3 --dist loadgroup --durations=25 $(if $(FAST),-m 'not slow',) $(PYTEST_ARGS)
+	$(PY) -m pytest -n 2 --dist loadgroup --durations=25 $(if $(FAST),-m 'not slow',) $(PYTEST_ARGS)
 
 test-fast:
 	$(MAKE) test FAST=1

@@ -1,28 +1,22 @@
-"""Session fixtures and the three lanes of the suite.
+"""Session fixtures and the two lanes of the suite.
 
-Lanes: `make test` runs pytest-xdist with `-n 3 --dist loadgroup`; each lane is an xdist group, which runs in one
-worker process.
-* `spark-crawl`: the tests that read the shared crawl (`tests/support/crawl.py`) or a cycle that runs in child
-  processes (the Airflow cycle on a standalone cluster, the S3 cycle); those cycles start in the background as
-  soon as this lane's session is up.
-* `spark`: every other test that starts Spark, in this process (the `spark` fixture, directly or through another
-  fixture) or in a child (marked `spark`), each on its own small root.
-* `light`: the daemon against loopback servers, the rules on the virtual clock, everything pure.
-Two Spark lanes because one SparkSession running the tests' small jobs keeps about 1.4 of the two cores busy; a
-second session (about 60 CPU-s to start and warm up) fills the rest. The daemon tests' politeness waits overlap
-both. The lanes share no process, port range (`tests/support/servers.py::free_port`) or folder; the two sessions
-start one after the other (they share the cache Spark resolves Delta's jars into).
+Lanes: `make test` runs pytest-xdist with `-n 2 --dist loadgroup`. Every test that starts Spark — the shared
+in-process session (the `spark` fixture, directly or through another fixture) or a JVM in a child process
+(marked `spark`) — is in the `spark` group; every other test (the daemon against loopback servers, pure rules)
+is in the `light` group. Each group runs in one worker process, so the daemon tests' politeness waits overlap
+Spark's work, and the two lanes share no process, port range (`tests/support/servers.py::free_port`) or folder.
+
+Shared, built once per session where a test first needs them: the SparkSession, the shared crawl
+(`tests/support/crawl.py`) and the Airflow cycle on a standalone cluster (`tests/support/airflow.py`), which
+starts in the background as soon as the session is up when any selected test reads it.
 """
 
 from __future__ import annotations
 
-import fcntl
 import importlib.machinery
-import os
 import shutil
 import sys
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 
 import pytest
 
@@ -35,46 +29,38 @@ from tests.support.config import load_test_config
 if getattr(sys.modules["__main__"], "__spec__", None) is None and not hasattr(sys.modules["__main__"], "__file__"):
     sys.modules["__main__"].__spec__ = importlib.machinery.ModuleSpec("__main__", None)
 
-CRAWL_LANE, SPARK_LANE, LIGHT_LANE = "spark-crawl", "spark", "light"
-LANES = (CRAWL_LANE, SPARK_LANE, LIGHT_LANE)
-# The cycles that run all in child processes; they start in the background as soon as the crawl lane's session is up.
+SPARK_LANE, LIGHT_LANE = "spark", "light"
+# Fixtures that start Spark, in this process or a child; the cycles that run all in child processes start in the
+# background as soon as the session is up.
 BACKGROUND_CYCLES = ("airflow_cycle", "s3_cycle")
 BACKGROUND_CYCLES_SET = frozenset(BACKGROUND_CYCLES)
-CRAWL_FIXTURES = frozenset({"shared_crawl", *BACKGROUND_CYCLES})
-# Fixtures that start Spark, in this process or a child.
-SPARK_FIXTURES = frozenset({"spark", *CRAWL_FIXTURES})
+SPARK_FIXTURES = frozenset({"spark", *BACKGROUND_CYCLES})
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
-    parser.addoption("--lane", choices=LANES, help="run only the tests of this lane")
+    parser.addoption("--lane", choices=(SPARK_LANE, LIGHT_LANE), help="run only the tests of this lane")
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    config.addinivalue_line("markers", "spark: starts a Spark JVM in a child process (runs in the `spark` lane)")
+    config.addinivalue_line("markers", "spark: starts a Spark JVM in a child process (runs in the Spark lane)")
 
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Put every test in its lane (before xdist reads the groups), the readers of a background cycle last; with
     --lane, keep only that lane's."""
-    lanes = {item: lane_of(item) for item in items}
-    for item, lane in lanes.items():
-        item.add_marker(pytest.mark.xdist_group(lane))
+    lanes = {}
+    for item in items:
+        uses_spark = (not SPARK_FIXTURES.isdisjoint(getattr(item, "fixturenames", ()))
+                      or item.get_closest_marker("spark") is not None)
+        lanes[item] = SPARK_LANE if uses_spark else LIGHT_LANE
+        item.add_marker(pytest.mark.xdist_group(lanes[item]))
     # The tests that read a background cycle go last, so the cycle has the rest of the lane's time to finish.
     items.sort(key=lambda item: not BACKGROUND_CYCLES_SET.isdisjoint(getattr(item, "fixturenames", ())))
     wanted = config.getoption("lane")
     if wanted:
         config.hook.pytest_deselected(items=[item for item in items if lanes[item] != wanted])
         items[:] = [item for item in items if lanes[item] == wanted]
-
-
-def lane_of(item: pytest.Item) -> str:
-    fixtures = getattr(item, "fixturenames", ())
-    if not CRAWL_FIXTURES.isdisjoint(fixtures):
-        return CRAWL_LANE
-    if not SPARK_FIXTURES.isdisjoint(fixtures) or item.get_closest_marker("spark") is not None:
-        return SPARK_LANE
-    return LIGHT_LANE
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
@@ -92,33 +78,16 @@ def base_conf() -> config_mod.Config:
     return load_test_config()
 
 
-_lane_running: list[str] = []  # the lane of the test being set up (the last one)
-
-
-@pytest.hookimpl(tryfirst=True)
-def pytest_runtest_setup(item: pytest.Item) -> None:
-    """Note the lane before the test's fixtures are set up: the session fixture below starts the background cycles
-    in the crawl lane's worker only."""
-    _lane_running[:] = [lane_of(item)]
-
-
 @pytest.fixture(scope="session")
 def spark(base_conf, request):
     from jobs.base import spark_session
 
-    ivy_dir = Path(os.path.expanduser(base_conf["spark.ivy_dir"]))
-    ivy_dir.mkdir(parents=True, exist_ok=True)
-    with open(ivy_dir / ".test-session-start.lock", "w") as lock:
-        # Two lanes start a session at the same moment; on a fresh machine both would resolve Delta's jars into
-        # the same cache at once. One after the other, the second finds them there.
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        session = spark_session(base_conf, app_name="cyclecrawl-tests")
-    if _lane_running == [CRAWL_LANE] or "PYTEST_XDIST_WORKER" not in os.environ:
-        for cycle in BACKGROUND_CYCLES:
-            if any(cycle in getattr(item, "fixturenames", ()) for item in request.session.items):
-                # All its work is in child processes: started now, it overlaps the in-process Spark tests (which
-                # leave part of the two cores idle) instead of running after them.
-                request.getfixturevalue(f"{cycle}_started")
+    session = spark_session(base_conf, app_name="cyclecrawl-tests")
+    for cycle in BACKGROUND_CYCLES:
+        if any(cycle in getattr(item, "fixturenames", ()) for item in request.session.items):
+            # All its work is in child processes: started now, it overlaps the in-process Spark tests (which
+            # leave part of the two cores idle) instead of running after them.
+            request.getfixturevalue(f"{cycle}_started")
     yield session
     session.stop()
 

@@ -24,7 +24,7 @@ Handler = Callable[["ScriptedServer", str, web.Request], Awaitable[web.StreamRes
 # Ports a test picks for a server that a child process starts (`free_port`): one range per xdist worker, below
 # the kernel's ephemeral range (32768-60999), so they never meet a port the kernel hands out for port 0 or a port
 # the other lane picked.
-PORT_RANGE_PER_LANE = 4000
+PORT_RANGE_PER_LANE = 5000
 FIRST_PICKED_PORT = 20000
 _handed_out: set[int] = set()  # never the same port twice in one process, even once its test is over
 
