@@ -327,8 +327,9 @@ def merge_hosts(spark: SparkSession, root: str, segment_id: str, fetch_counts: D
     source = fetch_counts.withColumn("has_fetch", F.lit(True)).join(
         tally.withColumn("has_tally", F.lit(True)), ["host_key", "bucket"], "full_outer")
     seg = F.lit(segment_id)
-    fetch = F.col("s.has_fetch").isNotNull() & ~F.col("t.last_segment").eqNullSafe(seg)
-    tallies = F.col("s.has_tally").isNotNull() & ~F.col("t.discovery_segment").eqNullSafe(seg)
+    fetched, counted = F.col("s.has_fetch").isNotNull(), F.col("s.has_tally").isNotNull()
+    fetch = fetched & ~F.col("t.last_segment").eqNullSafe(seg)
+    tallies = counted & ~F.col("t.discovery_segment").eqNullSafe(seg)
     # An unreachable robots.txt (5xx, network) disallows all for now, but the last good copy stays stored: it is
     # what the host said, and generate ignores it while the state is disallow_all.
     has_robots = F.coalesce("s.has_robots", F.lit(False))
@@ -371,8 +372,6 @@ def merge_hosts(spark: SparkSession, root: str, segment_id: str, fetch_counts: D
         "discovery_segment": when_tally("discovery_segment", seg),
         "updated_at": F.lit(now),
     }
-    fetched = F.col("s.has_fetch").isNotNull()
-    counted = F.col("s.has_tally").isNotNull()
     inserts = {
         "host_key": F.col("s.host_key"),
         "bucket": F.col("s.bucket"),
@@ -507,9 +506,10 @@ def merge_urls(spark: SparkSession, conf: Config, root: str, segment_id: str, co
     source = completed.withColumn("completes", F.lit(True)).join(
         rows.withColumn("discovers", F.lit(True)), keys, "full_outer")
     seg = F.lit(segment_id)
+    discovered = F.col("s.discovers").isNotNull()
     completes = (F.col("s.completes").isNotNull() & (F.col("t.state_version") == F.col("s.c_version"))
                  & (F.col("t.lease_segment") == seg))
-    discovers = F.col("s.discovers").isNotNull() & ~F.col("t.inlink_segment").eqNullSafe(seg)
+    discovers = discovered & ~F.col("t.inlink_segment").eqNullSafe(seg)
     completion = {
         **{c: F.col(f"s.{n}") for c, n in (
             ("status", "n_status"), ("fetch_interval_s", "n_interval"), ("next_fetch_at", "n_next_fetch_at"),
@@ -535,7 +535,7 @@ def merge_urls(spark: SparkSession, conf: Config, root: str, segment_id: str, co
     (
         merge_into(spark, root, "urls", source, "t.bucket = s.bucket AND t.url_id = s.url_id AND t.url = s.url")
         .whenMatchedUpdate(condition=completes | discovers, set=updates)
-        .whenNotMatchedInsert(condition=F.col("s.discovers").isNotNull(),
+        .whenNotMatchedInsert(condition=discovered,
                               values={c: F.col(f"s.{c}") for c in tables.TABLES["urls"].schema.fieldNames()})
         .execute()
     )
