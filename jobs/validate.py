@@ -26,7 +26,7 @@ from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 
-from pyspark.sql import SparkSession
+from pyspark.sql import DataFrame, SparkSession
 
 from crawler import layout
 from crawler.config import Config
@@ -256,9 +256,9 @@ def run(spark: SparkSession, conf: Config, root: str, tables: list[str] | None =
                 frame = read_table(spark, root, name).persist()
                 try:
                     rows = frame.count()
-                    outcome = definition.run(
-                        batch_parameters={"dataframe": frame}, expectation_parameters=params, run_id=run_id,
-                        result_format={"result_format": "BASIC", "partial_unexpected_count": examples})
+                    outcome = _run_definition(definition, frame, params, run_id, examples=0)
+                    if not outcome.success:
+                        outcome = _run_definition(definition, frame, params, run_id, examples)
                 finally:
                     frame.unpersist()
                 result.tables.append(_table_validation(name, rows, outcome))
@@ -269,6 +269,15 @@ def run(spark: SparkSession, conf: Config, root: str, tables: list[str] | None =
                                        Storage.from_conf(conf))
         shutil.rmtree(staging, ignore_errors=True)
     return result
+
+
+def _run_definition(definition: Any, frame: DataFrame, params: dict[str, Any], run_id: Any, examples: int) -> Any:
+    """One table's validation result. Unexpected examples cost a Spark job per column-map expectation even when
+    it passes (253 instead of 115 jobs for the eight suites), so `run` asks for none first and again, with
+    `examples`, only for a table that failed; the second run has the same run id, so its result replaces the first
+    in the results store and Data Docs."""
+    return definition.run(batch_parameters={"dataframe": frame}, expectation_parameters=params, run_id=run_id,
+                          result_format={"result_format": "BASIC", "partial_unexpected_count": examples})
 
 
 def _publish(folder: Path, target: str, storage: Storage) -> str:

@@ -213,7 +213,9 @@ def test_every_defect_and_nothing_else_fails(defect_run):
         (table, f"{kind}({column})") for _, table, kind, column, _, _ in DEFECTS)
     docs = defect_run.data_docs_index.parent
     assert defect_run.data_docs_index.is_file()
-    assert {page.relative_to(docs).parts[1] for page in docs.glob("validations/*/*/*/*.html")} == set(layout.TABLES)
+    pages = [page.relative_to(docs).parts[1] for page in docs.glob("validations/*/*/*/*.html")]
+    # one result per table: a failed table's second run (with unexpected examples) replaced its first
+    assert sorted(pages) == sorted(layout.TABLES)
 
 
 @pytest.mark.parametrize("case, table, kind, column, row, shown", DEFECTS, ids=[d[0] for d in DEFECTS])
