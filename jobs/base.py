@@ -100,7 +100,28 @@ def _launch_settings(builder: SparkSession.Builder, conf: Config) -> SparkSessio
 
     builder = builder.config("spark.jars.ivy", os.path.expanduser(conf["spark.ivy_dir"]))
     builder = builder.config("spark.jars.ivySettings", str(IVY_SETTINGS))
+    builder = builder.config("spark.jars.excludes", ",".join(SHIPPED_WITH_PYSPARK))
     return configure_spark_with_delta_pip(builder, extra_packages=extra_packages(conf))
+
+
+# Artifacts that the dependency trees of Delta (delta-kernel-defaults: Hadoop 3.4, Parquet 1.16, ...) and hadoop-aws
+# pull in at other versions than the ones pyspark ships in its jars/ folder. The JVM never loads those copies (the
+# class loader of an application's packages asks its parent, which holds pyspark's jars, first), yet every
+# application resolves them and every executor downloads them (about 70 MB; one small cluster step: 50 -> 43
+# CPU-s). They are left out of package resolution; tests/test_spark_cluster.py checks pyspark ships each one.
+SHIPPED_WITH_PYSPARK = (
+    "org.apache.hadoop:hadoop-client-api", "org.apache.hadoop:hadoop-client-runtime",
+    "org.apache.parquet:parquet-column", "org.apache.parquet:parquet-common", "org.apache.parquet:parquet-encoding",
+    "org.apache.parquet:parquet-format-structures", "org.apache.parquet:parquet-hadoop",
+    "org.apache.parquet:parquet-jackson",
+    "org.apache.logging.log4j:log4j-api", "org.apache.logging.log4j:log4j-core",
+    "org.apache.logging.log4j:log4j-slf4j2-impl", "org.slf4j:slf4j-api",
+    "com.fasterxml.jackson.core:jackson-annotations", "com.fasterxml.jackson.core:jackson-core",
+    "com.fasterxml.jackson.core:jackson-databind",
+    "com.github.luben:zstd-jni", "org.xerial.snappy:snappy-java", "io.airlift:aircompressor",
+    "com.google.code.findbugs:jsr305", "commons-pool:commons-pool", "org.locationtech.jts:jts-core",
+    "org.roaringbitmap:RoaringBitmap",
+)
 
 
 def extra_packages(conf: Config) -> list[str]:

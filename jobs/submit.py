@@ -51,7 +51,7 @@ def spark_submit_path() -> str:
 def submit_command(conf: Config, crawl_args: list[str], master: str, deploy_mode: str = "client",
                    spark_submit: str | None = None) -> list[str]:
     """The spark-submit command line that runs `crawl <crawl_args>` as a Spark application on `master`."""
-    from jobs.base import IVY_SETTINGS
+    from jobs.base import IVY_SETTINGS, SHIPPED_WITH_PYSPARK
 
     if not crawl_args or crawl_args[0] not in SPARK_COMMANDS:
         raise ValueError(f"not a Spark command of crawl: {crawl_args[:1]} (one of {', '.join(SPARK_COMMANDS)})")
@@ -61,7 +61,7 @@ def submit_command(conf: Config, crawl_args: list[str], master: str, deploy_mode
     if extra_jars:
         command += ["--jars", extra_jars]
     else:
-        command += ["--packages", ",".join(spark_packages(conf)),
+        command += ["--packages", ",".join(spark_packages(conf)), "--exclude-packages", ",".join(SHIPPED_WITH_PYSPARK),
                     "--conf", f"spark.jars.ivy={os.path.expanduser(conf['spark.ivy_dir'])}",
                     "--conf", f"spark.jars.ivySettings={IVY_SETTINGS}"]
     # Every other setting is made by the driver's own spark_session before its SparkContext starts.

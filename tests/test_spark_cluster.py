@@ -9,10 +9,15 @@ tables here.
 
 from __future__ import annotations
 
+import re
+from pathlib import Path
+
+import pyspark
 import pytest
 
 from delta_tables import table_df
 from jobs import submit
+from jobs.base import SHIPPED_WITH_PYSPARK
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1500)]
 
@@ -25,11 +30,25 @@ def test_submit_command_names_master_jars_and_entry(base_conf):
     assert command[0].endswith("spark-submit")
     assert command[command.index("--master") + 1] == "spark://127.0.0.1:7077"
     assert command[command.index("--packages") + 1].startswith("io.delta:delta-spark_")
+    assert command[command.index("--exclude-packages") + 1].split(",") == list(SHIPPED_WITH_PYSPARK)
     assert command[-4:] == [str(submit.ENTRY), "parse", "--segment", "s1"]
     s3 = submit.submit_command(base_conf.with_overrides({"storage.root": "s3://bucket/crawl"}), ["init"], "local[2]")
     assert "org.apache.hadoop:hadoop-aws:3.5.0" in s3[s3.index("--packages") + 1]
     with pytest.raises(ValueError, match="not a Spark command"):
         submit.submit_command(base_conf, ["fetch", "--segment", "s1"], "local[2]")
+
+
+def test_packages_pyspark_ships_are_left_out_of_resolution(spark):
+    """Every artifact left out of package resolution is one pyspark ships (at its own version), so nothing the JVM
+    loads goes missing; the session's resolved jars hold Delta's and none of those."""
+    shipped = {jar.name for jar in (Path(pyspark.__file__).parent / "jars").glob("*.jar")}
+    for artifact in SHIPPED_WITH_PYSPARK:
+        name = artifact.split(":")[1]
+        assert any(re.fullmatch(rf"{re.escape(name)}-\d[\w.\-]*\.jar", jar) for jar in shipped), artifact
+    resolved = [Path(jar).name for jar in spark.sparkContext.getConf().get("spark.jars", "").split(",") if jar]
+    assert any(jar.startswith("io.delta_delta-spark_") for jar in resolved), resolved
+    for artifact in SHIPPED_WITH_PYSPARK:
+        assert not [jar for jar in resolved if jar.startswith(artifact.replace(":", "_") + "-")], artifact
 
 
 def test_cycle_on_the_cluster_fills_the_tables(spark, airflow_cycle):
