@@ -115,16 +115,22 @@ class HostMemory:
     robots: dict[str, tuple[RobotsPolicy, float]] = field(default_factory=dict)  # -> (policy, expiry, monotonic)
 
 
-# One per process: `fetch_segment` called once per cycle keeps the same memory. Not shared across threads
-# running daemons at the same time (a host has one owner, so that never happens in one process).
-_PROCESS_MEMORY = HostMemory()
+class _ThreadMemory(threading.local):
+    """One `HostMemory` per thread that runs daemons: `fetch_segment` called once per cycle in a process's thread
+    keeps the same memory. Two threads never share one: each runs its own daemons, and a host has one owner (a
+    process runs its daemons in one thread; a test session may crawl unrelated farms in two)."""
+
+    def __init__(self) -> None:
+        self.memory = HostMemory()
+
+
+_THREAD_MEMORY = _ThreadMemory()
 
 
 def forget_hosts() -> None:
-    """Drop the process's host memory (gates, robots cache). For a process that runs crawls of unrelated sites one
-    after another, e.g. a test session, where a new server can get the host:port an earlier one had."""
-    _PROCESS_MEMORY.gates.clear()
-    _PROCESS_MEMORY.robots.clear()
+    """Drop this thread's host memory (gates, robots cache). For a thread that runs crawls of unrelated sites one
+    after another, e.g. a test session's, where a new server can get the host:port an earlier one had."""
+    _THREAD_MEMORY.memory = HostMemory()
 
 
 class Transport(Protocol):
@@ -153,8 +159,9 @@ class Daemon:
         self.resolver = GuardedResolver(conf["fetch.static_hosts"], conf["fetch.allow_networks"])
         self.fetcher: Transport = transport or Fetcher(conf, self.resolver)
         self.slots = asyncio.Semaphore(conf["fetch.concurrency"])
-        self.gates = _PROCESS_MEMORY.gates
-        self.robots_cache = _PROCESS_MEMORY.robots
+        memory = _THREAD_MEMORY.memory
+        self.gates = memory.gates
+        self.robots_cache = memory.robots
         self.rng = random.Random()
         self.total = 0
         self.metrics = Metrics(started=clock.monotonic())

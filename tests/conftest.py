@@ -6,9 +6,12 @@ in-process session (the `spark` fixture, directly or through another fixture) or
 is in the `light` group. Each group runs in one worker process, so the daemon tests' politeness waits overlap
 Spark's work, and the two lanes share no process, port range (`tests/support/servers.py::free_port`) or folder.
 
-Shared, built once per session where a test first needs them: the SparkSession, the shared crawl
-(`tests/support/crawl.py`) and the Airflow cycle on a standalone cluster (`tests/support/airflow.py`), which
-starts in the background as soon as the session is up when any selected test reads it.
+Shared, built once per session: the SparkSession, and the work that starts in the background as soon as it is up
+when any selected test reads it — the shared crawl (`tests/support/crawl.py`, in a thread of this process on its
+own SparkSession over the same SparkContext), the Airflow cycle on a standalone cluster (`tests/support/airflow.py`)
+and the S3 cycle (`tests/support/s3_cycle.py`), both in child processes. In the Spark lane the tests that read none
+of them run first, then the shared crawl's readers, then the cycles' readers, so each has the lane's earlier time
+to finish: the in-process tests alone leave part of the two cores idle.
 """
 
 from __future__ import annotations
@@ -30,11 +33,12 @@ if getattr(sys.modules["__main__"], "__spec__", None) is None and not hasattr(sy
     sys.modules["__main__"].__spec__ = importlib.machinery.ModuleSpec("__main__", None)
 
 SPARK_LANE, LIGHT_LANE = "spark", "light"
-# Fixtures that start Spark, in this process or a child; the cycles that run all in child processes start in the
-# background as soon as the session is up.
-BACKGROUND_CYCLES = ("airflow_cycle", "s3_cycle")
-BACKGROUND_CYCLES_SET = frozenset(BACKGROUND_CYCLES)
-SPARK_FIXTURES = frozenset({"spark", *BACKGROUND_CYCLES})
+# What starts in the background as soon as the session is up (`<name>_started`; the test reads `<name>`): the
+# shared crawl in a thread, the cycles in child processes.
+BACKGROUND_CYCLES = frozenset({"airflow_cycle", "s3_cycle"})
+BACKGROUND_WORK = ("shared_crawl", *sorted(BACKGROUND_CYCLES))
+# Fixtures that start Spark, in this process or a child.
+SPARK_FIXTURES = frozenset({"spark", *BACKGROUND_WORK})
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -47,16 +51,21 @@ def pytest_configure(config: pytest.Config) -> None:
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Put every test in its lane (before xdist reads the groups), the readers of a background cycle last; with
-    --lane, keep only that lane's."""
+    """Put every test in its lane (before xdist reads the groups), the readers of the shared crawl late and those of
+    a background cycle last; with --lane, keep only that lane's."""
     lanes = {}
     for item in items:
         uses_spark = (not SPARK_FIXTURES.isdisjoint(getattr(item, "fixturenames", ()))
                       or item.get_closest_marker("spark") is not None)
         lanes[item] = SPARK_LANE if uses_spark else LIGHT_LANE
         item.add_marker(pytest.mark.xdist_group(lanes[item]))
-    # The tests that read a background cycle go last, so the cycle has the rest of the lane's time to finish.
-    items.sort(key=lambda item: not BACKGROUND_CYCLES_SET.isdisjoint(getattr(item, "fixturenames", ())))
+    # Readers of background work go after the other tests (a stable sort keeps the order within each group), so the
+    # work has the rest of the lane's time to finish.
+    def reads(item: pytest.Item) -> tuple[bool, bool]:
+        names = getattr(item, "fixturenames", ())
+        return not BACKGROUND_CYCLES.isdisjoint(names), "shared_crawl" in names
+
+    items.sort(key=reads)
     wanted = config.getoption("lane")
     if wanted:
         config.hook.pytest_deselected(items=[item for item in items if lanes[item] != wanted])
@@ -79,25 +88,41 @@ def base_conf() -> config_mod.Config:
 
 
 @pytest.fixture(scope="session")
-def spark(base_conf, request):
+def spark_session_only(base_conf):
+    """The suite's one SparkSession (`spark` is the same, with the background work started)."""
     from jobs.base import spark_session
 
     session = spark_session(base_conf, app_name="cyclecrawl-tests")
-    for cycle in BACKGROUND_CYCLES:
-        if any(cycle in getattr(item, "fixturenames", ()) for item in request.session.items):
-            # All its work is in child processes: started now, it overlaps the in-process Spark tests (which
-            # leave part of the two cores idle) instead of running after them.
-            request.getfixturevalue(f"{cycle}_started")
     yield session
     session.stop()
 
 
 @pytest.fixture(scope="session")
-def shared_crawl(spark, base_conf, tmp_path_factory):
-    """The one crawl of the farm that the end-to-end, sitemap, trap and crash tests read (`tests/support/crawl.py`)."""
+def spark(spark_session_only, request):
+    for name in BACKGROUND_WORK:
+        if any(name in getattr(item, "fixturenames", ()) for item in request.session.items):
+            # Started now, it overlaps the in-process Spark tests instead of running after them.
+            request.getfixturevalue(f"{name}_started")
+    return spark_session_only
+
+
+@pytest.fixture(scope="session")
+def shared_crawl_started(spark_session_only, base_conf, tmp_path_factory):
+    """The shared crawl, run in a background thread on a session of its own over the suite's SparkContext (its SQL
+    confs apart: dedup and maintain set some for a while) and with its own daemon host memory (per thread)."""
     from tests.support.crawl import run_shared_crawl
 
-    return run_shared_crawl(spark, base_conf, tmp_path_factory.mktemp("shared-crawl"))
+    base = tmp_path_factory.mktemp("shared-crawl")
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="shared-crawl") as executor:
+        future = executor.submit(run_shared_crawl, spark_session_only.newSession(), base_conf, base)
+        yield future
+        future.exception()  # the session ends after the crawl, whether a test waited for it or not
+
+
+@pytest.fixture(scope="session")
+def shared_crawl(spark, shared_crawl_started):
+    """The one crawl of the farm that the end-to-end, sitemap, trap and crash tests read (`tests/support/crawl.py`)."""
+    return shared_crawl_started.result()
 
 
 @pytest.fixture(scope="session")
@@ -145,7 +170,7 @@ def s3_cycle(s3_cycle_started):
 
 @pytest.fixture(autouse=True)
 def _fresh_daemon_memory():
-    """Each test's daemons start with no host memory: the process-wide robots cache and gates are keyed by
+    """Each test's daemons start with no host memory: the robots cache and gates (per thread) are keyed by
     host:port, and a test's loopback server can get a port an earlier test's server had."""
     from fetchd.daemon import forget_hosts
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import shutil
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -48,15 +49,19 @@ class StepLog:
 
 
 class StepRecorder(logging.Handler):
-    """Notes every message of the `jobs` loggers and when each `jobs.base.step` started."""
+    """Notes every message of the `jobs` loggers from the thread that made it and when each `jobs.base.step`
+    started (the shared crawl runs in a thread of its own while other tests run jobs)."""
 
     def __init__(self) -> None:
         super().__init__(logging.INFO)
+        self.thread = threading.get_ident()
         self.lines: list[str] = []
         self.began = time.monotonic()
         self.log = StepLog()
 
     def emit(self, record: logging.LogRecord) -> None:
+        if record.thread != self.thread:
+            return
         message = record.getMessage()
         self.lines.append(message)
         if message.endswith(STEP_STARTED):
