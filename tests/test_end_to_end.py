@@ -108,6 +108,7 @@ def test_rerun_update_leaves_every_table_unchanged(spark, shared_crawl, tmp_path
         assert before[name] == after[name], f"table {name} changed on re-running update"
 
 
+@pytest.mark.own_crawl
 def test_demo_command_end_to_end(spark, tmp_path, capsys):
     """`crawl demo` on a tiny farm, its command line run in this process (on the suite's Spark session: a fresh
     interpreter and JVM add nothing the crash tests' child processes do not cover): exit 0, the report on stdout
