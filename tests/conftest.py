@@ -19,7 +19,9 @@ from __future__ import annotations
 import importlib.machinery
 import shutil
 import sys
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any
 
 import pytest
 
@@ -91,6 +93,15 @@ def base_conf() -> config_mod.Config:
     return load_test_config()
 
 
+def _in_background(name: str, work: Callable[..., Any], *args: Any) -> Iterator[Future]:
+    """A session fixture's body: `work(*args)` in a thread of its own, its future yielded; on the way out it waits
+    for the work (no child process, server or session outlives the fixture), whether a test read it or not."""
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix=name) as executor:
+        future = executor.submit(work, *args)
+        yield future
+        future.exception()
+
+
 @pytest.fixture(scope="session")
 def spark_session_only(base_conf):
     """The suite's one SparkSession (`spark` is the same, with the background work started)."""
@@ -117,10 +128,7 @@ def shared_crawl_started(spark_session_only, base_conf, tmp_path_factory):
     from tests.support.crawl import run_shared_crawl
 
     base = tmp_path_factory.mktemp("shared-crawl")
-    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="shared-crawl") as executor:
-        future = executor.submit(run_shared_crawl, spark_session_only.newSession(), base_conf, base)
-        yield future
-        future.exception()  # the session ends after the crawl, whether a test waited for it or not
+    yield from _in_background("shared-crawl", run_shared_crawl, spark_session_only.newSession(), base_conf, base)
 
 
 @pytest.fixture(scope="session")
@@ -142,10 +150,7 @@ def airflow_cycle_started(base_conf, tmp_path_factory):
         with standalone_cluster(base / "cluster") as cluster:
             return run_cycle_through_airflow(base_conf, cluster, base)
 
-    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="airflow-cycle") as executor:
-        future = executor.submit(run)
-        yield future
-        future.exception()  # on the way out: no child process outlives the session
+    yield from _in_background("airflow-cycle", run)
 
 
 @pytest.fixture(scope="session")
@@ -161,10 +166,8 @@ def s3_cycle_started(base_conf, tmp_path_factory):
     from tests.support.s3_cycle import run_s3_cycle
 
     base = tmp_path_factory.mktemp("s3-cycle")
-    with moto_server() as server, ThreadPoolExecutor(max_workers=1, thread_name_prefix="s3-cycle") as executor:
-        future = executor.submit(run_s3_cycle, base_conf, server, base)
-        yield future
-        future.exception()
+    with moto_server() as server:
+        yield from _in_background("s3-cycle", run_s3_cycle, base_conf, server, base)
 
 
 @pytest.fixture(scope="session")
