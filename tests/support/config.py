@@ -41,9 +41,7 @@ SPARK_CLI_SETTINGS = [f"--set={k}={v}" for k, v in TEST_OVERRIDES.items()
 # 36 CPU-s); the suite's own long-lived session keeps the default (C1 only made it 60 % slower). The code cache
 # keeps the tiered default's size: C1 only reserves 48 MB, which Spark's generated code filled in an update
 # ("Out of space in CodeCache"), and the JVM then fails the job.
-# Such a JVM also runs the serial collector, like the suite's own driver (see TEST_OVERRIDES): its heap is small and
-# G1's concurrent threads compete for the two cores.
-SHORT_LIVED_JVM_ENV = {"JAVA_TOOL_OPTIONS": "-XX:TieredStopAtLevel=1 -XX:ReservedCodeCacheSize=240m -XX:+UseSerialGC"}
+SHORT_LIVED_JVM_ENV = {"JAVA_TOOL_OPTIONS": "-XX:TieredStopAtLevel=1 -XX:ReservedCodeCacheSize=240m"}
 
 
 def load_test_config() -> config_mod.Config:
