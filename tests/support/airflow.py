@@ -21,7 +21,7 @@ from crawler.config import Config
 from fetchd.sitefarm import FarmSpec, SiteFarm, read_request_log
 from jobs import demo
 from tests.support.cluster import Cluster
-from tests.support.config import SHORT_LIVED_JVM_ENV
+from tests.support.config import SHORT_LIVED_JVM_ENV, at_background_priority
 
 REPO = Path(__file__).resolve().parents[2]
 DAGS = REPO / "airflow_dags"
@@ -45,12 +45,15 @@ def airflow_env(home: Path) -> dict[str, str]:
     }
 
 
-def run_airflow_script(env: dict[str, str], folder: Path, script: str, *args: str, timeout: float = 120) -> dict:
-    """Run `script` (which prints one JSON line last) with a real Airflow in a subprocess."""
+def run_airflow_script(env: dict[str, str], folder: Path, script: str, *args: str, timeout: float = 120,
+                       background: bool = False) -> dict:
+    """Run `script` (which prints one JSON line last) with a real Airflow in a subprocess (niced when it is
+    `background` work: tests/support/config.py::BACKGROUND_NICE)."""
     path = folder / "airflow_script.py"
     path.write_text(textwrap.dedent(script))
-    result = subprocess.run([sys.executable, str(path), *args], env=env, cwd=folder, capture_output=True,
-                            text=True, timeout=timeout)
+    command = [sys.executable, str(path), *args]
+    result = subprocess.run(at_background_priority(command) if background else command, env=env, cwd=folder,
+                            capture_output=True, text=True, timeout=timeout)
     assert result.returncode == 0, result.stdout[-5000:] + result.stderr[-5000:]
     return json.loads(result.stdout.strip().splitlines()[-1])
 
@@ -104,15 +107,17 @@ def run_cycle_through_airflow(base_conf: Config, cluster: Cluster, base: Path) -
         seed_urls = set(farm.seed_urls())
         seeds = base / "seeds.txt"
         seeds.write_text("\n".join(sorted(seed_urls)) + "\n")
-        subprocess.run([BIN / "airflow", "db", "migrate"], env=env, check=True, capture_output=True, timeout=300)
+        subprocess.run(at_background_priority([BIN / "airflow", "db", "migrate"]), env=env, check=True,
+                       capture_output=True, timeout=300)
         with open(base / "fetchd.log", "w") as daemon_log:
-            daemon = subprocess.Popen([BIN / "fetchd", "serve", "--root", str(root), "--config", str(config_file)],
-                                      stdout=daemon_log, stderr=subprocess.STDOUT)
+            daemon = subprocess.Popen(
+                at_background_priority([BIN / "fetchd", "serve", "--root", root, "--config", config_file]),
+                stdout=daemon_log, stderr=subprocess.STDOUT)
         run_conf = {"config": str(config_file), "root": str(root), "seeds": str(seeds),
                     "spark_master": cluster.master_url, "segment_max_urls": 1000, "fetch_mode": "daemons",
                     "fetch_deadline_minutes": 10, "maintain": "never"}
         found = run_airflow_script({**env, "SPARK_LOCAL_IP": "127.0.0.1"}, base, RUN_CYCLE, str(DAGS),
-                                   json.dumps(run_conf), timeout=1200)
+                                   json.dumps(run_conf), timeout=1200, background=True)
     finally:
         if daemon is not None:
             daemon.send_signal(signal.SIGTERM)

@@ -43,6 +43,17 @@ SPARK_CLI_SETTINGS = [f"--set={k}={v}" for k, v in TEST_OVERRIDES.items()
 # ("Out of space in CodeCache"), and the JVM then fails the job.
 SHORT_LIVED_JVM_ENV = {"JAVA_TOOL_OPTIONS": "-XX:TieredStopAtLevel=1 -XX:ReservedCodeCacheSize=240m"}
 
+# The background cycles (Airflow on the cluster, the S3 cycle) are the suite's slack: no test waits for them until
+# the end of the Spark lane. Their processes (and all they start: Spark drivers, executors, daemons) run niced, so
+# the lanes' tests, which are waited for, get the cores first and the cycles take what is left: above all the
+# second core once the light lane is done, which the Spark lane alone keeps only about one-fifth busy.
+BACKGROUND_NICE = 10
+
+
+def at_background_priority(command: list) -> list[str]:
+    """`command` run niced by BACKGROUND_NICE (its child processes inherit it)."""
+    return ["nice", "-n", str(BACKGROUND_NICE), *map(str, command)]
+
 
 def load_test_config() -> config_mod.Config:
     return config_mod.load().with_overrides(TEST_OVERRIDES)

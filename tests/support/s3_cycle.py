@@ -20,7 +20,7 @@ import yaml
 from crawler.config import Config
 from fetchd.sitefarm import FarmSpec, SiteFarm
 from jobs.demo import demo_config
-from tests.support.config import SHORT_LIVED_JVM_ENV
+from tests.support.config import SHORT_LIVED_JVM_ENV, at_background_priority
 from tests.support.s3 import S3Server
 
 REPO = Path(__file__).resolve().parents[2]
@@ -68,8 +68,8 @@ def run_crawl_commands(commands: list[list[str]], config_file: Path, env: dict[s
     argvs = json.dumps([[*command, "--config", str(config_file)] for command in commands])
     script = config_file.with_name("crawl_commands.py")
     script.write_text(CRAWL_COMMANDS)
-    done = subprocess.run([sys.executable, str(script), argvs], cwd=REPO, env=env, capture_output=True,
-                          text=True, timeout=1500)
+    done = subprocess.run(at_background_priority([sys.executable, script, argvs]), cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=1500)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-6000:]
     return done.stdout
 
