@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import copy
 import ipaddress
+import math
 import os
 import re
 from collections.abc import Iterable, Mapping
@@ -19,6 +20,7 @@ from typing import Any
 import yaml
 
 from crawler.dedup import MAX_SUPPORTED_HAMMING
+from crawler.errors import UserError
 from crawler.ownership import check_timing
 
 DEFAULTS_PATH = Path(os.environ.get("CRAWL_DEFAULTS", Path(__file__).resolve().parents[1] / "conf" / "crawler.yaml"))
@@ -27,11 +29,12 @@ DEFAULTS_PATH = Path(os.environ.get("CRAWL_DEFAULTS", Path(__file__).resolve().p
 _OPEN_MAPPINGS = {"fetch.static_hosts", "spark.conf", "scope.strip_query_params"}
 
 
-class ConfigError(ValueError):
-    """A configuration key is unknown or its value is invalid; `key` names it."""
+class ConfigError(UserError, ValueError):
+    """A configuration key is unknown or its value is invalid; `key` names it (or the config file, for a file that
+    cannot be read)."""
 
-    def __init__(self, key: str, message: str):
-        super().__init__(f"config key '{key}': {message}")
+    def __init__(self, key: str, message: str, subject: str = "config key"):
+        super().__init__(f"{subject} '{key}': {message}")
         self.key = key
 
 
@@ -204,15 +207,17 @@ def _read_yaml(path: Path) -> dict[str, Any]:
     try:
         text = path.read_text(encoding="utf-8")
     except OSError as exc:
-        raise ConfigError(str(path), f"cannot read config file: {exc}") from exc
+        raise ConfigError(str(path), f"cannot be read: {exc.strerror or exc}", "config file") from exc
+    except UnicodeDecodeError as exc:
+        raise ConfigError(str(path), f"is not UTF-8 text: {exc}", "config file") from exc
     try:
         loaded = yaml.safe_load(text)
     except yaml.YAMLError as exc:
-        raise ConfigError(str(path), f"is not valid YAML: {exc}") from exc
+        raise ConfigError(str(path), f"is not valid YAML: {' '.join(str(exc).split())}", "config file") from exc
     if loaded is None:
         return {}
     if not isinstance(loaded, dict):
-        raise ConfigError(str(path), "must hold a mapping of sections")
+        raise ConfigError(str(path), "must hold a mapping of sections", "config file")
     return loaded
 
 
@@ -246,6 +251,9 @@ def _check(defaults: Mapping[str, Any], data: Mapping[str, Any], prefix: str = "
             continue
         if not _type_ok(default, value):
             raise ConfigError(dotted, f"must be of type {type(default).__name__}, got {value!r}")
+        if any(isinstance(v, float) and not math.isfinite(v) for v in (value if isinstance(value, list) else [value])):
+            # No key gives infinity (or NaN) a meaning; SQL built from such a value would not even parse.
+            raise ConfigError(dotted, f"must be a finite number, got {value!r}")
         if isinstance(default, list) and default and not all(isinstance(v, type(default[0])) for v in value):
             raise ConfigError(dotted, f"items must be of type {type(default[0]).__name__}")
         rule = _RULES.get(dotted)
@@ -293,7 +301,7 @@ def parse_assignment(text: str) -> tuple[str, Any]:
     try:
         value = yaml.safe_load(raw) if raw.strip() else ""
     except yaml.YAMLError as exc:
-        raise ConfigError(key, f"value is not valid YAML: {exc}") from exc
+        raise ConfigError(key, f"value is not valid YAML: {' '.join(str(exc).split())}") from exc
     return key, value
 
 

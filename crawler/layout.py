@@ -26,12 +26,17 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Iterable
+
+from crawler.errors import BadName, UnknownSegment, UserError
 
 TABLES = ("urls", "hosts", "fetches", "pages", "links", "index_events", "segments", "records")
 BUCKET_DIR = re.compile(r"^bucket=(\d{5})$")
 DONE_MANIFEST = "_DONE.json"
 CLOSED_MARKER = "_CLOSED.json"
-SEGMENT_ID = re.compile(r"^[A-Za-z0-9_.\-]+$")  # a segment id names a folder and goes into SQL predicates
+# A segment id names a folder and goes into SQL predicates: letters, digits, '_', '.', '-', starting with a letter or
+# digit (so never '.', '..', a hidden name or an option), at most 128 characters.
+SEGMENT_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,127}$")
 OPEN_SUFFIX = ".open"
 
 
@@ -51,10 +56,15 @@ def join(*parts: str) -> str:
     return "/".join(p.strip("/") if i else p.rstrip("/") for i, p in enumerate(parts))
 
 
-def table_path(root: str, name: str) -> str:
+def check_table_name(name: str) -> str:
+    """The name itself, or BadName: only the engine's own tables have paths."""
     if name not in TABLES:
-        raise ValueError(f"unknown table {name!r}")
-    return join(root, "tables", name)
+        raise BadName(f"unknown table {name!r} (tables: {', '.join(TABLES)})")
+    return name
+
+
+def table_path(root: str, name: str) -> str:
+    return join(root, "tables", check_table_name(name))
 
 
 def segments_dir(root: str) -> str:
@@ -62,14 +72,64 @@ def segments_dir(root: str) -> str:
 
 
 def check_segment_id(segment_id: str) -> str:
-    """The id itself, or ValueError: jobs refuse an id that could escape its folder or a replaceWhere clause."""
-    if not SEGMENT_ID.match(segment_id):
-        raise ValueError(f"invalid segment id {segment_id!r}")
+    """The id itself, or BadName: an id that could escape its folder or a replaceWhere clause is refused. Every
+    path of a segment is built through `segment_dir`, so no path is ever made from an unchecked id."""
+    if not isinstance(segment_id, str) or not SEGMENT_ID.match(segment_id):
+        raise BadName(f"invalid segment id {segment_id!r}: use 1-128 letters, digits, '_', '.' or '-', "
+                      "starting with a letter or digit")
+    return segment_id
+
+
+def segment_ids(names: Iterable[str]) -> list[str]:
+    """The names in a listing of ROOT/segments that are segment ids, sorted (anything else there, such as a
+    hidden or temporary folder, is not a segment)."""
+    return sorted(name for name in names if SEGMENT_ID.match(name))
+
+
+def require_segment(segment_id: str, root: str, listing: Iterable[str]) -> str:
+    """The id itself when `listing` (the names in ROOT/segments) holds it, else UnknownSegment naming the segments
+    that do exist: a command on a mistyped segment is an error, not an empty run."""
+    existing = segment_ids(listing)
+    if check_segment_id(segment_id) not in existing:
+        raise UnknownSegment(segment_id, root, existing)
     return segment_id
 
 
 def segment_dir(root: str, segment_id: str) -> str:
-    return join(root, "segments", segment_id)
+    return join(root, "segments", check_segment_id(segment_id))
+
+
+def _nearest_existing(path: str) -> str:
+    """`path` or its nearest ancestor that exists (absolute)."""
+    probe = os.path.abspath(path)
+    while not os.path.lexists(probe) and os.path.dirname(probe) != probe:
+        probe = os.path.dirname(probe)
+    return probe
+
+
+def check_local_folder(path: str, what: str) -> str:
+    """The path itself, or UserError when it cannot be a local folder: it is a file, or a file stands where one of
+    its parents should be. (An s3:// path is not checked: S3 has no files in the way.)"""
+    if is_s3(path):
+        return path
+    existing = _nearest_existing(path)
+    if not os.path.isdir(existing):
+        blocker = "it is" if existing == os.path.abspath(path) else f"{existing} is"
+        raise UserError(f"{what} {path}: {blocker} not a folder")
+    return path
+
+
+def check_output_file(path: str, what: str) -> str:
+    """The path itself, or UserError when a file cannot be written there: it is a folder, or a file stands where
+    one of its parents should be."""
+    if is_s3(path):
+        return path
+    if os.path.isdir(path):
+        raise UserError(f"{what} {path}: it is a folder, not a file")
+    existing = _nearest_existing(os.path.dirname(os.path.abspath(path)))
+    if not os.path.isdir(existing):
+        raise UserError(f"{what} {path}: {existing} is not a folder")
+    return path
 
 
 def bucket_dirname(bucket: int) -> str:

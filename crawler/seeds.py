@@ -4,8 +4,9 @@
     https://example.org/news        3.0     3600         (bare positional: priority, then interval)
     https://example.net/feeds/sitemap.xml.gz    kind=sitemap   (a sitemap to fetch and read, not a page)
 
-A bad line (invalid URL, unsupported scheme, bad metadata, out of scope, too long) is reported with its line
-number and reason and skipped; the rest is injected. Pure: the inject job reads the file and calls this.
+A bad line (invalid URL, unsupported scheme, bad metadata, out of scope, too long, not UTF-8) is reported with
+its line number and reason and skipped; the rest is injected. A UTF-8 byte-order mark at the start of the file is
+not part of the first seed. Pure: the inject job reads the file's bytes and calls this.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ DEFAULT_PRIORITY = 1.0
 _POSITIONAL = ("priority", "interval")
 _KEYS = (*_POSITIONAL, "kind")
 _KINDS = ("page", "sitemap")
+UTF8_BOM = b"\xef\xbb\xbf"
 
 
 @dataclass(frozen=True)
@@ -31,10 +33,27 @@ class SeedEntry:
     sitemap: bool = False       # kind=sitemap: fetched and parsed as a sitemap (crawler/sitemaps.py)
 
 
-def is_skipped(line: str) -> bool:
-    """Blank lines and `#` comments carry no seed."""
+def is_skipped(line: str | bytes) -> bool:
+    """Blank lines and `#` comments carry no seed (a line that is not UTF-8 is neither: it is reported)."""
+    if isinstance(line, bytes):
+        return False
     text = line.strip()
     return not text or text.startswith("#")
+
+
+def split_lines(data: bytes) -> list[str | bytes]:
+    """A seeds file's lines, split on "\\n" only: the text of each UTF-8 line, the raw bytes of a line that is not
+    UTF-8 (one bad line, not a bad file). A byte-order mark at the start is dropped."""
+    lines = data.removeprefix(UTF8_BOM).split(b"\n")
+    if lines[-1] == b"":
+        lines.pop()
+    decoded: list[str | bytes] = []
+    for raw in lines:
+        try:
+            decoded.append(raw.decode("utf-8"))
+        except UnicodeDecodeError:
+            decoded.append(raw)
+    return decoded
 
 
 def _priority(text: str) -> float:
@@ -90,11 +109,16 @@ def parse_seed_line(line: str, scope: Scope | None = None) -> SeedEntry:
     return SeedEntry(canonical, priority, interval, kind == "sitemap")
 
 
-def read_seeds(lines: Iterable[str], scope: Scope | None = None) -> tuple[list[SeedEntry], list[tuple[int, str, str]]]:
-    """Good entries (deduplicated by canonical URL, first occurrence wins) and errors (line_no, text, reason)."""
+def read_seeds(lines: Iterable[str | bytes], scope: Scope | None = None,
+               ) -> tuple[list[SeedEntry], list[tuple[int, str, str]]]:
+    """Good entries (deduplicated by canonical URL, first occurrence wins) and errors (line_no, text, reason); a
+    bytes line is one `split_lines` could not decode."""
     entries: dict[str, SeedEntry] = {}
     errors: list[tuple[int, str, str]] = []
     for line_no, line in enumerate(lines, start=1):
+        if isinstance(line, bytes):
+            errors.append((line_no, line.decode("utf-8", "backslashreplace").rstrip("\r"), "not valid UTF-8"))
+            continue
         text = line.rstrip("\r\n")
         if is_skipped(text):
             continue

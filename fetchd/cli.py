@@ -4,7 +4,8 @@
     fetchd fetch --segment S --root R [--bucket N]...     fetch one segment's pending buckets, then exit
                                                           (SIGTERM/SIGINT: stop cleanly, exit 128 + signal)
 
-A bad config key or value exits with code 2 and a message naming the key.
+A user mistake (a bad config key or value, argument or segment) exits with code 2 and one line on stderr that
+names it (`crawler/commandline.py`).
 """
 
 from __future__ import annotations
@@ -13,34 +14,31 @@ import argparse
 import json
 import sys
 
+from crawler import commandline, layout, logs
 from crawler import config as config_mod
-from crawler import layout, logs
-
-EXIT_CONFIG = 2
 
 
 def _parser() -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
     config_mod.add_arguments(common)
-    parser = argparse.ArgumentParser(prog="fetchd", description="cyclecrawl fetch daemon (politeness owner).")
+    parser = commandline.Parser(prog="fetchd", description="cyclecrawl fetch daemon (politeness owner).")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     sub.add_parser("serve", parents=[common], help="watch ROOT/segments and fetch every bucket without _DONE.json")
     fetch = sub.add_parser("fetch", parents=[common], help="fetch one segment's pending buckets and exit")
-    fetch.add_argument("--segment", required=True, help="segment id")
+    fetch.add_argument("--segment", type=commandline.segment_id, required=True, help="segment id")
     fetch.add_argument("--bucket", dest="buckets", type=int, action="append",
                        help="only this bucket (repeatable; default: every pending bucket)")
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+    return commandline.run(_parser(), argv, _command)
+
+
+def _command(args: argparse.Namespace) -> int:
     logs.setup(args.verbose)
-    try:
-        conf = config_mod.from_arguments(args)
-    except config_mod.ConfigError as exc:
-        print(f"fetchd: {exc}", file=sys.stderr)
-        return EXIT_CONFIG
-    root = layout.normalize_root(conf["storage.root"])
+    conf = config_mod.from_arguments(args)
+    root = layout.check_local_folder(layout.normalize_root(conf["storage.root"]), "storage root")
 
     from fetchd import daemon
 

@@ -949,11 +949,12 @@ def fetch_segment(conf: Config, root: str, segment_id: str, buckets: list[int] |
     segment's) are listed in `skipped_buckets` and left untouched, buckets another live daemon owns in
     `held_buckets`. SIGTERM/SIGINT (in the main thread) stop it as they stop `serve`: requests in flight get
     `ownership.shutdown_grace_s`, results are published, files closed, buckets released, no `_DONE.json` for
-    an unfinished bucket; `stopped_by` then names the signal."""
+    an unfinished bucket; `stopped_by` then names the signal. A segment the root does not hold is UnknownSegment."""
     stop = threading.Event()
     with _stop_on_signals(stop) as received:
         store = open_store(conf, layout.normalize_root(root))
         try:
+            layout.require_segment(segment_id, store.root, store.segments())
             requested = store.fetchlist_buckets(segment_id) if buckets is None else sorted(set(buckets))
             pending = set(pending_buckets(store, segment_id))
         except BaseException:

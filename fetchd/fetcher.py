@@ -164,6 +164,17 @@ def _peer_ip(response: aiohttp.ClientResponse) -> str | None:
     return peer[0] if peer else None
 
 
+def _never_retry(session: aiohttp.ClientSession) -> None:
+    """Turn off aiohttp's own retry. When a connection drops before the answer, aiohttp sends an idempotent request
+    again at once (RFC 9112 §9.3.1 allows it): a second request to the host that its gate never saw and no WARC
+    records. Here a dropped connection is a network error for that URL; a later attempt waits at the gate like any
+    other. aiohttp has no public switch; its own test client clears the same attribute, and a release that renames
+    it fails here instead of retrying silently (tests/test_fetchd.py drops connections on purpose)."""
+    if not isinstance(getattr(session, "_retry_connection", None), bool):
+        raise RuntimeError(f"aiohttp {aiohttp.__version__}: no ClientSession._retry_connection to turn off")
+    session._retry_connection = False
+
+
 class Fetcher:
     """Owns the HTTP session of one daemon; create and close inside the event loop."""
 
@@ -197,6 +208,7 @@ class Fetcher:
             max_field_size=conf["fetch.max_header_field_bytes"],
             max_headers=conf["fetch.max_headers"],
         )
+        _never_retry(self.session)
 
     async def close(self) -> None:
         await self.session.close()

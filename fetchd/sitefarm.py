@@ -95,6 +95,10 @@ class FarmSpec:
     large_host_pages: tuple[int, ...] = ()
     # Sitemaps on the ordinary sites (see the module docstring); HTML pages are the same with or without them.
     sitemaps: bool = True
+    # Paths (with query) at which every host reads the request and closes the connection without an answer.
+    # Such a request is logged like any other (status None, "dropped": true): the politeness judge counts
+    # every request the server saw, answered or not.
+    dropped_paths: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -236,6 +240,13 @@ class SiteFarm:
     async def _handle(self, request: web.Request) -> web.StreamResponse:
         start = time.time()
         host_header = request.headers.get("Host", "")
+        if request.raw_path in self.spec.dropped_paths:
+            self._write_log({"host": host_header, "path": request.raw_path, "method": request.method, "start": start,
+                             "end": time.time(), "status": None, "dropped": True,
+                             "user_agent": request.headers.get("User-Agent", "")})
+            if request.transport is not None:
+                request.transport.close()
+            raise asyncio.CancelledError  # aiohttp's way for a handler to end with no response at all
         name = host_header.rpartition(":")[0].lower() or host_header.lower()
         resource = self._answer(name, request.raw_path) or _Resource(404, b"<html><title>Not found</title></html>")
         if self.spec.latency_s > 0:

@@ -61,7 +61,7 @@ class LocalStore:
 
     def segments(self) -> list[str]:
         folder = layout.segments_dir(self.root)
-        return sorted(os.listdir(folder)) if os.path.isdir(folder) else []
+        return layout.segment_ids(os.listdir(folder)) if os.path.isdir(folder) else []
 
     def fetchlist_buckets(self, segment_id: str) -> list[int]:
         folder = layout.fetchlist_dir(self.root, segment_id)
@@ -173,7 +173,7 @@ class S3Store(LocalStore):
         return found
 
     def segments(self) -> list[str]:
-        return sorted(e["Prefix"] for e in self._list("segments", "/") if "Prefix" in e)
+        return layout.segment_ids(e["Prefix"] for e in self._list("segments", "/") if "Prefix" in e)
 
     def fetchlist_buckets(self, segment_id: str) -> list[int]:
         names = [e["Prefix"] for e in self._list(self._relative(layout.fetchlist_dir(self.local_root, segment_id)), "/")

@@ -1,19 +1,22 @@
 """`crawl`: the one command-line entry point. Every command takes --root, --config and --set key=value.
 
-A bad config key or value exits with code 2 and a message naming the key.
+A user mistake (a bad config key or value, argument, file or segment) exits with code 2 and one line on stderr
+that names it (`crawler/commandline.py`); what can be checked before Spark starts is checked first.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
-from datetime import datetime, timezone
 
+from crawler import commandline, layout, logs
 from crawler import config as config_mod
-from crawler import layout, logs
+from crawler.errors import UserError
 
-EXIT_CONFIG = 2
 EXIT_VALIDATION_FAILED = 1
+# Commands that work on an existing segment: an unknown one is a user error, not an empty run.
+ON_A_SEGMENT = ("fetch", "parse", "dedup", "update", "index", "report", "close-segment")
 
 
 def _common() -> argparse.ArgumentParser:
@@ -24,14 +27,14 @@ def _common() -> argparse.ArgumentParser:
 
 def _parser() -> argparse.ArgumentParser:
     common = _common()
-    parser = argparse.ArgumentParser(prog="crawl", description="Batch-incremental web crawl engine.")
+    parser = commandline.Parser(prog="crawl", description="Batch-incremental web crawl engine.")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     sub.add_parser("init", parents=[common], help="create every Delta table under the root")
     p = sub.add_parser("inject", parents=[common], help="add seed URLs (one per line, tab-separated metadata)")
     p.add_argument("--seeds", required=True, help="seeds file")
     p = sub.add_parser("generate", parents=[common], help="select due URLs into a new segment's fetch list")
-    p.add_argument("--segment", help="segment id (default: seg-<UTC timestamp>)")
-    p.add_argument("--now", help="ISO-8601 time to generate as of (default: now)")
+    p.add_argument("--segment", type=commandline.segment_id, help="segment id (default: seg-<UTC timestamp>)")
+    p.add_argument("--now", type=commandline.iso_time, help="ISO-8601 time to generate as of (default: now)")
     for name, text in (
         ("fetch", "run a fetch daemon in the foreground until the segment's buckets are done"),
         ("parse", "parse the segment's WARC records into pages and links"),
@@ -40,15 +43,16 @@ def _parser() -> argparse.ArgumentParser:
         ("index", "index the segment's closed WARC files into `records` and a CDXJ file per WARC file"),
     ):
         p = sub.add_parser(name, parents=[common], help=text)
-        p.add_argument("--segment", required=True, help="segment id")
+        p.add_argument("--segment", type=commandline.segment_id, required=True, help="segment id")
     p = sub.add_parser("cycle", parents=[common],
                        help="inject (if --seeds) -> generate -> fetch -> parse -> dedup -> update")
     p.add_argument("--seeds", help="seeds file to inject first")
-    p.add_argument("--cycles", type=int, default=1, help="how many cycles to run (default 1)")
+    p.add_argument("--cycles", type=commandline.positive_int, default=1, help="how many cycles to run (default 1)")
     p = sub.add_parser("demo", parents=[common], help="crawl the bundled demo site farm on loopback")
-    p.add_argument("--cycles", type=int, help="cycles to run (default: demo.cycles)")
+    p.add_argument("--cycles", type=commandline.positive_int, help="cycles to run (default: demo.cycles)")
     p = sub.add_parser("maintain", parents=[common], help="compact (OPTIMIZE), VACUUM and report every table")
-    p.add_argument("--table", action="append", dest="tables", help="only this table (repeatable)")
+    p.add_argument("--table", action="append", dest="tables", choices=layout.TABLES,
+                   help="only this table (repeatable)")
     p.add_argument("--no-vacuum", action="store_true", help="compact only")
     p = sub.add_parser("validate", parents=[common],
                        help="run the Great Expectations suite of every table; exit 1 if any expectation fails")
@@ -57,21 +61,14 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--out", help="local folder for the report and Data Docs (default: ROOT/validation)")
     sub.add_parser("stats", parents=[common], help="row counts by status for each table")
     p = sub.add_parser("report", parents=[common], help="write the segment's HTML cycle report and print a summary")
-    p.add_argument("--segment", required=True, help="segment id")
+    p.add_argument("--segment", type=commandline.segment_id, required=True, help="segment id")
     p.add_argument("--out", help="HTML file to write (default: ROOT/reports/<segment>.html)")
     sub.add_parser("fetchd", parents=[common], help="run a long-lived fetch daemon watching ROOT/segments")
     p = sub.add_parser("close-segment", parents=[common],
                        help="write the segment's _CLOSED.json: daemons release its unfinished buckets")
-    p.add_argument("--segment", required=True, help="segment id")
+    p.add_argument("--segment", type=commandline.segment_id, required=True, help="segment id")
     p.add_argument("--reason", default="closed by crawl close-segment", help="why, recorded in the marker")
     return parser
-
-
-def _parse_now(text: str | None) -> datetime | None:
-    if not text:
-        return None
-    value = datetime.fromisoformat(text)
-    return value if value.tzinfo else value.replace(tzinfo=timezone.utc)
 
 
 def _validate(conf: config_mod.Config, root: str, tables: list[str] | None, out: str | None) -> int:
@@ -80,25 +77,37 @@ def _validate(conf: config_mod.Config, root: str, tables: list[str] | None, out:
     from jobs import validate
     from jobs.base import spark_session
 
-    try:
-        validate.load_suites(conf, tables)
-    except validate.SuiteError as exc:
-        print(f"crawl: {exc}", file=sys.stderr)
-        return EXIT_CONFIG
+    validate.load_suites(conf, tables)
     result = validate.run(spark_session(conf, app_name="crawl-validate"), conf, root, tables=tables, out=out)
     print(result.summary())
     return 0 if result.success else EXIT_VALIDATION_FAILED
 
 
+def _check_before_spark(args: argparse.Namespace, conf: config_mod.Config, root: str) -> None:
+    """Every user mistake that can be found without Spark, found before it starts (UserError)."""
+    layout.check_local_folder(root, "storage root")
+    if getattr(args, "seeds", None) and not os.path.isfile(args.seeds):
+        raise UserError(f"seeds file {args.seeds}: {'it is a folder' if os.path.isdir(args.seeds) else 'not found'}")
+    if args.command == "report" and args.out:
+        layout.check_output_file(args.out, "report file")
+    if args.command == "validate" and args.out:
+        layout.check_local_folder(args.out, "validation folder")
+    if args.command in ON_A_SEGMENT:
+        from jobs.storage import Storage
+
+        storage = Storage.from_conf(conf)
+        layout.require_segment(args.segment, root, storage.list_folders(layout.segments_dir(root)))
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+    return commandline.run(_parser(), argv, _command)
+
+
+def _command(args: argparse.Namespace) -> int:
     logs.setup(args.verbose)
-    try:
-        conf = config_mod.from_arguments(args)
-    except config_mod.ConfigError as exc:
-        print(f"crawl: {exc}", file=sys.stderr)
-        return EXIT_CONFIG
+    conf = config_mod.from_arguments(args)
     root = layout.normalize_root(conf["storage.root"])
+    _check_before_spark(args, conf, root)
 
     from jobs.cycle import describe
 
@@ -148,7 +157,7 @@ def main(argv: list[str] | None = None) -> int:
     elif args.command == "generate":
         from jobs import generate
 
-        result = generate.run(spark, conf, root, segment_id=args.segment, now=_parse_now(args.now))
+        result = generate.run(spark, conf, root, segment_id=args.segment, now=args.now)
         print(f"generate: segment {result.segment_id}: {describe(result)}")
     elif args.command == "parse":
         from jobs import parse

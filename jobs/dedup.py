@@ -198,6 +198,7 @@ def _is_duplicate(exact: str, near: str) -> F.Column:
 def run(spark: SparkSession, conf: Config, root: str, segment_id: str) -> DedupResult:
     """Mark segment `segment_id`'s pages as exact / near duplicates and lower duplicates' priority; safe to re-run."""
     root = layout.normalize_root(root)
+    layout.check_segment_id(segment_id)
     tables.create_all(spark, root)
     result = DedupResult(segment_id)
     seg = F.lit(segment_id)

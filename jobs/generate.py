@@ -25,6 +25,7 @@ from pyspark.sql import functions as F
 
 from crawler import layout
 from crawler.config import Config
+from crawler.errors import UserError
 from crawler.frontier import host_delay_sql, per_host_cap_sql, score_sql
 from crawler.robots import RobotsState, allowed_by_stored_rules
 from crawler.status import SegmentState
@@ -198,9 +199,9 @@ def record_segment(spark: SparkSession, root: str, segment_id: str, per_bucket: 
 def run(spark: SparkSession, conf: Config, root: str, segment_id: str | None = None,
         now: datetime | None = None) -> GenerateResult:
     """Select, write and lease the next segment's fetch list."""
-    tables.create_all(spark, root)
     now = as_utc(now or datetime.now(UTC))
-    segment_id = segment_id or default_segment_id(now)
+    segment_id = layout.check_segment_id(segment_id or default_segment_id(now))
+    tables.create_all(spark, root)
     progressed = (
         tables.table_df(spark, root, "segments")
         .where((F.col("segment_id") == segment_id) & (F.col("state") != SegmentState.GENERATED.value))
@@ -208,7 +209,7 @@ def run(spark: SparkSession, conf: Config, root: str, segment_id: str | None = N
         .count()
     )
     if progressed:
-        raise ValueError(f"segment {segment_id} is past the generated state; generate a new segment instead")
+        raise UserError(f"segment {segment_id} is past the generated state; generate a new segment instead")
     result = GenerateResult(segment_id)
     with step(f"generate {segment_id}: select"):
         # At most segment_max_urls rows, read three times (counts, fetch list, lease): select once.

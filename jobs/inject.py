@@ -20,7 +20,7 @@ from pyspark.sql import functions as F
 from crawler import urls
 from crawler.config import Config
 from crawler.frontier import Scope
-from crawler.seeds import SeedEntry, is_skipped, read_seeds
+from crawler.seeds import SeedEntry, is_skipped, read_seeds, split_lines
 from crawler.sitemaps import SITEMAP_FILE_PRIORITY, FoundVia, SitemapOrigin, probe_url
 from crawler.status import UrlSource, UrlStatus
 from delta_tables import tables
@@ -114,8 +114,8 @@ def _merge_new_urls(spark: SparkSession, root: str, rows: DataFrame, now: dateti
 def run(spark: SparkSession, conf: Config, root: str, seeds_path: str) -> InjectResult:
     """Inject the seeds file at `seeds_path` into the tables under `root`."""
     tables.create_all(spark, root)
-    with open(seeds_path, encoding="utf-8") as handle:
-        lines = handle.read().splitlines()
+    with open(seeds_path, "rb") as handle:
+        lines = split_lines(handle.read())
     seed_lines = sum(1 for line in lines if not is_skipped(line))
     entries, errors = read_seeds(lines, Scope.from_config(conf))
     for line_no, text, reason in errors:

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
+from crawler import layout
 from crawler.config import Config
 from delta_tables.tables import TABLES, table_path
 from jobs.base import merge_counts, merge_into, pinned_table
@@ -198,10 +199,7 @@ def run(spark: SparkSession, conf: Config, root: str, tables: list[str] | None =
     """Compact, vacuum and measure `tables` (default: every table); tables not created yet are listed as missing."""
     from delta.tables import DeltaTable
 
-    names = list(TABLES) if tables is None else list(tables)
-    unknown = [name for name in names if name not in TABLES]
-    if unknown:
-        raise ValueError(f"unknown tables {unknown}; known: {', '.join(TABLES)}")
+    names = list(TABLES) if tables is None else [layout.check_table_name(name) for name in tables]
     retention_hours = float(conf["maintain.vacuum_retention_hours"])
     result = MaintainResult(retention_hours=retention_hours, vacuumed=vacuum)
     settings = {MAX_FILE_SIZE_CONF: str(conf["maintain.target_file_mb"] * 1024 * 1024)}

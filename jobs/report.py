@@ -12,6 +12,7 @@ from pyspark.sql.types import DoubleType, StructField, StructType
 
 from crawler import layout
 from crawler.config import Config
+from crawler.errors import UserError
 from crawler.politeness import effective_delay
 from crawler.report import (
     BYTES_EDGES,
@@ -94,7 +95,7 @@ def build(spark: SparkSession, conf: Config, root: str, segment_id: str, top: in
     try:
         outcomes = {r["outcome"]: int(r["count"]) for r in fetches.groupBy("outcome").count().collect()}
         if not outcomes:
-            raise ValueError(f"segment {segment_id} has no fetches")
+            raise UserError(f"segment {segment_id} has no fetches")
         per_host = fetches.groupBy("host_key").agg(
             F.count(F.lit(1)).alias("fetches"),
             F.sum((F.col("outcome") == FetchOutcome.ROBOTS_DENIED.value).cast("long")).alias("denied"))

@@ -84,6 +84,13 @@ class Storage:
         return sorted(info.path[len(base):].lstrip("/") for info in filesystem.get_file_info(selector)
                       if info.type == pafs.FileType.File)
 
+    def list_folders(self, uri: str) -> list[str]:
+        """The names of the folders directly under `uri` (on S3: the common prefixes); none if it does not exist."""
+        filesystem, base = self.filesystem(uri)
+        selector = pafs.FileSelector(base, recursive=False, allow_not_found=True)
+        return sorted(info.base_name for info in filesystem.get_file_info(selector)
+                      if info.type == pafs.FileType.Directory)
+
     @contextmanager
     def local_copy(self, uri: str) -> Iterator[str]:
         """A local path of the file for code that opens paths: the file itself for a local root, else a temporary

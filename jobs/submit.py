@@ -18,8 +18,10 @@ import sys
 from importlib.metadata import version
 from pathlib import Path
 
+from crawler import commandline
 from crawler import config as config_mod
 from crawler.config import Config
+from crawler.errors import UserError
 
 # The `crawl` commands that run Spark; fetch, fetchd and demo are not Spark applications.
 SPARK_COMMANDS = ("init", "inject", "generate", "parse", "dedup", "update", "index", "maintain", "stats", "report",
@@ -54,7 +56,7 @@ def submit_command(conf: Config, crawl_args: list[str], master: str, deploy_mode
     from jobs.base import IVY_SETTINGS, SHIPPED_WITH_PYSPARK
 
     if not crawl_args or crawl_args[0] not in SPARK_COMMANDS:
-        raise ValueError(f"not a Spark command of crawl: {crawl_args[:1]} (one of {', '.join(SPARK_COMMANDS)})")
+        raise UserError(f"not a Spark command of crawl: {crawl_args[:1]} (one of {', '.join(SPARK_COMMANDS)})")
     command = [spark_submit or spark_submit_path(), "--master", master, "--deploy-mode", deploy_mode,
                "--name", f"crawl-{crawl_args[0]}", "--driver-memory", conf["spark.driver_memory"]]
     extra_jars = conf["spark.extra_jars"].strip()
@@ -71,7 +73,7 @@ def submit_command(conf: Config, crawl_args: list[str], master: str, deploy_mode
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="crawl-submit", description=__doc__.split("\n\n")[0])
+    parser = commandline.Parser(prog="crawl-submit", description=__doc__.split("\n\n")[0])
     parser.add_argument("--master", help="Spark master URL (default: spark.master of the config)")
     parser.add_argument("--deploy-mode", default="client", choices=("client", "cluster"))
     parser.add_argument("--spark-submit", help="spark-submit to run (default: pyspark's own)")
@@ -81,16 +83,15 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+    return commandline.run(_parser(), argv, _command)
+
+
+def _command(args: argparse.Namespace) -> int:
     crawl_args = args.crawl_args[1:] if args.crawl_args[:1] == ["--"] else args.crawl_args
     config_args, _ = _config_parser().parse_known_args(crawl_args[1:])
-    try:
-        conf = config_mod.from_arguments(config_args)
-        command = submit_command(conf, crawl_args, args.master or conf["spark.master"], args.deploy_mode,
-                                 args.spark_submit)
-    except (config_mod.ConfigError, ValueError) as exc:
-        print(f"crawl-submit: {exc}", file=sys.stderr)
-        return 2
+    conf = config_mod.from_arguments(config_args)
+    command = submit_command(conf, crawl_args, args.master or conf["spark.master"], args.deploy_mode,
+                             args.spark_submit)
     if args.dry_run:
         print(" ".join(command))
         return 0

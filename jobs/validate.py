@@ -30,6 +30,7 @@ from pyspark.sql import DataFrame, SparkSession
 
 from crawler import layout
 from crawler.config import Config
+from crawler.errors import UserError
 from jobs.base import read_table, step
 from jobs.storage import Storage
 
@@ -72,7 +73,7 @@ data_docs_sites:
 """
 
 
-class SuiteError(ValueError):
+class SuiteError(UserError, ValueError):
     """An expectation suite file is missing or malformed; the message names the file."""
 
 
@@ -192,10 +193,7 @@ def load_suite(path: Path, table: str) -> dict[str, Any]:
 
 def load_suites(conf: Config, tables: list[str] | None = None) -> dict[str, dict[str, Any]]:
     """The checked suite of each table asked for (default: all), in layout order; SuiteError names a bad file."""
-    names = list(dict.fromkeys(tables or layout.TABLES))
-    unknown = [n for n in names if n not in layout.TABLES]
-    if unknown:
-        raise ValueError(f"unknown tables {unknown}; known: {', '.join(layout.TABLES)}")
+    names = [layout.check_table_name(name) for name in dict.fromkeys(tables or layout.TABLES)]
     return {name: load_suite(suites_dir(conf) / f"{name}.json", name) for name in names}
 
 

@@ -467,3 +467,38 @@ def test_repeated_kill_9_loses_nothing_and_repeats_only_in_flight_fetches(edge, 
     assert set(requested) == set(paths)
     repeats = sum(n - 1 for n in requested.values())
     assert repeats <= kills, requested
+
+
+def test_a_dropped_connection_is_one_request_and_a_recorded_network_error(base_conf, root):
+    """A host that reads a request and closes the connection without answering: aiohttp would send the request
+    again at once on its own (the host would see two, about 1 ms apart, one in no WARC). Judged from the farm's
+    log, which counts unanswered requests too: each URL asked once, the delay kept around the dropped ones, and
+    the drop a network error in the results, with no WARC record."""
+    dropped = ("/drop.html", "/drop.html?again=1")
+    farm = SiteFarm(FarmSpec(hosts=1, pages_per_host=4, sitemaps=False, dropped_paths=dropped),
+                    os.path.join(root, "farm.jsonl"))
+    farm.start()
+    try:
+        conf = base_conf.with_overrides({"politeness.min_delay_s": MIN_DELAY, "politeness.backoff_base_s": 0.5,
+                                         "politeness.backoff_recovery_factor": 0.0,
+                                         "fetch.static_hosts": farm.static_hosts()})
+        (home,) = farm.seed_urls()
+        pages = [home + f"section/0/page-{n}.html" for n in range(3)]  # plain pages: no redirect, robots allows
+        wanted = [pages[0], home + dropped[0][1:], pages[1], home + dropped[1][1:], pages[2]]
+        write_fetchlist(root, SEGMENT, [{"url": u} for u in wanted], conf["crawl.buckets"])
+        fetch_segment(conf, root, SEGMENT)
+        log = read_request_log(farm.log_path)
+    finally:
+        farm.stop()
+    requested = Counter(r["path"] for r in log)
+    assert [r.get("dropped", False) for r in log].count(True) == 2
+    assert requested == Counter(["/robots.txt"] + [urls.path_and_query(u) for u in wanted])
+    assert politeness_violations(log, lambda host: farm.politeness_delay(host, MIN_DELAY)) == []
+    after_drops = [log[i + 1]["start"] - log[i]["end"] for i, r in enumerate(log[:-1]) if r.get("dropped")]
+    assert len(after_drops) == 2 and min(after_drops) >= 0.5  # a drop backs the host off, like any network error
+    rows = by_url(read_results(root, SEGMENT))
+    assert len(rows) == len(wanted)
+    for url in wanted[1::2]:
+        assert rows[url]["outcome"] == "network_error" and "ServerDisconnected" in rows[url]["error"]
+        assert rows[url]["warc_filename"] is None
+    assert all(rows[url]["outcome"] == "success" and rows[url]["warc_filename"] for url in wanted[::2])

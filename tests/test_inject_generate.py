@@ -71,6 +71,18 @@ def seeded(spark, base_conf, root, tmp_path):
     return result, str(seeds)
 
 
+def test_inject_takes_a_bom_and_skips_a_line_that_is_not_utf8(spark, base_conf, root, tmp_path):
+    """A UTF-8 byte-order mark does not spoil the first seed; a line that is not UTF-8 is a bad line, not a failed
+    inject (it was a traceback)."""
+    seeds = tmp_path / "seeds.txt"
+    seeds.write_bytes(b"\xef\xbb\xbfhttp://d.test/first\nhttp://d.test/\xe9t\xe9\nhttp://d.test/last\r\n")
+    result = inject.run(spark, base_conf, root, str(seeds))
+    assert (result.lines, result.injected, result.rejected) == (3, 2, 1)
+    assert result.errors == [(2, "http://d.test/\\xe9t\\xe9", "not valid UTF-8")]
+    assert {r.url for r in tables.table_df(spark, root, "urls").collect()} == {"http://d.test/first",
+                                                                               "http://d.test/last"}
+
+
 def test_inject_reports_bad_lines_injects_the_rest_and_is_idempotent(spark, base_conf, root, seeded):
     result, seeds = seeded
     assert (result.lines, result.injected, result.already_known, result.rejected, result.duplicates) == (11, 8, 0, 2, 1)

@@ -15,6 +15,7 @@ from pathlib import Path
 import pyspark
 import pytest
 
+from crawler.errors import UserError
 from delta_tables import table_df
 from jobs import submit
 from jobs.base import SHIPPED_WITH_PYSPARK
@@ -34,7 +35,7 @@ def test_submit_command_names_master_jars_and_entry(base_conf):
     assert command[-4:] == [str(submit.ENTRY), "parse", "--segment", "s1"]
     s3 = submit.submit_command(base_conf.with_overrides({"storage.root": "s3://bucket/crawl"}), ["init"], "local[2]")
     assert "org.apache.hadoop:hadoop-aws:3.5.0" in s3[s3.index("--packages") + 1]
-    with pytest.raises(ValueError, match="not a Spark command"):
+    with pytest.raises(UserError, match="not a Spark command"):
         submit.submit_command(base_conf, ["fetch", "--segment", "s1"], "local[2]")
 
 

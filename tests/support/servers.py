@@ -1,7 +1,7 @@
 """Scripted aiohttp servers on loopback for daemon tests that need behaviours the site farm lacks.
 
-A server runs its own event loop in a thread and logs every request it answers (host, path, local address,
-start, end, status, headers), so a test judges the daemon from the server's side. It can listen on several
+A server runs its own event loop in a thread and logs every request it sees, answered or not (host, path, local
+address, start, end, status, headers), so a test judges the daemon from the server's side. It can listen on several
 loopback addresses at one port (127.0.0.1 and 127.0.0.2, say), so a test can prove from the server's own log that
 nothing reached an address the SSRF guard refuses: a request that got there would be logged with that address.
 """
@@ -90,15 +90,18 @@ class ScriptedServer(LoopbackServer):
         start = time.time()
         host = request.host.rpartition(":")[0] or request.host
         sockname = request.transport.get_extra_info("sockname") if request.transport else None
-        entry = {"host": host, "path": request.path_qs, "start": start, "end": None,
+        entry = {"host": host, "path": request.path_qs, "start": start, "end": None, "status": None,
                  "local": sockname[0] if sockname else None, "headers": dict(request.headers)}
-        response = await self.handler(self, host, request)
-        await response.prepare(request)
-        # `end` is taken before the body's last byte leaves, as in the site farm: a client that waits for the
-        # whole response starts its next request after it, so an overlap or a short gap in this log is a real one
-        entry["end"] = time.time()
-        entry["status"] = response.status
-        self.log.append(entry)
+        try:
+            response = await self.handler(self, host, request)
+            await response.prepare(request)
+            entry["status"] = response.status
+        finally:
+            # `end` is taken before the body's last byte leaves, as in the site farm: a client that waits for the
+            # whole response starts its next request after it, so an overlap or a short gap in this log is a real
+            # one. A request the handler left unanswered (a dropped connection) is logged too, with status None.
+            entry["end"] = time.time()
+            self.log.append(entry)
         await response.write_eof()
         return response
 

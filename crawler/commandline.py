@@ -1,0 +1,61 @@
+"""What every command line of the engine shares: one-line argument errors, argument types for user-given names
+and times, and the one place a `UserError` becomes a line on stderr and exit 2 (`crawler/errors.py`)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable, Sequence
+from datetime import datetime, timezone
+from typing import NoReturn
+
+from crawler import layout
+from crawler.errors import EXIT_USER_ERROR, UserError
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse, with a mistake on the command line reported as one line (argparse prints the usage first)."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(EXIT_USER_ERROR, f"{self.prog}: {message} (see {self.prog} --help)\n")
+
+
+def segment_id(text: str) -> str:
+    """A --segment value: a checked segment id (`crawler/layout.py::check_segment_id`)."""
+    try:
+        return layout.check_segment_id(text)
+    except UserError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def iso_time(text: str) -> datetime:
+    """A --now value: an ISO-8601 time, UTC when it names no zone."""
+    try:
+        value = datetime.fromisoformat(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an ISO-8601 time such as 2026-01-31T12:00:00Z: {text!r}") from None
+    return value if value.tzinfo else value.replace(tzinfo=timezone.utc)
+
+
+def positive_int(text: str) -> int:
+    """A count that must be at least 1 (--cycles)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+def run(parser: argparse.ArgumentParser, argv: Sequence[str] | None,
+        command: Callable[[argparse.Namespace], int]) -> int:
+    """Parse `argv` and run `command` on it; a UserError it raises is one line on stderr and exit 2. Any other
+    exception is a bug and keeps its traceback."""
+    args = parser.parse_args(argv)
+    try:
+        return command(args)
+    except UserError as exc:
+        name = " ".join(filter(None, (parser.prog, getattr(args, "command", None))))
+        print(f"{name}: {exc}", file=sys.stderr)
+        return EXIT_USER_ERROR

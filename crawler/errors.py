@@ -1,0 +1,38 @@
+"""How an error reaches a person.
+
+A `UserError` is a mistake in what was asked: an argument, a file, a name, a segment that does not exist. Every
+command line (`crawl`, `crawl-submit`, `fetchd`) prints its message as one line on stderr and exits with
+`EXIT_USER_ERROR`, with no traceback. Any other exception is a bug: its traceback is printed (Spark's Java one
+included) and the exit code is 1. Input is checked before Spark starts wherever it can be, so a user mistake never
+costs a JVM start or leaves a file behind.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+EXIT_USER_ERROR = 2
+# How many existing segments an UnknownSegment message names (the latest ones, by id).
+NAMED_SEGMENTS = 5
+
+
+class UserError(Exception):
+    """A mistake in the input, reported as one line: the message must say what was wrong and with what."""
+
+
+class BadName(UserError, ValueError):
+    """A user-given name that becomes part of a path (segment id, table name) is not allowed."""
+
+
+class UnknownSegment(UserError):
+    """A command names a segment the root does not hold."""
+
+    def __init__(self, segment_id: str, root: str, existing: Sequence[str]):
+        if not existing:
+            there = "no segment exists there yet"
+        else:
+            latest = sorted(existing)[-NAMED_SEGMENTS:]
+            more = f" and {len(existing) - len(latest)} earlier" if len(existing) > len(latest) else ""
+            there = f"segments there: {', '.join(latest)}{more}"
+        super().__init__(f"unknown segment {segment_id!r} under {root} ({there})")
+        self.segment_id = segment_id

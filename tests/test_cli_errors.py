@@ -1,0 +1,213 @@
+"""Every command line, walked with wrong arguments: each mistake is exit 2 and one line on stderr naming it, with
+no traceback, no file written outside the root, the root unchanged and no Spark started (the checks run first:
+`jobs.base.spark_session` refuses to start in these tests).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from crawler import config as config_mod
+from crawler import layout
+from crawler.errors import UnknownSegment, UserError
+from crawler.seeds import read_seeds, split_lines
+from fetchd import cli as fetchd_cli
+from jobs import cli, submit
+
+KNOWN = "seg-known"
+OTHER = "seg-other"
+SEGMENT_COMMANDS = ("fetch", "parse", "dedup", "update", "index", "report", "close-segment")
+ESCAPES = ("../../escaped", "../segments/" + KNOWN, ".", "..", "a/b", "/abs", ".hidden", "-x", "")
+
+
+def _cases(tmp: Path) -> list[tuple[str, list[str], str]]:
+    """(case id, crawl arguments after the command's --root, a word the one line must hold)."""
+    a_file = tmp / "a-file"
+    cases: list[tuple[str, list[str], str]] = []
+    for command in ("init", "stats", "maintain", "validate", "generate"):
+        cases += [
+            (f"{command}-inf", [command, "--set", "politeness.min_delay_s=.inf"], "politeness.min_delay_s"),
+            (f"{command}-nan", [command, "--set", "generate.age_boost_per_day=.nan"], "generate.age_boost_per_day"),
+            (f"{command}-unknown-key", [command, "--set", "nosuch.key=1"], "nosuch.key"),
+            (f"{command}-missing-config", [command, "--config", str(tmp / "missing.yaml")], "missing.yaml"),
+            (f"{command}-root-is-a-file", [command, "--root", str(a_file)], "not a folder"),
+            (f"{command}-root-under-a-file", [command, "--root", str(a_file / "root")], "not a folder"),
+        ]
+    for segment in ESCAPES:
+        cases.append((f"generate-segment-{segment!r}", ["generate", "--segment", segment], "segment"))
+        cases += [(f"{command}-segment-{segment!r}", [command, "--segment", segment], "segment")
+                  for command in SEGMENT_COMMANDS]
+    cases += [(f"{command}-unknown-segment", [command, "--segment", "seg-typo"], "seg-typo")
+              for command in SEGMENT_COMMANDS]
+    cases += [(f"{command}-no-segment", [command], "--segment") for command in SEGMENT_COMMANDS]
+    cases += [
+        ("generate-now-not-a-date", ["generate", "--now", "notadate"], "notadate"),
+        ("generate-zero-budget", ["generate", "--set", "generate.segment_max_urls=0"], "generate.segment_max_urls"),
+        ("inject-missing-seeds", ["inject", "--seeds", str(tmp / "no-seeds.txt")], "no-seeds.txt"),
+        ("inject-seeds-folder", ["inject", "--seeds", str(tmp)], "folder"),
+        ("inject-no-seeds", ["inject"], "--seeds"),
+        ("cycle-negative", ["cycle", "--cycles", "-1"], "--cycles"),
+        ("cycle-zero", ["cycle", "--cycles", "0"], "--cycles"),
+        ("cycle-not-a-number", ["cycle", "--cycles", "many"], "--cycles"),
+        ("demo-zero", ["demo", "--cycles", "0"], "--cycles"),
+        ("maintain-unknown-table", ["maintain", "--table", "nosuch"], "nosuch"),
+        ("validate-unknown-table", ["validate", "--table", "nosuch"], "nosuch"),
+        ("validate-out-is-a-file", ["validate", "--out", str(a_file)], "not a folder"),
+        ("report-out-under-a-file", ["report", "--segment", KNOWN, "--out", str(a_file / "r.html")], "not a folder"),
+        ("report-out-is-a-folder", ["report", "--segment", KNOWN, "--out", str(tmp)], "folder"),
+        ("unknown-command", ["nosuch"], "nosuch"),
+    ]
+    return cases
+
+
+@pytest.fixture
+def setting(tmp_path):
+    """A root holding two segment folders, a regular file beside it and an empty folder that must stay empty."""
+    root = tmp_path / "crawl" / "root"
+    for segment in (KNOWN, OTHER):
+        (root / "segments" / segment / "fetchlist").mkdir(parents=True)
+    (root / "segments" / ".partial").mkdir()  # not a segment id: never listed as a segment
+    (tmp_path / "a-file").write_text("not a folder")
+    (tmp_path / "outside").mkdir()
+    return root, tmp_path
+
+
+def _tree(path: Path) -> dict[str, tuple[int, int]]:
+    return {str(p.relative_to(path)): (p.stat().st_size, p.stat().st_mtime_ns) for p in sorted(path.rglob("*"))}
+
+
+class SparkStarted(Exception):
+    """A command got as far as starting Spark: its mistake was not found first."""
+
+
+def _exit_code(main, argv: list[str]) -> int | str:
+    try:
+        return main(argv)
+    except SystemExit as exc:  # argparse's own exit for a usage error
+        return exc.code
+    except SparkStarted:
+        return "Spark started"
+
+
+def test_every_command_refuses_wrong_arguments_in_one_line(setting, capsys, monkeypatch):
+    root, tmp = setting
+    monkeypatch.chdir(root)  # relative escapes resolve from inside the root
+
+    def no_spark(*args, **kwargs):
+        raise SparkStarted
+
+    monkeypatch.setattr("jobs.base.spark_session", no_spark)
+    before, outside_before = _tree(tmp), _tree(tmp / "outside")
+    failures = []
+    for case, argv, word in _cases(tmp):
+        full = argv[:1] + ["--root", str(root)] + argv[1:] if "--root" not in argv and argv != ["nosuch"] else argv
+        code = _exit_code(cli.main, full)
+        out, err = capsys.readouterr()
+        lines = err.strip().splitlines()
+        if code != 2 or len(lines) != 1 or "Traceback" in err or word not in lines[0]:
+            failures.append(f"{case}: exit {code}, stderr {err!r}, stdout {out[-300:]!r}")
+    assert not failures, "\n".join(failures)
+    assert _tree(tmp) == before and _tree(tmp / "outside") == outside_before
+    assert not (tmp / "crawl" / "escaped").exists() and not (tmp / "escaped").exists()
+
+
+def test_unknown_segment_names_the_segments_that_exist(setting, capsys):
+    root, _ = setting
+    for command in SEGMENT_COMMANDS:
+        assert cli.main([command, "--root", str(root), "--segment", "seg-typo"]) == 2
+        (line,) = capsys.readouterr().err.strip().splitlines()
+        assert line == (f"crawl {command}: unknown segment 'seg-typo' under {root} "
+                        f"(segments there: {KNOWN}, {OTHER})")
+    empty = root.parent / "empty"
+    assert cli.main(["parse", "--root", str(empty), "--segment", "seg-1"]) == 2
+    assert "no segment exists there yet" in capsys.readouterr().err
+    many = [f"seg-{i:02d}" for i in range(12)]
+    assert str(UnknownSegment("x", "/r", many)).endswith("(segments there: seg-07, seg-08, seg-09, seg-10, seg-11 "
+                                                          "and 7 earlier)")
+
+
+def test_fetchd_and_submit_refuse_the_same_way(setting, capsys):
+    root, tmp = setting
+    assert fetchd_cli.main(["fetch", "--root", str(root), "--segment", "seg-typo"]) == 2
+    assert "unknown segment 'seg-typo'" in capsys.readouterr().err
+    assert _exit_code(fetchd_cli.main, ["fetch", "--root", str(root), "--segment", "../x"]) == 2
+    assert "invalid segment id" in capsys.readouterr().err
+    assert fetchd_cli.main(["serve", "--root", str(tmp / "a-file")]) == 2
+    assert "not a folder" in capsys.readouterr().err
+    assert submit.main(["--dry-run", "--", "fetch", "--segment", KNOWN]) == 2
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert line.startswith("crawl-submit: not a Spark command of crawl")
+
+
+@pytest.mark.parametrize("argv", [
+    ["generate", "--segment", "../../escaped"],
+    ["init", "--set", "politeness.min_delay_s=.inf"],
+    ["parse", "--segment", "seg-typo"],
+])
+def test_a_whole_process_prints_one_line_and_exits_2(setting, argv):
+    root, _ = setting
+    result = subprocess.run([sys.executable, "-m", "jobs.cli", argv[0], "--root", str(root), *argv[1:]],
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2, result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1 and "Traceback" not in result.stderr, result.stderr
+
+
+def test_segment_ids_that_could_leave_their_folder_are_refused():
+    for bad in ESCAPES + ("a" * 129, "seg 1", "seg'1", "seg\n1"):
+        with pytest.raises(UserError):
+            layout.check_segment_id(bad)
+        with pytest.raises(UserError):
+            layout.fetchlist_dir("/root", bad)  # every segment path is built through the check
+    for good in ("seg-20260101T000000Z", "a", "seg_1.2-x", "9" * 128):
+        assert layout.check_segment_id(good) == good
+    assert layout.segment_ids(["seg-1", ".partial", "..", "_tmp", "seg-0"]) == ["seg-0", "seg-1"]
+
+
+def test_non_finite_numbers_are_refused_for_every_numeric_key():
+    numeric = [key for key, value in _flat(config_mod.defaults()).items()
+               if isinstance(value, float | int) and not isinstance(value, bool)]
+    assert len(numeric) > 50
+    for key in numeric:
+        for value in (".inf", "-.inf", ".nan"):
+            with pytest.raises(config_mod.ConfigError, match=f"'{key}'"):
+                config_mod.load(assignments=[f"{key}={value}"])
+
+
+def _flat(data: dict, prefix: str = "") -> dict:
+    flat = {}
+    for key, value in data.items():
+        if isinstance(value, dict):
+            flat.update(_flat(value, f"{prefix}{key}."))
+        else:
+            flat[f"{prefix}{key}"] = value
+    return flat
+
+
+def test_a_missing_config_file_is_named_as_a_file_not_a_key(tmp_path):
+    with pytest.raises(config_mod.ConfigError) as raised:
+        config_mod.load(tmp_path / "missing.yaml")
+    assert str(raised.value).startswith(f"config file '{tmp_path / 'missing.yaml'}': cannot be read")
+
+
+def test_seeds_with_a_bom_and_a_line_that_is_not_utf8():
+    data = b"\xef\xbb\xbfhttp://a.test/\nhttp://b.test/\xff\xfe\r\nhttp://c.test/\n"
+    entries, errors = read_seeds(split_lines(data))
+    assert [e.url for e in entries] == ["http://a.test/", "http://c.test/"]
+    assert errors == [(2, "http://b.test/\\xff\\xfe", "not valid UTF-8")]
+
+
+def test_output_paths_blocked_by_a_file_are_refused(tmp_path):
+    a_file = tmp_path / "f"
+    a_file.write_text("x")
+    with pytest.raises(UserError, match="is not a folder"):
+        layout.check_output_file(str(a_file / "deeper" / "r.html"), "report file")
+    with pytest.raises(UserError, match="it is a folder"):
+        layout.check_output_file(str(tmp_path), "report file")
+    assert layout.check_output_file(str(tmp_path / "new" / "r.html"), "report file")
+    assert layout.check_local_folder("s3://bucket/x", "storage root") == "s3://bucket/x"
+    assert os.path.isdir(tmp_path) and not (tmp_path / "new").exists()  # a check writes nothing
