@@ -15,8 +15,9 @@ from crawler import config as config_mod
 from crawler.errors import UserError
 
 EXIT_VALIDATION_FAILED = 1
-# Commands that work on an existing segment: an unknown one is a user error, not an empty run.
-ON_A_SEGMENT = ("fetch", "parse", "dedup", "update", "index", "report", "close-segment")
+# Commands that read a segment's folder: an unknown one is a user error, not an empty run. (`report` reads the
+# tables, which outlive the folders: it names an unknown segment by the `segments` table, jobs/report.py.)
+ON_A_SEGMENT = ("fetch", "parse", "dedup", "update", "index", "close-segment")
 
 
 def _common() -> argparse.ArgumentParser:

@@ -12,7 +12,7 @@ from pyspark.sql.types import DoubleType, StructField, StructType
 
 from crawler import layout
 from crawler.config import Config
-from crawler.errors import UserError
+from crawler.errors import UnknownSegment, UserError
 from crawler.politeness import effective_delay
 from crawler.report import (
     BYTES_EDGES,
@@ -95,6 +95,10 @@ def build(spark: SparkSession, conf: Config, root: str, segment_id: str, top: in
     try:
         outcomes = {r["outcome"]: int(r["count"]) for r in fetches.groupBy("outcome").count().collect()}
         if not outcomes:
+            existing = [r[0] for r in tables.table_df(spark, root, "segments").select("segment_id").distinct()
+                        .collect()]
+            if segment_id not in existing:
+                raise UnknownSegment(segment_id, root, existing)
             raise UserError(f"segment {segment_id} has no fetches")
         per_host = fetches.groupBy("host_key").agg(
             F.count(F.lit(1)).alias("fetches"),

@@ -22,6 +22,9 @@ from jobs import cli, submit
 KNOWN = "seg-known"
 OTHER = "seg-other"
 SEGMENT_COMMANDS = ("fetch", "parse", "dedup", "update", "index", "report", "close-segment")
+# The commands that read the segment's folder know an unknown segment before Spark starts (report asks the
+# `segments` table, which outlives the folders: tests/test_report.py).
+FOLDER_COMMANDS = tuple(command for command in SEGMENT_COMMANDS if command != "report")
 ESCAPES = ("../../escaped", "../segments/" + KNOWN, ".", "..", "a/b", "/abs", ".hidden", "-x", "")
 
 
@@ -43,7 +46,7 @@ def _cases(tmp: Path) -> list[tuple[str, list[str], str]]:
         cases += [(f"{command}-segment-{segment!r}", [command, "--segment", segment], "segment")
                   for command in SEGMENT_COMMANDS]
     cases += [(f"{command}-unknown-segment", [command, "--segment", "seg-typo"], "seg-typo")
-              for command in SEGMENT_COMMANDS]
+              for command in FOLDER_COMMANDS]
     cases += [(f"{command}-no-segment", [command], "--segment") for command in SEGMENT_COMMANDS]
     cases += [
         ("generate-now-not-a-date", ["generate", "--now", "notadate"], "notadate"),
@@ -118,7 +121,7 @@ def test_every_command_refuses_wrong_arguments_in_one_line(setting, capsys, monk
 
 def test_unknown_segment_names_the_segments_that_exist(setting, capsys):
     root, _ = setting
-    for command in SEGMENT_COMMANDS:
+    for command in FOLDER_COMMANDS:
         assert cli.main([command, "--root", str(root), "--segment", "seg-typo"]) == 2
         (line,) = capsys.readouterr().err.strip().splitlines()
         assert line == (f"crawl {command}: unknown segment 'seg-typo' under {root} "

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from crawler import report as render
-from crawler.errors import UserError
+from crawler.errors import UnknownSegment, UserError
 from crawler.report import GAP_EDGES_S, HostStats, ReportData, bin_index
 from delta_tables import tables
 from jobs import cli
@@ -179,8 +179,13 @@ def test_cli_prints_the_summary_and_the_path(crawled, tmp_path, capsys):
 
 def test_a_segment_without_fetches_is_an_error(spark, base_conf, root):
     tables.create_all(spark, root)
-    with pytest.raises(UserError, match="^segment seg-none has no fetches$"):
+    with pytest.raises(UnknownSegment, match="^unknown segment 'seg-none' under .* no segment exists there yet"):
         report_job.build(spark, base_conf, root, "seg-none")
+    append_rows(spark, root, "segments", [{"segment_id": "seg-empty", "bucket": 0, "state": "generated"}])
+    with pytest.raises(UserError, match="^segment seg-empty has no fetches$"):
+        report_job.build(spark, base_conf, root, "seg-empty")
+    with pytest.raises(UnknownSegment, match=r"\(segments there: seg-empty\)$"):
+        report_job.build(spark, base_conf, root, "seg-typo")
     with pytest.raises(ValueError, match="invalid segment id"):
         report_job.build(spark, base_conf, root, "../x")
 
