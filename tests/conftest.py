@@ -8,10 +8,12 @@ Spark's work, and the two lanes share no process, port range (`tests/support/ser
 
 Shared, built once per session: the SparkSession, and the work that starts in the background as soon as it is up
 when any selected test reads it — the shared crawl (`tests/support/crawl.py`, in a thread of this process on its
-own SparkSession over the same SparkContext), the Airflow cycle on a standalone cluster (`tests/support/airflow.py`)
-and the S3 cycle (`tests/support/s3_cycle.py`), both in child processes. In the Spark lane the tests that read none
-of them run first, then the shared crawl's readers, then the cycles' readers, so each has the lane's earlier time
-to finish: the in-process tests alone leave part of the two cores idle.
+own SparkSession over the same SparkContext), the crash tests' references and kills once that crawl is done
+(`tests/support/crash.py`, in another such thread, the kills in child processes), and, niced as the suite's slack,
+the Airflow cycle on a standalone cluster (`tests/support/airflow.py`), the S3 cycle (`tests/support/s3_cycle.py`)
+and the demo command (`tests/support/demo.py`), all three in child processes. In the Spark lane the tests that read
+none of them run first, then the readers of each, in the order the work is done (`READ_LATE`), so each has the
+lane's earlier time to finish: the in-process tests alone leave part of the two cores idle.
 """
 
 from __future__ import annotations
@@ -35,10 +37,11 @@ if getattr(sys.modules["__main__"], "__spec__", None) is None and not hasattr(sy
     sys.modules["__main__"].__spec__ = importlib.machinery.ModuleSpec("__main__", None)
 
 SPARK_LANE, LIGHT_LANE = "spark", "light"
-# What starts in the background as soon as the session is up (`<name>_started`; the test reads `<name>`): the
-# shared crawl in a thread, the cycles in child processes.
-BACKGROUND_CYCLES = frozenset({"airflow_cycle", "s3_cycle"})
-BACKGROUND_WORK = ("shared_crawl", *sorted(BACKGROUND_CYCLES))
+# What starts in the background as soon as the session is up (`<name>_started`; a test reads `<name>`), with the
+# rank of its readers in the Spark lane: after the tests that read nothing in the background, and after the readers
+# of work that is done sooner (the crash kills wait for the shared crawl; the niced work takes the slack).
+READ_LATE = {"shared_crawl": 1, "crash_kills": 2, "airflow_cycle": 3, "s3_cycle": 3, "demo_run": 4}
+BACKGROUND_WORK = tuple(READ_LATE)
 # Fixtures that start Spark, in this process or a child.
 SPARK_FIXTURES = frozenset({"spark", *BACKGROUND_WORK})
 
@@ -49,29 +52,24 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "spark: starts a Spark JVM in a child process (runs in the Spark lane)")
-    config.addinivalue_line("markers", "own_crawl: crawls a farm of its own in this process (runs after the shared "
-                                       "crawl's fetches, which would compete with its own for the interpreter)")
 
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Put every test in its lane (before xdist reads the groups), the readers of the shared crawl late and those of
-    a background cycle last; with --lane, keep only that lane's."""
+    """Put every test in its lane (before xdist reads the groups), the readers of background work late (`READ_LATE`);
+    with --lane, keep only that lane's."""
     lanes = {}
     for item in items:
         uses_spark = (not SPARK_FIXTURES.isdisjoint(getattr(item, "fixturenames", ()))
                       or item.get_closest_marker("spark") is not None)
         lanes[item] = SPARK_LANE if uses_spark else LIGHT_LANE
         item.add_marker(pytest.mark.xdist_group(lanes[item]))
-    # Readers of background work go after the other tests (a stable sort keeps the order within each group), so the
-    # work has the rest of the lane's time to finish; a test crawling a farm of its own goes just before the shared
-    # crawl's readers (measured: the demo test took 272 s beside the shared crawl's fetches, 86 s without).
-    def reads(item: pytest.Item) -> tuple[bool, bool, bool]:
-        names = getattr(item, "fixturenames", ())
-        return (not BACKGROUND_CYCLES.isdisjoint(names), "shared_crawl" in names,
-                item.get_closest_marker("own_crawl") is not None)
+    # Readers of background work go after the other tests (a stable sort keeps the order within each rank), so the
+    # work has the rest of the lane's time to finish.
+    def rank(item: pytest.Item) -> int:
+        return max((READ_LATE.get(name, 0) for name in getattr(item, "fixturenames", ())), default=0)
 
-    items.sort(key=reads)
+    items.sort(key=rank)
     wanted = config.getoption("lane")
     if wanted:
         config.hook.pytest_deselected(items=[item for item in items if lanes[item] != wanted])
@@ -135,6 +133,42 @@ def shared_crawl_started(spark_session_only, base_conf, tmp_path_factory):
 def shared_crawl(spark, shared_crawl_started):
     """The one crawl of the farm that the end-to-end, sitemap, trap and crash tests read (`tests/support/crawl.py`)."""
     return shared_crawl_started.result()
+
+
+@pytest.fixture(scope="session")
+def _crash_parts():
+    from tests.support.crash import CrashKills
+
+    return CrashKills()
+
+
+@pytest.fixture(scope="session")
+def crash_kills_started(_crash_parts, spark_session_only, shared_crawl_started, tmp_path_factory):
+    """The crash tests' references and kills (`tests/support/crash.py`), in a thread of their own on a session of
+    their own over the suite's SparkContext, once the shared crawl is done; each part is ready as soon as it is."""
+    from tests.support.crash import run_crash_kills
+
+    yield from _in_background("crash-kills", run_crash_kills, _crash_parts, spark_session_only.newSession(),
+                              shared_crawl_started.result, tmp_path_factory.mktemp("crash"))
+
+
+@pytest.fixture(scope="session")
+def crash_kills(spark, crash_kills_started, _crash_parts):
+    """The parts of the crash tests' background work; each read waits for its own part only."""
+    return _crash_parts
+
+
+@pytest.fixture(scope="session")
+def demo_run_started(tmp_path_factory):
+    """`crawl demo` in a child process of its own (niced), in a background thread (`tests/support/demo.py`)."""
+    from tests.support.demo import run_demo_command
+
+    yield from _in_background("demo", run_demo_command, tmp_path_factory.mktemp("demo-run"))
+
+
+@pytest.fixture(scope="session")
+def demo_run(demo_run_started):
+    return demo_run_started.result()
 
 
 @pytest.fixture(scope="session")

@@ -15,7 +15,7 @@ from fastwarc.warc import ArchiveIterator
 from crawler.urls import host_key
 from delta_tables import TABLES, table_df
 from fetchd.sitefarm import politeness_violations, requested_url
-from jobs import cli, demo, events, update
+from jobs import demo, events, update
 from tests.support.crawl import BAD_SEED_LINES, CYCLES
 from tests.support.tables import snapshot
 
@@ -108,18 +108,11 @@ def test_rerun_update_leaves_every_table_unchanged(spark, shared_crawl, tmp_path
         assert before[name] == after[name], f"table {name} changed on re-running update"
 
 
-@pytest.mark.own_crawl
-def test_demo_command_end_to_end(spark, tmp_path, capsys):
-    """`crawl demo` on a tiny farm, its command line run in this process (on the suite's Spark session: a fresh
-    interpreter and JVM add nothing the crash tests' child processes do not cover): exit 0, the report on stdout
-    and the machine-readable last line."""
-    root = tmp_path / "demo"
-    status = cli.main(["demo", "--root", str(root), "--cycles", "2", "--set", "demo.hosts=3",
-                       "--set", "demo.pages_per_host=8", "--set", "spark.master=local[2]",
-                       "--set", "spark.shuffle_partitions=2", "--set", "spark.log_level=ERROR",
-                       "--set", "demo.min_delay_s=0.1"])
-    out = capsys.readouterr().out
-    assert status == 0, out[-3000:]
+def test_demo_command_end_to_end(demo_run):
+    """`crawl demo` on a tiny farm, its command line run in a process of its own like `make demo`, in the background
+    (`tests/support/demo.py`): exit 0, the report on stdout and the machine-readable last line."""
+    root, out = demo_run.root, demo_run.out
+    assert demo_run.returncode == 0, out[-3000:] + demo_run.err[-3000:]
     last = out.strip().splitlines()[-1]
     assert last.startswith("demo: fetched=")
     fields = dict(part.split("=") for part in last.split()[1:])

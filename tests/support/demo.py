@@ -1,0 +1,44 @@
+"""`crawl demo` on a tiny farm, as `make demo` runs it: its own interpreter and JVM, in the background.
+
+It is the suite's slack like the background cycles (run niced: `tests/support/config.py::BACKGROUND_NICE`): the
+command crawls with real politeness waits, so in the Spark lane's own process it held the lane for about 100 s; in a
+child process of its own the waits and the work overlap the lane's other tests, and the test reads what it left.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+
+from tests.support.config import SHORT_LIVED_JVM_ENV, TEST_OVERRIDES, at_background_priority
+
+REPO = Path(__file__).resolve().parents[2]
+TIMEOUT_S = 1500
+
+
+@dataclass
+class DemoRun:
+    root: Path
+    returncode: int
+    out: str   # stdout
+    err: str   # stderr
+
+
+def run_demo_command(base: Path) -> DemoRun:
+    """`crawl demo --cycles 2` on three hosts of eight pages, with the suite's Spark settings (a config file: the
+    `spark.conf` mapping cannot be given with --set)."""
+    root = base / "demo"
+    config = base / "demo.yaml"
+    config.write_text(yaml.safe_dump({"spark": {"conf": TEST_OVERRIDES["spark.conf"]}}))
+    argv = [sys.executable, "-m", "jobs.cli", "demo", "--root", str(root), "--config", str(config), "--cycles", "2",
+            "--set", "demo.hosts=3", "--set", "demo.pages_per_host=8", "--set", "demo.min_delay_s=0.1",
+            "--set", "spark.master=local[2]", "--set", "spark.shuffle_partitions=2",
+            "--set", "spark.log_level=ERROR"]
+    done = subprocess.run(at_background_priority(argv), cwd=REPO, env={**os.environ, **SHORT_LIVED_JVM_ENV},
+                          capture_output=True, text=True, timeout=TIMEOUT_S)
+    return DemoRun(root, done.returncode, done.stdout, done.stderr)
