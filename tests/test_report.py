@@ -179,7 +179,7 @@ def test_cli_prints_the_summary_and_the_path(crawled, tmp_path, capsys):
 
 def test_a_segment_without_fetches_is_an_error(spark, base_conf, root):
     tables.create_all(spark, root)
-    with pytest.raises(UnknownSegment, match="^unknown segment 'seg-none' under .* no segment exists there yet"):
+    with pytest.raises(UnknownSegment, match=r"^unknown segment 'seg-none' under .* \(no segment exists there yet\)$"):
         report_job.build(spark, base_conf, root, "seg-none")
     append_rows(spark, root, "segments", [{"segment_id": "seg-empty", "bucket": 0, "state": "generated"}])
     with pytest.raises(UserError, match="^segment seg-empty has no fetches$"):
