@@ -306,6 +306,31 @@ def create_all(spark: SparkSession, root: str) -> list[str]:
     return created
 
 
+# (SparkContext application id, root) pairs whose tables this process has created or upgraded (ensure_tables).
+_ENSURED: set[tuple[str, str]] = set()
+
+
+def ensure_tables(spark: SparkSession, root: str) -> None:
+    """Every table under `root` exists at the current schema; what each job calls first.
+
+    create_all reads every table's Delta log twice (16 log reads per call), and a process runs many jobs on one
+    root (a cycle, the demo, the tests): so create_all runs once per SparkContext and root, and later calls only
+    check that each table's `_delta_log` folder is still there (one file-system lookup each, no log read),
+    running create_all again if one is gone (a table or a root deleted under a running process)."""
+    key = (spark.sparkContext.applicationId, root)
+    if key in _ENSURED and all(path_exists(spark, layout.join(table_path(root, name), "_delta_log"))
+                               for name in TABLES):
+        return
+    create_all(spark, root)
+    _ENSURED.add(key)
+
+
+def path_exists(spark: SparkSession, path: str) -> bool:
+    """Whether `path` exists, asked of the Hadoop FileSystem of its scheme (local, s3a, ...)."""
+    jvm_path = spark._jvm.org.apache.hadoop.fs.Path(path)
+    return jvm_path.getFileSystem(spark._jsc.hadoopConfiguration()).exists(jvm_path)
+
+
 def _add_missing_columns(spark: SparkSession, path: str, table: TableDef) -> None:
     """A table written by an older version gains the columns added since (nullable, at the end), so a crawl
     root survives an upgrade; existing rows read them as null."""

@@ -199,7 +199,7 @@ def run(spark: SparkSession, conf: Config, root: str, segment_id: str) -> DedupR
     """Mark segment `segment_id`'s pages as exact / near duplicates and lower duplicates' priority; safe to re-run."""
     root = layout.normalize_root(root)
     layout.check_segment_id(segment_id)
-    tables.create_all(spark, root)
+    tables.ensure_tables(spark, root)
     result = DedupResult(segment_id)
     seg = F.lit(segment_id)
     pages = pinned_table(spark, root, "pages")

@@ -201,7 +201,7 @@ def run(spark: SparkSession, conf: Config, root: str, segment_id: str | None = N
     """Select, write and lease the next segment's fetch list."""
     now = as_utc(now or datetime.now(UTC))
     segment_id = layout.check_segment_id(segment_id or default_segment_id(now))
-    tables.create_all(spark, root)
+    tables.ensure_tables(spark, root)
     progressed = (
         tables.table_df(spark, root, "segments")
         .where((F.col("segment_id") == segment_id) & (F.col("state") != SegmentState.GENERATED.value))

@@ -117,7 +117,7 @@ def run(spark: SparkSession, conf: Config, root: str, segment_id: str) -> IndexR
     """Index one segment's closed WARC files into `records` and CDXJ files; safe to re-run."""
     layout.check_segment_id(segment_id)
     root = layout.normalize_root(root)
-    tables.create_all(spark, root)
+    tables.ensure_tables(spark, root)
     storage = Storage.from_conf(conf)
     names = closed_warc_files(root, segment_id, storage)
     if not names:

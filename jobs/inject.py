@@ -113,7 +113,7 @@ def _merge_new_urls(spark: SparkSession, root: str, rows: DataFrame, now: dateti
 
 def run(spark: SparkSession, conf: Config, root: str, seeds_path: str) -> InjectResult:
     """Inject the seeds file at `seeds_path` into the tables under `root`."""
-    tables.create_all(spark, root)
+    tables.ensure_tables(spark, root)
     with open(seeds_path, "rb") as handle:
         lines = split_lines(handle.read())
     seed_lines = sum(1 for line in lines if not is_skipped(line))

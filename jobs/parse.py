@@ -351,7 +351,7 @@ def run(spark: SparkSession, conf: Config, root: str, segment_id: str) -> ParseR
     """Parse one segment's fetched WARC records into `pages` and `links`; safe to re-run."""
     layout.check_segment_id(segment_id)
     root = layout.normalize_root(root)
-    tables.create_all(spark, root)
+    tables.ensure_tables(spark, root)
     fetched = read_fetched(spark, root, segment_id)
     if fetched is None:
         return ParseResult(records=0, pages=0, links=0, errors=0, pages_inserted=0)

@@ -130,7 +130,7 @@ def completion_udfs(policy: RevisitPolicy):
 def run(spark: SparkSession, conf: Config, root: str, segment_id: str) -> UpdateResult:
     """Fold segment `segment_id` into the tables under `root`."""
     layout.check_segment_id(segment_id)
-    tables.create_all(spark, root)
+    tables.ensure_tables(spark, root)
     result = UpdateResult(segment_id)
     fetched = read_segment_files(spark, layout.fetched_dir(root, segment_id), FETCHED)
     if fetched is None:

@@ -237,5 +237,5 @@ def _tables_template(spark, tmp_path_factory):
 @pytest.fixture
 def tables_root(_tables_template, tmp_path) -> str:
     """A root whose tables exist and are empty: a copy of one created once per session (creating the tables costs
-    about 3 CPU-s a root; the jobs' own create_all then finds them all)."""
+    about 3 CPU-s a root; the jobs' own ensure_tables then finds them all)."""
     return str(shutil.copytree(_tables_template, tmp_path / "root"))

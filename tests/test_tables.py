@@ -1,7 +1,9 @@
-"""Table definitions: a crawl root written by an older version gains the columns added since."""
+"""Table definitions: a crawl root written by an older version gains the columns added since; jobs create and
+upgrade a root's tables once per process, then only check that they are still there."""
 
 from __future__ import annotations
 
+import shutil
 from datetime import datetime
 
 from delta.tables import DeltaTable
@@ -29,3 +31,38 @@ def test_create_all_adds_missing_nullable_columns_to_an_existing_table(spark, ro
     [stored] = df.collect()
     assert stored.url == "http://a.test/" and stored.sitemap_origin is None
     assert tables.create_all(spark, root) == []  # nothing left to add or create
+
+
+def _counting_create_all(monkeypatch) -> list[str]:
+    """The roots that ensure_tables ran the full create_all for, in call order."""
+    calls: list[str] = []
+    create_all = tables.create_all
+
+    def counted(spark, root: str) -> list[str]:
+        calls.append(root)
+        return create_all(spark, root)
+
+    monkeypatch.setattr(tables, "create_all", counted)
+    return calls
+
+
+def test_ensure_tables_creates_once_then_reads_no_delta_log(spark, tables_root, monkeypatch):
+    calls = _counting_create_all(monkeypatch)
+    tables.ensure_tables(spark, tables_root)
+    tables.ensure_tables(spark, tables_root)
+    tables.ensure_tables(spark, tables_root)
+    assert calls == [tables_root]
+
+
+def test_ensure_tables_recreates_a_deleted_table_or_root(spark, tables_root, monkeypatch):
+    calls = _counting_create_all(monkeypatch)
+    tables.ensure_tables(spark, tables_root)
+    shutil.rmtree(tables.table_path(tables_root, "links"))
+    tables.ensure_tables(spark, tables_root)
+    assert calls == [tables_root, tables_root]
+    assert DeltaTable.isDeltaTable(spark, tables.table_path(tables_root, "links"))
+
+    shutil.rmtree(tables_root)
+    tables.ensure_tables(spark, tables_root)
+    assert len(calls) == 3
+    assert all(DeltaTable.isDeltaTable(spark, tables.table_path(tables_root, name)) for name in tables.TABLES)
