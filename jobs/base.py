@@ -1,4 +1,5 @@
-"""The shared base of every Spark job: session, config, table access, timing.
+"""The shared base of every Spark job: session, config, table and segment-file access, the MERGEs several jobs
+run (insert-if-absent, the `hosts.known_urls` recount), timing.
 
 Per-record logic lives in `crawler/` as plain functions; jobs here are set-based plumbing around it.
 """
@@ -15,6 +16,8 @@ from pathlib import Path
 
 import pyarrow as pa
 from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+from pyspark.sql.pandas.types import from_arrow_schema
 
 from crawler import layout
 from crawler.config import Config
@@ -165,6 +168,19 @@ def pinned_table(spark: SparkSession, root: str, name: str) -> DataFrame:
     return spark.read.format("delta").option("versionAsOf", version).load(path)
 
 
+def read_segment_files(spark: SparkSession, path: str, arrow_schema: pa.Schema) -> DataFrame | None:
+    """All Parquet files under every bucket directory of a segment folder (names starting with `_` or `.` are
+    ignored), or None when the folder does not exist."""
+    if not tables.path_exists(spark, path):
+        return None
+    return (
+        spark.read.schema(from_arrow_schema(arrow_schema))
+        .option("recursiveFileLookup", "true")
+        .option("pathGlobFilter", "*.parquet")
+        .parquet(path)
+    )
+
+
 STEP_STARTED = ": started"  # the end of the line `step` logs when a step starts (tests read it)
 
 
@@ -196,6 +212,25 @@ def insert_if_absent(spark: SparkSession, root: str, name: str, source: DataFram
     """MERGE insert-if-absent (the idempotent append every job uses); returns the rows inserted."""
     metrics = merge_into(spark, root, name, source, condition).whenNotMatchedInsertAll().execute()
     return merge_counts(metrics).get("num_inserted_rows", 0)
+
+
+def recount_known_urls(spark: SparkSession, root: str, only: DataFrame | None = None) -> int:
+    """Set `hosts.known_urls` to each host's row count in `urls` where they differ (only the hosts in `only`,
+    a DataFrame of host_key and bucket, when given); returns hosts corrected. An absolute count, so a re-run
+    after a crash repairs what an increment would have lost."""
+    urls, hosts = pinned_table(spark, root, "urls"), pinned_table(spark, root, "hosts").select("host_key", "bucket")
+    if only is not None:
+        wanted = only.select("host_key", "bucket").distinct()
+        hosts = hosts.join(wanted, ["host_key", "bucket"])
+        urls = urls.join(wanted, ["host_key", "bucket"])
+    counts = urls.groupBy("host_key", "bucket").agg(F.count("*").alias("n"))
+    source = hosts.join(counts, ["host_key", "bucket"], "left").fillna(0, subset=["n"])
+    metrics = (
+        merge_into(spark, root, "hosts", source, "t.bucket = s.bucket AND t.host_key = s.host_key")
+        .whenMatchedUpdate(condition="t.known_urls <> s.n", set={"known_urls": "s.n"})
+        .execute()
+    )
+    return merge_counts(metrics).get("num_updated_rows", 0)
 
 
 def arrow_batches(rows: Iterable[dict], schema: pa.Schema, size: int) -> Iterator[pa.RecordBatch]:

@@ -24,8 +24,7 @@ from crawler.seeds import SeedEntry, is_skipped, read_seeds, split_lines
 from crawler.sitemaps import SITEMAP_FILE_PRIORITY, FoundVia, SitemapOrigin, probe_url
 from crawler.status import UrlSource, UrlStatus
 from delta_tables import tables
-from jobs.base import insert_if_absent, step
-from jobs.maintain import recount_known_urls
+from jobs.base import insert_if_absent, recount_known_urls, step
 
 log = logging.getLogger("jobs.inject")
 

@@ -20,13 +20,12 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
-from pyspark.sql import DataFrame, SparkSession
-from pyspark.sql import functions as F
+from pyspark.sql import SparkSession
 
 from crawler import layout
 from crawler.config import Config
 from delta_tables.tables import TABLES, table_path
-from jobs.base import merge_counts, merge_into, pinned_table
+from jobs.base import recount_known_urls
 
 log = logging.getLogger("jobs.maintain")
 
@@ -173,25 +172,6 @@ def maintain_table(spark: SparkSession, root: str, name: str, retention_hours: f
              name, figures.files_before, figures.files_after, figures.files_compacted, figures.files_written,
              figures.vacuum_removed, figures.rows, figures.version, figures.seconds)
     return figures
-
-
-def recount_known_urls(spark: SparkSession, root: str, only: DataFrame | None = None) -> int:
-    """Set `hosts.known_urls` to each host's row count in `urls` where they differ (only the hosts in `only`,
-    a DataFrame of host_key and bucket, when given); returns hosts corrected. An absolute count, so a re-run
-    after a crash repairs what an increment would have lost."""
-    urls, hosts = pinned_table(spark, root, "urls"), pinned_table(spark, root, "hosts").select("host_key", "bucket")
-    if only is not None:
-        wanted = only.select("host_key", "bucket").distinct()
-        hosts = hosts.join(wanted, ["host_key", "bucket"])
-        urls = urls.join(wanted, ["host_key", "bucket"])
-    counts = urls.groupBy("host_key", "bucket").agg(F.count("*").alias("n"))
-    source = hosts.join(counts, ["host_key", "bucket"], "left").fillna(0, subset=["n"])
-    metrics = (
-        merge_into(spark, root, "hosts", source, "t.bucket = s.bucket AND t.host_key = s.host_key")
-        .whenMatchedUpdate(condition="t.known_urls <> s.n", set={"known_urls": "s.n"})
-        .execute()
-    )
-    return merge_counts(metrics).get("num_updated_rows", 0)
 
 
 def run(spark: SparkSession, conf: Config, root: str, tables: list[str] | None = None,

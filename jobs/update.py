@@ -1,21 +1,24 @@
 """update: fold a segment's fetch results, robots observations, pages and links into the tables (DESIGN §5).
 
-Every write is a Delta MERGE and idempotent, so re-running update for a segment changes no table. Five commits:
+update completes the URLs the segment fetched, writes their index events and the hosts' counters, robots and
+backoff; what the segment discovered (outlinks, redirect targets, sitemap entries, robots `Sitemap:` lines) is
+jobs/discover.py's part of the same `urls` and `hosts` MERGEs. Every write is a Delta MERGE and idempotent, so
+re-running update for a segment changes no table. Five commits:
 1. `fetches`       insert-if-absent on (segment_id, url_id, state_version)
 2. `index_events`  insert-if-absent on (url_id, state_version), from the pre-completion `urls` row
 3. `urls`          one MERGE: completion, only where (url_id, url, state_version) match and the lease is this
-                   segment's; discoveries (outlinks not rel=nofollow, redirect targets, sitemap entries): new ones
-                   inserted, known ones get inlinks/depth (guarded by urls.inlink_segment)
-4. `hosts`         one MERGE: counters, robots and backoff (guarded by hosts.last_segment); accepted and rejected
-                   discoveries -> `known_urls` / `trap_rejections` (guarded by hosts.discovery_segment); hosts of
-                   new URLs inserted
-5. `segments`      per bucket -> merged with counts, only if not merged yet
+                   segment's; from discover: new URLs inserted, known ones get inlinks/depth (guarded by
+                   urls.inlink_segment)
+4. `hosts`         one MERGE: counters, robots and backoff (guarded by hosts.last_segment); from discover:
+                   accepted and rejected discoveries -> `known_urls` / `trap_rejections` (guarded by
+                   hosts.discovery_segment), hosts of new URLs inserted
+5. `segments`      per bucket -> merged with counts (new URLs per bucket from discover), only if not merged yet
 
-All reads of `urls`, `hosts`, `pages` and `links` are pinned to the Delta version at the start of the job, so
-every step sees the same pre-update state however often Spark evaluates a plan; the segment's results and
-their pre-completion rows are read once and cached. Per-record rules come from crawler.revisit (status,
-interval, next fetch, failures) and crawler.frontier (index event kind, scope and keys of discovered URLs,
-host backoff), applied as Python UDFs so the rules exist once.
+All reads of `urls`, `hosts`, `pages` and `links` are pinned to the Delta version at the start of the job (and
+handed to discover), so every step sees the same pre-update state however often Spark evaluates a plan; the
+segment's results and their pre-completion rows are read once and cached. Per-record rules come from
+crawler.revisit (status, interval, next fetch, failures) and crawler.frontier (index event kind, host backoff),
+applied as Python UDFs so the rules exist once.
 """
 
 from __future__ import annotations
@@ -27,26 +30,17 @@ from datetime import UTC, datetime, timedelta
 from pyspark import StorageLevel
 from pyspark.sql import Column, DataFrame, Row, SparkSession, Window
 from pyspark.sql import functions as F
-from pyspark.sql.pandas.types import from_arrow_schema
 
 from crawler import layout
 from crawler.config import Config
-from crawler.frontier import DISCOVERY_PRIORITY_FACTOR, Scope, classify_discovery, host_backoff, index_event_kind
+from crawler.frontier import host_backoff, index_event_kind
 from crawler.records import FETCHED, ROBOTS
 from crawler.revisit import PreviousState, RevisitPolicy
 from crawler.robots import RobotsState
-from crawler.sitemaps import SITEMAP_FILE_PRIORITY, ChangeFreq, SitemapEntry, first_schedule, robots_sitemaps
-from crawler.status import FetchOutcome, SegmentState, UrlSource, UrlStatus
-from crawler.traps import (
-    DEPTH_BEYOND_SCOPE,
-    HOST_KNOWN_URL_CAP,
-    HOST_NEW_URL_CAP,
-    TEMPLATE_NEW_URL_CAP,
-    TrapRules,
-    new_url_allowance_sql,
-)
+from crawler.status import FetchOutcome, SegmentState
 from delta_tables import tables
-from jobs.base import insert_if_absent, merge_counts, merge_into, pinned_table, step
+from jobs import discover
+from jobs.base import insert_if_absent, merge_counts, merge_into, pinned_table, read_segment_files, step
 
 log = logging.getLogger("jobs.update")
 
@@ -55,7 +49,6 @@ EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 REQUESTED = [o.value for o in (FetchOutcome.SUCCESS, FetchOutcome.NOT_MODIFIED, FetchOutcome.REDIRECT,
                                FetchOutcome.HTTP_ERROR, FetchOutcome.NETWORK_ERROR)]
 THROTTLE_CODES = [429, 503]
-TRAP_SAMPLE_SIZE = 5  # rejected URLs kept per host in hosts.trap_sample
 
 
 @dataclass
@@ -79,23 +72,6 @@ def _micros(moment: datetime | None) -> int | None:
 
 def _moment(micros: int | None) -> datetime | None:
     return None if micros is None else EPOCH + timedelta(microseconds=micros)
-
-
-def _exists(spark: SparkSession, path: str) -> bool:
-    jvm_path = spark._jvm.org.apache.hadoop.fs.Path(path)
-    return jvm_path.getFileSystem(spark._jsc.hadoopConfiguration()).exists(jvm_path)
-
-
-def read_segment_files(spark: SparkSession, path: str, arrow_schema) -> DataFrame | None:
-    """All Parquet files under every bucket directory (names starting with `_` or `.` are ignored)."""
-    if not _exists(spark, path):
-        return None
-    return (
-        spark.read.schema(from_arrow_schema(arrow_schema))
-        .option("recursiveFileLookup", "true")
-        .option("pathGlobFilter", "*.parquet")
-        .parquet(path)
-    )
 
 
 def _latest(df: DataFrame, keys: list[str], order: list[Column]) -> DataFrame:
@@ -205,19 +181,8 @@ def _fold(spark: SparkSession, conf: Config, root: str, segment_id: str, results
                                                    "t.url_id = s.url_id AND t.state_version = s.state_version")
 
         robots = segment_robots(spark, root, segment_id)
-        targets = discovery_targets(conf, segment_id, results, links, urls_snap, hosts_snap, robots).persist(
-            StorageLevel.MEMORY_AND_DISK)  # the classifying UDF runs once
-        try:
-            fresh = targets.where(~F.col("known"))  # includes rows a crashed earlier run of this update stored
-            with step(f"update {segment_id}: discoveries"):
-                tally = {r["parent_bucket"]: r for r in fresh.groupBy("parent_bucket").agg(
-                    F.count(F.when(F.col("reason").isNull(), 1)).alias("accepted"),
-                    F.count(F.when(F.col("reason").isNotNull(), 1)).alias("rejected")).collect()}
-            discovered_buckets = {b: r["accepted"] for b, r in tally.items() if r["accepted"]}
-            result.discovered = sum(discovered_buckets.values())
-            log.info("update %s: %d discovered URLs (new), %d rejected by scope and trap rules", segment_id,
-                     result.discovered, sum(r["rejected"] for r in tally.values()))
-
+        with discover.discoveries(conf, segment_id, results, links, urls_snap, hosts_snap, robots) as found:
+            result.discovered = sum(found.accepted.values())
             with step(f"update {segment_id}: urls"):
                 # The host's robots expiry: this segment's observation, else the one stored (robots_denied waits
                 # for it).
@@ -226,16 +191,15 @@ def _fold(spark: SparkSession, conf: Config, root: str, segment_id: str, results
                     observed, "host_key", "full_outer").select(
                     "host_key", F.coalesce("r", "h").alias("robots_expires_at"))
                 completed = completion_rows(live.join(robots_expiry, "host_key", "left"), decide)
-                merge_urls(spark, conf, root, segment_id, completed, targets, now)
+                merge_urls(spark, conf, root, segment_id, completed, found.targets, now)
 
             with step(f"update {segment_id}: hosts"):
                 fetch_counts = host_fetch_counts(conf, segment_id, results, robots, hosts_snap)
-                result.hosts_updated = merge_hosts(spark, root, segment_id, fetch_counts, discovery_tally(fresh), now)
-        finally:
-            targets.unpersist()
+                tally = discover.discovery_tally(found.fresh)
+                result.hosts_updated = merge_hosts(spark, root, segment_id, fetch_counts, tally, now)
 
         with step(f"update {segment_id}: segments"):
-            record_merged(spark, root, segment_id, per_bucket, discovered_buckets, now)
+            record_merged(spark, root, segment_id, per_bucket, found.accepted, now)
     finally:
         with_previous.unpersist()
     log.info(
@@ -323,14 +287,13 @@ def host_fetch_counts(conf: Config, segment_id: str, results: DataFrame, robots:
 def merge_hosts(spark: SparkSession, root: str, segment_id: str, fetch_counts: DataFrame, tally: DataFrame,
                 now: datetime) -> int:
     """One MERGE into `hosts` of this segment's fetch counts (host_fetch_counts; applied where last_segment is
-    not this segment) and discovery tally (discovery_tally; applied where discovery_segment is not); a host
-    without a row gets one when it has results or accepted URLs. Returns the rows updated or inserted."""
-    source = fetch_counts.withColumn("has_fetch", F.lit(True)).join(
-        tally.withColumn("has_tally", F.lit(True)), ["host_key", "bucket"], "full_outer")
+    not this segment) and discovery tally (discover.discovery_tally, discover.hosts_part); a host without a row
+    gets one when it has results or accepted URLs. Returns the rows updated or inserted."""
+    found = discover.hosts_part(segment_id)
+    source = fetch_counts.withColumn("has_fetch", F.lit(True)).join(tally, ["host_key", "bucket"], "full_outer")
     seg = F.lit(segment_id)
-    fetched, counted = F.col("s.has_fetch").isNotNull(), F.col("s.has_tally").isNotNull()
+    fetched = F.col("s.has_fetch").isNotNull()
     fetch = fetched & ~F.col("t.last_segment").eqNullSafe(seg)
-    tallies = counted & ~F.col("t.discovery_segment").eqNullSafe(seg)
     # An unreachable robots.txt (5xx, network) disallows all for now, but the last good copy stays stored: it is
     # what the host said, and generate ignores it while the state is disallow_all.
     has_robots = F.coalesce("s.has_robots", F.lit(False))
@@ -342,13 +305,6 @@ def merge_hosts(spark: SparkSession, root: str, segment_id: str, fetch_counts: D
 
     def from_robots(name: str, source_name: str | None = None) -> Column:
         return F.when(has_robots, F.col(f"s.{source_name or name}")).otherwise(F.col(f"t.{name}"))
-
-    no_counts = F.create_map().cast("map<string,bigint>")
-    no_urls = F.array().cast("array<string>")
-    has_rejections = F.col("s.rejections").isNotNull()
-
-    def when_tally(name: str, value: Column) -> Column:
-        return F.when(tallies, value).otherwise(F.col(f"t.{name}"))
 
     updates = {
         **{c: when_fetch(c, F.col(f"t.{c}") + F.col(f"s.{c}")) for c in HOST_COUNTERS},
@@ -362,15 +318,7 @@ def merge_hosts(spark: SparkSession, root: str, segment_id: str, fetch_counts: D
         "backoff_level": when_fetch("backoff_level", F.col("s.backoff_level")),
         "backoff_until": when_fetch("backoff_until", F.col("s.backoff_until")),
         "last_segment": when_fetch("last_segment", seg),
-        "known_urls": when_tally("known_urls", F.col("t.known_urls") + F.coalesce("s.accepted", F.lit(0))),
-        "trap_rejections": when_tally("trap_rejections", F.when(has_rejections, F.map_zip_with(
-            F.coalesce("t.trap_rejections", no_counts), F.col("s.rejections"),
-            lambda _, old, new: F.coalesce(old, F.lit(0)) + F.coalesce(new, F.lit(0)))).otherwise(
-            F.col("t.trap_rejections"))),
-        "trap_sample": when_tally("trap_sample", F.when(has_rejections, F.slice(
-            F.array_distinct(F.concat(F.coalesce("t.trap_sample", no_urls), F.col("s.sample"))), 1,
-            TRAP_SAMPLE_SIZE)).otherwise(F.col("t.trap_sample"))),
-        "discovery_segment": when_tally("discovery_segment", seg),
+        **found.set,
         "updated_at": F.lit(now),
     }
     inserts = {
@@ -382,19 +330,16 @@ def merge_hosts(spark: SparkSession, root: str, segment_id: str, fetch_counts: D
         "crawl_delay_s": F.col("s.robots_crawl_delay_s"),
         "last_fetch_at": F.col("s.last_fetch_at"),
         "policy_version": F.when(new_body, 1).otherwise(0).cast("bigint"),
-        "known_urls": F.coalesce("s.accepted", F.lit(0)).cast("bigint"),
-        "trap_rejections": F.col("s.rejections"),
-        "trap_sample": F.when(has_rejections, F.col("s.sample")),
         "backoff_level": F.coalesce("s.backoff_level", F.lit(0)),
         "backoff_until": F.col("s.backoff_until"),
         "last_segment": F.when(fetched, seg),
-        "discovery_segment": F.when(counted, seg),
         "updated_at": F.lit(now),
+        **found.values,
     }
     metrics = (
         merge_into(spark, root, "hosts", source, "t.bucket = s.bucket AND t.host_key = s.host_key")
-        .whenMatchedUpdate(condition=fetch | tallies, set=updates)
-        .whenNotMatchedInsert(condition=fetched | (F.coalesce("s.accepted", F.lit(0)) > 0), values=inserts)
+        .whenMatchedUpdate(condition=fetch | found.updates, set=updates)
+        .whenNotMatchedInsert(condition=fetched | found.inserts, values=inserts)
         .execute()
     )
     counts = merge_counts(metrics)
@@ -431,86 +376,17 @@ def completion_rows(live: DataFrame, decide) -> DataFrame:
     )
 
 
-def discovery_targets(conf: Config, segment_id: str, results: DataFrame, links: DataFrame, urls_snap: DataFrame,
-                      hosts_snap: DataFrame, robots: DataFrame) -> DataFrame:
-    """Outlinks, redirect targets, sitemap entries and robots.txt `Sitemap:` URLs of this segment, one row per
-    target (_classified_targets): what merge_urls stores and discovery_tally counts.
-
-    A new URL is inserted with discovered_at = next_fetch_at = the parent's fetch time, and depth and priority
-    by how it was found (crawler.sitemaps for the sitemap rules): a link or redirect target gets depth =
-    parent depth + 1 and priority = parent priority * DISCOVERY_PRIORITY_FACTOR; a URL a sitemap lists gets the
-    sitemap's depth and `first_schedule` of its entry; a sitemap file (a child of an index, or listed in
-    robots.txt at depth 0) gets SITEMAP_FILE_PRIORITY and `sitemap_origin`. Several parents: the smallest depth
-    and the best priority, so a re-run computes identical rows. A known URL gets `inlinks` += distinct pages
-    linking to it in this segment and its depth lowered if a shallower path appeared, once per segment (guarded
-    by urls.inlink_segment); a known page found to be a sitemap gains its `sitemap_origin`. URLs that scope or
-    trap rules reject are not stored: they are counted per host and reason in `hosts`, and accepted ones add to
-    `hosts.known_urls` (guarded by hosts.discovery_segment)."""
-    parents = results.select(
-        F.col("url_id").alias("from_url_id"), F.col("state_version").alias("from_state_version"),
-        F.col("url").alias("from_url"), "fetched_at", F.col("bucket").alias("parent_bucket"), "outcome",
-        "redirect_to", F.col("sitemap_origin").alias("parent_origin"),
-    )
-    link_columns = ["from_url_id", "from_state_version", "to_url", "sitemap_lastmod", "sitemap_changefreq",
-                    "sitemap_priority", "sitemap_origin"]
-    from_links = links.where(~F.col("rel_nofollow")).select(link_columns).join(
-        parents, ["from_url_id", "from_state_version"]).withColumn("source", F.when(
-            F.col("parent_origin").isNotNull(), UrlSource.SITEMAP.value).otherwise(UrlSource.LINK.value))
-    from_redirects = parents.where(
-        (F.col("outcome") == FetchOutcome.REDIRECT.value) & F.col("redirect_to").isNotNull()
-    ).withColumn("to_url", F.col("redirect_to")).withColumn("source", F.lit(UrlSource.REDIRECT.value))
-    for name, kind in zip(link_columns[3:], ("timestamp", "string", "double", "string"), strict=True):
-        from_redirects = from_redirects.withColumn(name, F.lit(None).cast(kind))
-    # A redirected sitemap is still a sitemap: its target keeps the origin.
-    from_redirects = from_redirects.withColumn("sitemap_origin", F.col("parent_origin"))
-    columns = ["to_url", "from_url_id", "from_url", "fetched_at", "parent_bucket", "source", *link_columns[3:]]
-    parent_state = urls_snap.select(F.col("url_id").alias("from_url_id"), F.col("url").alias("from_url"),
-                                    F.col("depth").alias("parent_depth"), F.col("priority").alias("parent_priority"))
-    candidates = from_links.select(columns).unionByName(from_redirects.select(columns)).join(
-        parent_state, ["from_url_id", "from_url"])
-    candidates = _candidate_rank(candidates)
-    if conf["sitemaps.from_robots"]:
-        candidates = candidates.unionByName(_robots_sitemap_candidates(robots, conf["robots.max_bytes"]))
-
-    return _classified_targets(conf, segment_id, candidates, urls_snap, hosts_snap)
-
-
 def merge_urls(spark: SparkSession, conf: Config, root: str, segment_id: str, completed: DataFrame,
                targets: DataFrame, now: datetime) -> None:
     """One MERGE into `urls` of the live results' completions (completion_rows: only the current version under
-    this segment's lease completes) and the discovered targets (discovery_targets): new ones inserted with
-    status unfetched, known ones get `inlinks` += distinct linking pages, a lower depth and a sitemap origin,
-    once per segment (guarded by urls.inlink_segment)."""
-    becomes_sitemap = F.col("known_origin").isNull() & F.col("sitemap_origin").isNotNull()
-    stored = targets.where(F.col("reason").isNull() & (~F.col("known") | (F.col("inlinks") > 0) | becomes_sitemap))
-    nulls = ("last_fetch_at", "last_status_code", "etag", "last_modified", "content_hash", "simhash",
-             "last_changed_at", "redirect_to", "lease_segment", "lease_expires_at", "last_segment")
-    rows = tables.conform(
-        stored.select(
-            "url_id", "url", "host_key", "bucket", "depth", "priority", "discovered_at", "inlinks",
-            F.lit(UrlStatus.UNFETCHED.value).alias("status"),
-            F.lit(0).alias("state_version"),
-            F.when(F.col("via_redirect") == 1, UrlSource.REDIRECT.value).when(
-                F.col("via_sitemap") == 1, UrlSource.SITEMAP.value).otherwise(UrlSource.LINK.value).alias("source"),
-            "sitemap_origin",
-            F.lit(segment_id).alias("discovered_in"),
-            F.col("discovered_at").alias("next_fetch_at"),
-            F.lit(conf["revisit.default_interval_s"]).alias("fetch_interval_s"),
-            F.lit(0).alias("failure_count"),
-            F.lit(segment_id).alias("inlink_segment"),
-            F.col("discovered_at").alias("updated_at"),
-            *[F.lit(None).alias(c) for c in nulls],
-        ),
-        "urls",
-    )
+    this segment's lease completes) and the discovered targets (discover.url_rows, discover.urls_part)."""
+    found = discover.urls_part(segment_id)
     keys = ["bucket", "url_id", "url"]
     source = completed.withColumn("completes", F.lit(True)).join(
-        rows.withColumn("discovers", F.lit(True)), keys, "full_outer")
+        discover.url_rows(conf, segment_id, targets), keys, "full_outer")
     seg = F.lit(segment_id)
-    discovered = F.col("s.discovers").isNotNull()
     completes = (F.col("s.completes").isNotNull() & (F.col("t.state_version") == F.col("s.c_version"))
                  & (F.col("t.lease_segment") == seg))
-    discovers = discovered & ~F.col("t.inlink_segment").eqNullSafe(seg)
     completion = {
         **{c: F.col(f"s.{n}") for c, n in (
             ("status", "n_status"), ("fetch_interval_s", "n_interval"), ("next_fetch_at", "n_next_fetch_at"),
@@ -523,147 +399,16 @@ def merge_urls(spark: SparkSession, conf: Config, root: str, segment_id: str, co
         "last_segment": seg,
         "updated_at": F.lit(now),
     }
-    discovery = {
-        "inlinks": F.col("t.inlinks") + F.col("s.inlinks"),
-        "depth": F.least("t.depth", "s.depth"),
-        "inlink_segment": seg,
-        "sitemap_origin": F.coalesce("t.sitemap_origin", "s.sitemap_origin"),
-    }
     updates = {
         **{c: F.when(completes, v).otherwise(F.col(f"t.{c}")) for c, v in completion.items()},
-        **{c: F.when(discovers, v).otherwise(F.col(f"t.{c}")) for c, v in discovery.items()},
+        **found.set,
     }
     (
         merge_into(spark, root, "urls", source, "t.bucket = s.bucket AND t.url_id = s.url_id AND t.url = s.url")
-        .whenMatchedUpdate(condition=completes | discovers, set=updates)
-        .whenNotMatchedInsert(condition=discovered,
-                              values={c: F.col(f"s.{c}") for c in tables.TABLES["urls"].schema.fieldNames()})
+        .whenMatchedUpdate(condition=completes | found.updates, set=updates)
+        .whenNotMatchedInsert(condition=found.inserts, values=found.values)
         .execute()
     )
-
-
-def _candidate_rank(candidates: DataFrame) -> DataFrame:
-    """Each candidate's own depth and priority (`cand_depth`, `cand_priority`) by how it was found; the sitemap
-    rules are crawler.sitemaps' (first_schedule as a UDF on the rows a sitemap listed, only those)."""
-    is_sitemap_file = F.col("sitemap_origin").isNotNull()
-    listed = (F.col("source") == UrlSource.SITEMAP.value) & ~is_sitemap_file
-
-    @F.udf("double")
-    def entry_priority(loc, lastmod, changefreq, priority, fetched_at):
-        entry = SitemapEntry(loc, lastmod, ChangeFreq(changefreq) if changefreq else None, priority)
-        return first_schedule(entry, fetched_at)[0]
-
-    ranked = candidates.withColumn("cand_depth", F.col("parent_depth") + F.when(
-        listed | is_sitemap_file, 0).otherwise(1))
-    by_entry = ranked.where(listed).withColumn("cand_priority", entry_priority(
-        "to_url", "sitemap_lastmod", "sitemap_changefreq", "sitemap_priority", "fetched_at"))
-    others = ranked.where(~listed).withColumn("cand_priority", F.when(
-        is_sitemap_file, F.lit(SITEMAP_FILE_PRIORITY)).otherwise(F.col("parent_priority") * DISCOVERY_PRIORITY_FACTOR))
-    return by_entry.unionByName(others)
-
-
-def _robots_sitemap_candidates(robots: DataFrame, max_bytes: int) -> DataFrame:
-    """The `Sitemap:` URLs of this segment's robots.txt observations as discovery candidates: depth 0,
-    SITEMAP_FILE_PRIORITY, origin "robots" of the host (crawler.sitemaps.robots_sitemaps)."""
-
-    @F.udf("array<struct<url:string, origin:string>>")
-    def listed(host_key, body):
-        return robots_sitemaps(host_key, body, max_bytes)
-
-    nothing = [F.lit(None).cast(t).alias(c) for c, t in (
-        ("from_url_id", "string"), ("from_url", "string"), ("sitemap_lastmod", "timestamp"),
-        ("sitemap_changefreq", "string"), ("sitemap_priority", "double"), ("parent_priority", "double"))]
-    return robots.where(F.col("robots_body").isNotNull()).select(
-        F.explode(listed("host_key", "robots_body")).alias("s"), F.col("robots_fetched_at").alias("fetched_at"),
-        F.col("r_bucket").alias("parent_bucket"),
-    ).select(
-        F.col("s.url").alias("to_url"), "fetched_at", "parent_bucket", F.lit(UrlSource.SITEMAP.value).alias("source"),
-        F.col("s.origin").alias("sitemap_origin"), F.lit(0).alias("parent_depth"), F.lit(0).alias("cand_depth"),
-        F.lit(SITEMAP_FILE_PRIORITY).alias("cand_priority"), *nothing,
-    )
-
-
-def _classified_targets(conf: Config, segment_id: str, candidates: DataFrame, urls_snap: DataFrame,
-                        hosts_snap: DataFrame) -> DataFrame:
-    """One row per link target with a canonical URL: its keys, `inlinks` (distinct linking pages other than
-    itself), `known` (in `urls` before this segment) and `reason` null (stored) or the rule that rejects it.
-    Known targets are never rejected. New ones go through scope, the per-URL trap rules, depth, then the
-    per-template and per-host caps on new URLs per cycle and the host's allowance under the known-URL cap.
-    "Known" excludes rows this segment inserted (discovered_in = segment), so a re-run ranks the same set and
-    keeps the same URLs; for the same reason the allowance adds back what this segment already counted."""
-    scope, rules, buckets = Scope.from_config(conf), TrapRules.from_config(conf), conf["crawl.buckets"]
-
-    @F.udf("struct<url:string, url_id:string, host_key:string, bucket:int, template:string, reason:string>")
-    def classify(raw_url):
-        found = classify_discovery(raw_url, scope, rules, buckets)
-        if found is None:
-            return None
-        k = found.keys
-        return (k.url, k.url_id, k.host_key, k.bucket, found.template, found.reject_reason)
-
-    keyed = candidates.select("to_url").distinct().withColumn("k", classify("to_url")).where(F.col("k").isNotNull())
-    in_table = urls_snap.select("url_id", "url", (~F.col("discovered_in").eqNullSafe(F.lit(segment_id))).alias(
-        "known"), F.col("sitemap_origin").alias("known_origin"))
-    targets = (
-        candidates.join(keyed, "to_url")
-        .groupBy("k.url_id", "k.url", "k.host_key", "k.bucket", "k.template", "k.reason")
-        .agg(
-            F.min("cand_depth").alias("depth"),
-            F.max("cand_priority").alias("priority"),
-            F.min("fetched_at").alias("discovered_at"),
-            F.min("parent_bucket").alias("parent_bucket"),
-            F.max((F.col("source") == UrlSource.REDIRECT.value).cast("int")).alias("via_redirect"),
-            F.max((F.col("source") == UrlSource.SITEMAP.value).cast("int")).alias("via_sitemap"),
-            F.min("sitemap_origin").alias("sitemap_origin"),
-            F.countDistinct(F.when(F.col("from_url_id") != F.col("k.url_id"), F.col("from_url_id"))).alias(
-                "inlinks"),
-        )
-        .join(in_table, ["url_id", "url"], "left")
-        .withColumn("known", F.coalesce("known", F.lit(False)))
-        .withColumn("reason", F.when(F.col("known"), F.lit(None)).otherwise(F.coalesce("reason", F.when(
-            F.col("depth") > conf["scope.max_depth"], F.lit(DEPTH_BEYOND_SCOPE)))))
-    )
-    # What this segment already stored (a re-run after the tally merge) counts as not yet known.
-    stored_here = urls_snap.where(F.col("discovered_in") == F.lit(segment_id)).groupBy("host_key").agg(
-        F.count("*").alias("stored_here"))
-    allowance = hosts_snap.select(
-        "host_key", "known_urls", F.col("discovery_segment").eqNullSafe(F.lit(segment_id)).alias("tallied")
-    ).join(stored_here, "host_key", "left").select(
-        "host_key",
-        F.expr(new_url_allowance_sql(
-            "known_urls - case when tallied then coalesce(stored_here, 0L) else 0L end",
-            rules.max_known_urls_per_host)).alias("allowance"),
-    )
-    targets = targets.join(allowance, "host_key", "left").withColumn(
-        "allowance", F.coalesce("allowance", F.lit(rules.max_known_urls_per_host)))
-    first = [F.col("depth"), F.col("url_id"), F.col("url")]
-    open_new = F.col("reason").isNull() & ~F.col("known")
-    caps = (
-        (Window.partitionBy("host_key", "template", open_new), rules.max_new_urls_per_template_per_cycle,
-         TEMPLATE_NEW_URL_CAP),
-        (Window.partitionBy("host_key", open_new), rules.max_new_urls_per_host_per_cycle, HOST_NEW_URL_CAP),
-        (Window.partitionBy("host_key", open_new), F.col("allowance"), HOST_KNOWN_URL_CAP),
-    )
-    for window, cap, reason in caps:
-        targets = targets.withColumn("reason", F.when(
-            open_new & (F.row_number().over(window.orderBy(*first)) > cap), F.lit(reason)).otherwise(F.col("reason")))
-        open_new = F.col("reason").isNull() & ~F.col("known")
-    return targets.drop("allowance")
-
-
-def discovery_tally(fresh: DataFrame) -> DataFrame:
-    """Per host of this segment's new link targets (`fresh`): `accepted` URLs, `rejections` (reason -> count) and
-    a `sample` of at most TRAP_SAMPLE_SIZE rejected URLs, for `hosts.known_urls`, `trap_rejections` and
-    `trap_sample` (merge_hosts). A host the crawl never accepted a URL of gets no row just for being rejected."""
-    rejected = fresh.where(F.col("reason").isNotNull())
-    accepted = fresh.where(F.col("reason").isNull()).groupBy("host_key", "bucket").agg(
-        F.count("*").alias("accepted"))
-    counts = rejected.groupBy("host_key", "bucket", "reason").agg(F.count("*").alias("n")).groupBy(
-        "host_key", "bucket").agg(F.map_from_entries(F.collect_list(F.struct("reason", "n"))).alias("rejections"))
-    sample_rank = F.row_number().over(Window.partitionBy("host_key").orderBy("url"))
-    samples = rejected.withColumn("_r", sample_rank).where(F.col("_r") <= TRAP_SAMPLE_SIZE).groupBy(
-        "host_key").agg(F.array_sort(F.collect_list("url")).alias("sample"))
-    return accepted.join(counts, ["host_key", "bucket"], "full_outer").join(samples, "host_key", "left")
 
 
 def record_merged(spark: SparkSession, root: str, segment_id: str, per_bucket: dict[int, Row],

@@ -18,7 +18,8 @@ from crawler.frontier import Scope, classify_discovery, registered_domain
 from crawler.records import FETCHED
 from crawler.traps import TrapRules, trap_reason, url_template
 from delta_tables import tables
-from jobs import generate, inject, maintain, update
+from jobs import generate, inject, update
+from jobs.base import recount_known_urls
 from tests.support.fetchlists import result_row, write_parquet
 from tests.support.tables import append_rows, snapshot
 
@@ -242,8 +243,8 @@ def test_known_url_cap_bounds_a_host_and_maintain_recounts(spark, base_conf, roo
     update.run(spark, conf, root, SEG)
     assert snapshot(spark, root) == before
 
-    # A drifted count (e.g. inject died between its two merges) is put right by maintain.
+    # A drifted count (e.g. inject died between its two merges) is put right by maintain's recount.
     DeltaTable.forPath(spark, tables.table_path(root, "hosts")).update(set={"known_urls": F.lit(0).cast("bigint")})
-    maintain.recount_known_urls(spark, root)
+    recount_known_urls(spark, root)
     assert {r.host_key: r.known_urls for r in tables.table_df(spark, root, "hosts").collect()} == {
         "http://a.test": 4, "http://b.test": 2}
