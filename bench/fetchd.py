@@ -6,7 +6,7 @@ Run on demand, never as a test:
                                      [--hosts-b 1000] [--pages-b 5] [--rss-urls 100000,1000000]
                                      [--root /tmp/cyclecrawl-bench-fetchd]
 
-Everything runs on loopback against the site farm (fetchd/sitefarm.py, latency 0), which runs in its own
+Everything runs on loopback against the site farm (the sitefarm package, latency 0), which runs in its own
 `python -c` subprocess, so the CPU figures are the client's alone. Each client run is a fresh subprocess too
 (the daemon's host memory — gates, robots cache — is per process), measured from inside with getrusage
 (self + waited-for children, every thread included) around the call.
@@ -58,7 +58,9 @@ from aiohttp.abc import AbstractResolver
 from crawler import config as config_mod
 from crawler import layout, records, urls
 from crawler.robots import RobotsPolicy
-from fetchd.sitefarm import FarmSpec, SiteFarm, politeness_violations
+from sitefarm.judge import politeness_violations
+from sitefarm.server import SiteFarm
+from sitefarm.sites import FarmSpec
 
 REPO = Path(__file__).resolve().parent.parent
 TARGET_RAW_RATIO = 0.70     # (a) fetchd pages/s ÷ raw aiohttp pages/s
@@ -69,7 +71,8 @@ RSS_SAMPLE_S = 0.1
 # The farm's process: serve, publish port + URLs in a JSON file, print "ready", serve until stdin closes.
 FARM_SCRIPT = """
 import json, os, sys
-from fetchd.sitefarm import FarmSpec, SiteFarm
+from sitefarm.server import SiteFarm
+from sitefarm.sites import FarmSpec
 hosts, pages, log_path, out = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4]
 farm = SiteFarm(FarmSpec(hosts=hosts, pages_per_host=pages, latency_s=0), log_path)
 farm.start()

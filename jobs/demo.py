@@ -78,13 +78,6 @@ def warc_files(root: str) -> list[Path]:
     return sorted(Path(layout.segments_dir(root)).glob("*/warc/bucket=*/*.warc.gz"))
 
 
-def robots_violations(log_records: list[dict], disallowed: set[str]) -> list[str]:
-    """Disallowed farm URLs that appear in the farm's own request log."""
-    from fetchd.sitefarm import requested_url
-
-    return [url for url in map(requested_url, log_records) if url in disallowed]
-
-
 def demo_config(conf: Config, root: str, farm) -> Config:
     return conf.with_overrides(
         {
@@ -101,7 +94,8 @@ def measure(spark, conf: Config, root: str, farm, cycles: int, farm_log: Path) -
     from pyspark.sql import functions as F
 
     from delta_tables import table_df
-    from fetchd.sitefarm import politeness_violations, read_request_log
+    from sitefarm.judge import politeness_violations, robots_violations
+    from sitefarm.server import read_request_log
 
     token = conf["crawl.robots_token"]
     min_delay = conf["politeness.min_delay_s"]
@@ -149,11 +143,12 @@ def measure(spark, conf: Config, root: str, farm, cycles: int, farm_log: Path) -
 
 
 def run_demo(conf: Config, root: str, cycles: int | None = None) -> int:
-    from fetchd.sitefarm import FarmSpec, SiteFarm
     from jobs import report as cycle_report
     from jobs import validate
     from jobs.base import spark_session
     from jobs.cycle import run_cycle
+    from sitefarm.server import SiteFarm
+    from sitefarm.sites import FarmSpec
 
     cycles = cycles or conf["demo.cycles"]
     prepare_root(root)

@@ -15,7 +15,7 @@ import pytest
 
 from crawler import layout
 from fetchd.progress import segment_progress
-from fetchd.sitefarm import requested_url
+from sitefarm.judge import requested_url
 from tests.support import airflow
 from tests.support.airflow import DAGS, run_airflow_script
 

@@ -14,8 +14,8 @@ from fastwarc.warc import ArchiveIterator
 
 from crawler.urls import host_key
 from delta_tables import TABLES, table_df
-from fetchd.sitefarm import politeness_violations, requested_url
-from jobs import demo, events, update
+from jobs import events, update
+from sitefarm.judge import politeness_violations, requested_url, robots_violations
 from tests.support.crawl import BAD_SEED_LINES, CYCLES
 from tests.support.tables import snapshot
 
@@ -52,7 +52,7 @@ def test_every_reachable_allowed_page_fetched(spark, shared_crawl):
 def test_no_disallowed_url_requested(shared_crawl):
     disallowed = shared_crawl.farm.disallowed_urls(shared_crawl.conf["crawl.robots_token"])
     assert disallowed, "the farm must have robots-disallowed pages for this test to mean anything"
-    assert demo.robots_violations(shared_crawl.log, disallowed) == []
+    assert robots_violations(shared_crawl.log, disallowed) == []
 
 
 def test_zero_politeness_violations_from_farm_log(shared_crawl):

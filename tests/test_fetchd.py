@@ -28,7 +28,9 @@ from crawler.politeness import HostGate
 from crawler.robots import RobotsPolicy
 from fetchd import cli
 from fetchd.daemon import fetch_segment, serve
-from fetchd.sitefarm import FarmSpec, SiteFarm, politeness_violations, read_request_log
+from sitefarm.judge import politeness_violations
+from sitefarm.server import SiteFarm, read_request_log
+from sitefarm.sites import FarmSpec
 from tests.support import virtual
 from tests.support.fetchlists import by_url, files_under, read_results, record_at, write_fetchlist
 from tests.support.servers import EdgeServer, edge_conf, gaps

@@ -21,8 +21,9 @@ from crawler import layout
 from fetchd.daemon import fetch_segment, pending_buckets, pending_work, serve
 from fetchd.ownership import LeaseStore
 from fetchd.progress import close_segment, segment_progress
-from fetchd.sitefarm import FarmSpec, SiteFarm, read_request_log
 from fetchd.storage import S3Store
+from sitefarm.server import SiteFarm, read_request_log
+from sitefarm.sites import FarmSpec
 from tests.support import virtual
 from tests.support.fetchlists import files_under, read_results, record_at, write_fetchlist
 from tests.support.s3 import moto_server, objects, put_fetchlist, result_rows

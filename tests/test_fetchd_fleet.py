@@ -24,7 +24,9 @@ import yaml
 from crawler import config, layout, urls
 from fetchd.daemon import pending_work
 from fetchd.ownership import LeaseStore, leases_dir
-from fetchd.sitefarm import FarmSpec, SiteFarm, politeness_violations, read_request_log
+from sitefarm.judge import politeness_violations
+from sitefarm.server import SiteFarm, read_request_log
+from sitefarm.sites import FarmSpec
 from tests.support.fetchlists import files_under, read_results, write_fetchlist
 
 pytestmark = pytest.mark.slow

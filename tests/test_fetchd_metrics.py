@@ -23,7 +23,8 @@ from crawler import layout
 from crawler.config import ConfigError
 from fetchd.daemon import fetch_segment, serve
 from fetchd.metrics import render_prometheus
-from fetchd.sitefarm import FarmSpec, SiteFarm, read_request_log
+from sitefarm.server import SiteFarm, read_request_log
+from sitefarm.sites import FarmSpec
 from tests.support.fetchlists import read_results, write_fetchlist
 from tests.support.servers import free_port
 

@@ -29,8 +29,9 @@ from crawler import layout
 from crawler.clock import SYSTEM_CLOCK
 from fetchd.daemon import fetch_segment, pending_work
 from fetchd.ownership import S3LeaseStore
-from fetchd.sitefarm import FarmSpec, SiteFarm
 from fetchd.storage import S3Store
+from sitefarm.server import SiteFarm
+from sitefarm.sites import FarmSpec
 from tests.support.s3 import moto_server, objects
 from tests.support.s3 import put_fetchlist as put_segment_fetchlist
 from tests.support.s3 import result_rows as segment_result_rows

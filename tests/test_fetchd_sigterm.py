@@ -20,7 +20,9 @@ import yaml
 from crawler import config, layout
 from fetchd.daemon import pending_work
 from fetchd.ownership import LeaseStore
-from fetchd.sitefarm import FarmSpec, SiteFarm, politeness_violations, read_request_log
+from sitefarm.judge import politeness_violations
+from sitefarm.server import SiteFarm, read_request_log
+from sitefarm.sites import FarmSpec
 from tests.support import virtual
 from tests.support.fetchlists import files_under, read_results, record_at, write_fetchlist
 

@@ -23,7 +23,9 @@ import yaml
 
 from crawler import layout
 from fetchd.daemon import pending_work
-from fetchd.sitefarm import FarmSpec, SiteFarm, politeness_violations, read_request_log
+from sitefarm.judge import politeness_violations
+from sitefarm.server import SiteFarm, read_request_log
+from sitefarm.sites import FarmSpec
 from tests.support.fetchlists import files_under, read_results, record_at, write_fetchlist
 from tests.support.servers import free_port
 

@@ -19,7 +19,9 @@ from crawler.scheduling import HostScheduler
 from fetchd import daemon as daemon_mod
 from fetchd.daemon import BucketRun, fetch_segment
 from fetchd.fetchlist import FetchList, KeySet, result_key
-from fetchd.sitefarm import FarmSpec, SiteFarm, politeness_violations, read_request_log
+from sitefarm.judge import politeness_violations
+from sitefarm.server import SiteFarm, read_request_log
+from sitefarm.sites import FarmSpec
 from tests.support.fetchlists import read_results
 
 SEGMENT = "seg-stream"

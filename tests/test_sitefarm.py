@@ -19,15 +19,10 @@ from selectolax.lexbor import LexborHTMLParser
 from crawler.robots import RobotsPolicy
 from crawler.sitemaps import ChangeFreq, FoundVia, SitemapEntry, SitemapOrigin, SitemapResult, parse_sitemap
 from crawler.urls import canonicalize, host_key, resolve
-from fetchd.sitefarm import (
-    MALFORMED_LOC,
-    SITEMAP_DATE,
-    SITEMAP_NS,
-    FarmSpec,
-    SiteFarm,
-    politeness_violations,
-    read_request_log,
-)
+from sitefarm.judge import politeness_violations
+from sitefarm.resources import SITEMAP_DATE, SITEMAP_NS
+from sitefarm.server import SiteFarm, read_request_log
+from sitefarm.sites import MALFORMED_LOC, FarmSpec
 
 TOKEN = "cyclecrawl"
 UA = "cyclecrawl/0.1 (+https://cyclecrawl.invalid/bot)"

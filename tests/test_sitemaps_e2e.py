@@ -14,7 +14,7 @@ from pyspark.sql import functions as F
 from crawler.sitemaps import SITEMAP_FILE_PRIORITY, ChangeFreq, SitemapEntry, first_schedule
 from crawler.urls import canonicalize, host_key
 from delta_tables import table_df
-from fetchd.sitefarm import requested_url
+from sitefarm.judge import requested_url
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
 

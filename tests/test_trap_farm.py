@@ -18,7 +18,9 @@ from crawler.sitemaps import probe_url
 from crawler.traps import HOST_KNOWN_URL_CAP, TEMPLATE_NEW_URL_CAP, url_template
 from crawler.urls import canonicalize, host_key
 from delta_tables import table_df
-from fetchd.sitefarm import CALENDAR_HOST, FACETS_HOST, PROBE_PATH, SiteFarm
+from sitefarm.server import SiteFarm
+from sitefarm.sites import PROBE_PATH
+from sitefarm.traps import CALENDAR_HOST, FACETS_HOST
 from tests.support.crawl import CYCLES, FARM, KNOWN_URL_CAP, TEMPLATE_CAP
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]

@@ -18,8 +18,9 @@ from pathlib import Path
 import yaml
 
 from crawler.config import Config
-from fetchd.sitefarm import FarmSpec, SiteFarm, read_request_log
 from jobs import demo
+from sitefarm.server import SiteFarm, read_request_log
+from sitefarm.sites import FarmSpec
 from tests.support.cluster import Cluster
 from tests.support.config import SHORT_LIVED_JVM_ENV, at_background_priority
 

@@ -26,9 +26,10 @@ from typing import Any
 import yaml
 
 from crawler.config import Config
-from fetchd.sitefarm import FarmSpec, SiteFarm, read_request_log
 from jobs import cycle, demo
 from jobs.base import STEP_STARTED
+from sitefarm.server import SiteFarm, read_request_log
+from sitefarm.sites import FarmSpec
 
 CYCLES = 4
 FARM = FarmSpec(hosts=6, pages_per_host=20, trap_hosts=True, large_host_pages=(300, 60))

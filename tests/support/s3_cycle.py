@@ -18,8 +18,9 @@ from pathlib import Path
 import yaml
 
 from crawler.config import Config
-from fetchd.sitefarm import FarmSpec, SiteFarm
 from jobs.demo import demo_config
+from sitefarm.server import SiteFarm
+from sitefarm.sites import FarmSpec
 from tests.support.config import SHORT_LIVED_JVM_ENV, at_background_priority
 from tests.support.s3 import S3Server
 

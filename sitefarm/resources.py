@@ -1,0 +1,98 @@
+"""What the farm serves, written out: one Resource per URL, the HTML page and sitemap file writers every host
+shares, and the words of its pages. Every farm host is a name under DOMAIN."""
+
+from __future__ import annotations
+
+import datetime
+import html
+import random
+from dataclasses import dataclass
+from typing import Any
+
+from crawler.urls import resolve
+
+DOMAIN = "farm.test"
+HTML_TYPE = "text/html; charset=utf-8"
+WORDS = (
+    "crawl", "fetch", "parse", "index", "frontier", "segment", "host", "robots", "politeness", "delay", "bucket",
+    "lease", "merge", "delta", "table", "spark", "daemon", "warc", "record", "digest", "link", "anchor", "title",
+    "section", "page", "farm", "site", "query", "fragment", "redirect", "sitemap", "canonical", "duplicate",
+    "simhash", "shingle", "revisit", "interval", "backoff", "budget", "scope", "depth", "seed",
+)
+SITEMAP_NS = "http://www.sitemaps.org/schemas/sitemap/0.9"
+# The farm's "today" for lastmod values: fixed, so the farm stays deterministic and takes no clock.
+SITEMAP_DATE = datetime.datetime(2026, 1, 15, tzinfo=datetime.timezone.utc)
+CHANGEFREQS = ("always", "hourly", "daily", "weekly", "monthly", "yearly", "never")
+
+
+@dataclass(frozen=True)
+class Resource:
+    """One URL the farm answers: its response and the canonical outlinks a correct parser finds in it."""
+
+    status: int
+    body: bytes
+    content_type: str = HTML_TYPE
+    location: str | None = None
+    links: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Sitemap:
+    """One sitemap file as the farm wrote it: how a crawler finds it and its entries (parsed values)."""
+
+    found_via: str  # "robots", "index" or "probe"
+    kind: str  # "sitemapindex" or "urlset"
+    entries: tuple[dict[str, Any], ...]
+
+
+def html_page(url: str, title: str, hrefs: list[str], rng: random.Random) -> Resource:
+    """An HTML page of filler words from `rng` linking to `hrefs`, with the canonical outlinks they resolve to."""
+    paragraphs = []
+    for _ in range(3):
+        paragraphs.append("<p>" + " ".join(rng.choice(WORDS) for _ in range(rng.randint(40, 90))) + "</p>")
+    anchors = "\n".join(f'<li><a href="{html.escape(href)}">link {n}</a></li>' for n, href in enumerate(hrefs))
+    title = html.escape(title)
+    document = (
+        f"<!doctype html>\n<html><head><meta charset=\"utf-8\"><title>{title}</title></head>\n"
+        f"<body><h1 id=\"top\">{title}</h1>\n{''.join(paragraphs)}\n<ul>\n{anchors}\n</ul></body></html>\n"
+    )
+    links = dict.fromkeys(link for link in (resolve(url, href) for href in hrefs) if link is not None)
+    return Resource(200, document.encode("utf-8"), links=tuple(links))
+
+
+def listings(locs: list[str], rng: random.Random) -> list[dict[str, Any]]:
+    """Urlset entries with a mix of fields: by position a recent, an old or no lastmod; a changefreq or none;
+    a priority 0.1..1.0 or none."""
+    entries = []
+    for position, loc in enumerate(locs):
+        lastmod = None
+        if position % 3 == 0:  # within a week of SITEMAP_DATE
+            lastmod = SITEMAP_DATE - datetime.timedelta(days=rng.randint(0, 5), hours=rng.randint(1, 23))
+        elif position % 3 == 1:  # over a year old
+            lastmod = SITEMAP_DATE - datetime.timedelta(days=rng.randint(400, 1500))
+        entries.append({"loc": loc, "lastmod": lastmod, "changefreq": rng.choice((None, *CHANGEFREQS)),
+                        "priority": None if position % 4 == 3 else rng.randint(1, 10) / 10})
+    return entries
+
+
+def _w3c(moment: datetime.datetime) -> str:
+    """A lastmod as sitemaps write them: a bare date at midnight UTC, else a time in a +02:00 zone."""
+    if moment.time() == datetime.time(0):
+        return moment.date().isoformat()
+    return moment.astimezone(datetime.timezone(datetime.timedelta(hours=2))).isoformat(timespec="seconds")
+
+
+def sitemap_xml(kind: str, entries: list[dict[str, Any]]) -> bytes:
+    item = "url" if kind == "urlset" else "sitemap"
+    lines = ['<?xml version="1.0" encoding="UTF-8"?>', f'<{kind} xmlns="{SITEMAP_NS}">']
+    for entry in entries:
+        fields = [f"<loc>{html.escape(entry['loc'])}</loc>"]
+        if entry["lastmod"] is not None:
+            fields.append(f"<lastmod>{_w3c(entry['lastmod'])}</lastmod>")
+        if entry["changefreq"] is not None:
+            fields.append(f"<changefreq>{entry['changefreq']}</changefreq>")
+        if entry["priority"] is not None:
+            fields.append(f"<priority>{entry['priority']:.1f}</priority>")
+        lines.append(f"  <{item}>{''.join(fields)}</{item}>")
+    lines.append(f"</{kind}>\n")
+    return "\n".join(lines).encode("utf-8")
