@@ -1,7 +1,8 @@
 """Observability of the fetch daemon: counters, scheduler gauges, a Prometheus `/metrics` and a JSON `/status`.
 
-One `snapshot` of a daemon feeds all three views (the exposition text, the status document and the periodic
-progress log line), so they never disagree. Counters live in `Metrics` and only grow while the daemon
+One `snapshot` of a daemon's state feeds all three views (the exposition text, the status document and the
+periodic progress log line), so they never disagree; the daemon fills that state (`DaemonState`) when asked, and
+this module reads nothing else of it. Counters live in `Metrics` and only grow while the daemon
 lives; gauges are read from the buckets being fetched at the moment of the snapshot:
 
 * active hosts: hosts with URLs not reported yet (queued, waiting for robots.txt, or in flight);
@@ -21,14 +22,14 @@ import json
 import logging
 import math
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
 if TYPE_CHECKING:
-    from fetchd.daemon import BucketRun, Daemon, HostWork
+    from crawler.scheduling import HostWork
 
 log = logging.getLogger("fetchd")
 
@@ -61,6 +62,31 @@ class Metrics:
     def politeness_wait(self, seconds: float) -> None:
         self.politeness_waits += 1
         self.politeness_wait_s += seconds
+
+
+@dataclass(frozen=True)
+class BucketState:
+    """What the figures read of one bucket run (`fetchd.bucketrun.BucketRun.state`); `outcomes` and `hosts` are
+    the run's own, read at once."""
+
+    bucket: int
+    urls: int                   # URLs the run fetches (not reported by an earlier run)
+    outcomes: Counter[str]      # of those, finished so far, by outcome
+    hosts: Collection[HostWork]
+    begun: float | None         # monotonic start of the run's scheduler; None before it started
+    tasks: int                  # requests and host preparations in flight
+    warc_files_closed: int
+
+
+@dataclass(frozen=True)
+class DaemonState:
+    """What the figures read of a daemon at one instant (`fetchd.daemon.Daemon.state`)."""
+
+    daemon_id: str
+    segment_id: str | None  # the segment being (or last) fetched
+    now: float              # the daemon's clock (monotonic)
+    metrics: Metrics
+    buckets: list[BucketState]
 
 
 @dataclass
@@ -96,8 +122,8 @@ def host_figures(hosts: Iterable[HostWork], begun: float, now: float) -> HostFig
     return figures
 
 
-def _bucket_status(run: BucketRun, now: float) -> tuple[dict[str, Any], HostFigures]:
-    figures = host_figures(run.hosts.values(), run.begun, now) if run.begun is not None else HostFigures()
+def _bucket_status(run: BucketState, now: float) -> tuple[dict[str, Any], HostFigures]:
+    figures = host_figures(run.hosts, run.begun, now) if run.begun is not None else HostFigures()
     results = sum(run.outcomes.values())
     status = {
         "bucket": run.bucket,
@@ -109,27 +135,27 @@ def _bucket_status(run: BucketRun, now: float) -> tuple[dict[str, Any], HostFigu
         "active_hosts": figures.active,
         "ready_hosts": figures.ready,
         "queued": figures.queued,
-        "tasks": len(run.tasks),
-        "warc_files_closed": run.out.warc_files,
+        "tasks": run.tasks,
+        "warc_files_closed": run.warc_files_closed,
     }
     return status, figures
 
 
-def snapshot(daemon: Daemon) -> dict[str, Any]:
+def snapshot(state: DaemonState) -> dict[str, Any]:
     """Every figure the daemon reports, at one instant."""
-    now = daemon.clock.monotonic()
-    m = daemon.metrics
+    now = state.now
+    m = state.metrics
     totals = HostFigures()
     buckets = []
-    for run in daemon.runs:
+    for run in state.buckets:
         status, figures = _bucket_status(run, now)
         buckets.append(status)
         totals.add(figures)
     done = sum(m.outcomes.values())
     uptime = max(now - m.started, 1e-9)
     return {
-        "daemon_id": daemon.daemon_id,
-        "segment_id": daemon.segment_id,
+        "daemon_id": state.daemon_id,
+        "segment_id": state.segment_id,
         "uptime_s": round(uptime, 3),
         "counters": {
             "urls_listed": m.urls_listed,
@@ -231,10 +257,11 @@ def render_prometheus(snap: dict[str, Any]) -> str:
 
 
 class MetricsServer:
-    """`/metrics` and `/status` over HTTP, served from the daemon's own event loop."""
+    """`/metrics` and `/status` over HTTP, served from the daemon's own event loop; `state` gives the daemon's
+    state at each request."""
 
-    def __init__(self, daemon: Daemon):
-        self.daemon = daemon
+    def __init__(self, state: Callable[[], DaemonState]):
+        self.state = state
         app = web.Application()
         app.router.add_get("/metrics", self._metrics)
         app.router.add_get("/status", self._status)
@@ -253,8 +280,8 @@ class MetricsServer:
         await self.runner.cleanup()
 
     async def _metrics(self, _request: web.Request) -> web.Response:
-        body = render_prometheus(snapshot(self.daemon))
+        body = render_prometheus(snapshot(self.state()))
         return web.Response(body=body.encode("utf-8"), headers={"Content-Type": CONTENT_TYPE_0_0_4})
 
     async def _status(self, _request: web.Request) -> web.Response:
-        return web.Response(text=json.dumps(snapshot(self.daemon), sort_keys=True), content_type="application/json")
+        return web.Response(text=json.dumps(snapshot(self.state()), sort_keys=True), content_type="application/json")

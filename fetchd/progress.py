@@ -1,10 +1,14 @@
 """How far the daemons are with a segment: which buckets have a fetch list, which have `_DONE.json`, whether
 the segment is closed; and closing it, when the cycle stops waiting for it.
 
-The scheduler's fetch sensor (airflow_dags/crawl_cycle.py) polls this between the generate and parse steps;
-it lists folders (or S3 prefixes) only and reads no Parquet, so a poke stays cheap however large the segment
-is. The listing is the daemons' own (`fetchlist_buckets` / `is_done` of a `fetchd.storage` store), so the
-sensor and the daemons always agree on what "done" means, on a local root and on S3 alike.
+The scheduler's fetch sensor (airflow_dags/crawl_cycle.py) polls this (`segment_progress`) between the generate
+and parse steps; it lists folders (or S3 prefixes) only and reads no Parquet, so a poke stays cheap however large
+the segment is. The listing is the daemons' own (`fetchlist_buckets` / `is_done` of a `fetchd.storage` store), so
+the sensor and the daemons always agree on what "done" means, on a local root and on S3 alike.
+
+The daemons look for work here too, with the same store calls: the buckets of a segment still to fetch
+(`pending_buckets`, none once it is closed), those of every segment (`pending_work`), and a bucket's fetch list
+(`read_fetchlist`).
 
 At the fetch deadline the scheduler closes the segment (`close_segment`: `ROOT/segments/<id>/_CLOSED.json`).
 Daemons then start none of its buckets, and a daemon fetching one stops it within `fetch.poll_interval_s` plus
@@ -15,13 +19,12 @@ Daemons then start none of its buckets, and a daemon fetching one stops it withi
 from __future__ import annotations
 
 from datetime import datetime, timezone
-from typing import TYPE_CHECKING, NamedTuple
+from typing import NamedTuple
 
 from crawler import layout
 from crawler.config import Config
-
-if TYPE_CHECKING:
-    from fetchd.storage import LocalStore
+from fetchd.fetchlist import FetchList
+from fetchd.storage import LocalStore, open_store
 
 
 class SegmentProgress(NamedTuple):
@@ -42,8 +45,6 @@ class SegmentProgress(NamedTuple):
 
 def _open_store(root: str, segment_id: str, conf: Config | None) -> LocalStore:
     """The daemons' store of the root; `conf` (for its s3.* keys) is needed for an s3:// root only."""
-    from fetchd.storage import LocalStore, open_store
-
     layout.check_segment_id(segment_id)
     root = layout.normalize_root(root)
     if layout.is_s3(root) and conf is None:
@@ -82,3 +83,35 @@ def close_segment(root: str, segment_id: str, reason: str, conf: Config | None =
         return progress._replace(closed=True)
     finally:
         store.close()
+
+
+def read_fetchlist(root: str, segment_id: str, bucket: int) -> FetchList:
+    """The bucket's fetch list, to be read in record batches (`fetchd.fetchlist`)."""
+    return FetchList(root, segment_id, bucket)
+
+
+def _store(root: str | LocalStore) -> LocalStore:
+    """`root`: a local folder, or the store of any root."""
+    return root if isinstance(root, LocalStore) else LocalStore(layout.normalize_root(root))
+
+
+def unfinished_buckets(root: str | LocalStore, segment_id: str) -> list[int]:
+    """Buckets of a segment that have a fetch list and no `_DONE.json` yet."""
+    store = _store(root)
+    return [b for b in store.fetchlist_buckets(segment_id) if not store.is_done(segment_id, b)]
+
+
+def pending_buckets(root: str | LocalStore, segment_id: str) -> list[int]:
+    """The unfinished buckets a daemon may fetch: none once the segment is closed (`_CLOSED.json`)."""
+    store = _store(root)
+    return [] if store.is_closed(segment_id) else unfinished_buckets(store, segment_id)
+
+
+def pending_work(root: str | LocalStore) -> dict[int, list[str]]:
+    """Bucket -> the segments (oldest first) where it has a fetch list and no `_DONE.json`."""
+    store = _store(root)
+    work: dict[int, list[str]] = {}
+    for segment_id in store.segments():
+        for bucket in pending_buckets(store, segment_id):
+            work.setdefault(bucket, []).append(segment_id)
+    return work

@@ -213,7 +213,7 @@ def s3_cycle(s3_cycle_started):
 def _fresh_daemon_memory():
     """Each test's daemons start with no host memory: the robots cache and gates (per thread) are keyed by
     host:port, and a test's loopback server can get a port an earlier test's server had."""
-    from fetchd.daemon import forget_hosts
+    from fetchd.hostprep import forget_hosts
 
     forget_hosts()
 

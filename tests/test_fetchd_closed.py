@@ -18,9 +18,9 @@ from pathlib import Path
 import pytest
 
 from crawler import layout
-from fetchd.daemon import fetch_segment, pending_buckets, pending_work, serve
+from fetchd.daemon import fetch_segment, serve
 from fetchd.ownership import LeaseStore
-from fetchd.progress import close_segment, segment_progress
+from fetchd.progress import close_segment, pending_buckets, pending_work, segment_progress
 from fetchd.storage import S3Store
 from sitefarm.server import SiteFarm, read_request_log
 from sitefarm.sites import FarmSpec
@@ -32,7 +32,7 @@ SEGMENT = "seg-closed"
 S3_SEGMENT = "seg-closed-s3"
 POLL_S = 0.3
 GRACE_S = 2.0
-STOP_POLL_S = 0.5  # how often a bucket run and its drain look whether to stop (fetchd.daemon._STOP_POLL_S)
+STOP_POLL_S = 0.5  # how often a bucket run and its drain look whether to stop (fetchd.exchange.STOP_POLL_S)
 
 
 def slow_farm(tmp_path: Path) -> SiteFarm:

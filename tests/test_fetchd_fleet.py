@@ -22,8 +22,8 @@ import pytest
 import yaml
 
 from crawler import config, layout, urls
-from fetchd.daemon import pending_work
 from fetchd.ownership import LeaseStore, leases_dir
+from fetchd.progress import pending_work
 from sitefarm.judge import politeness_violations
 from sitefarm.server import SiteFarm, read_request_log
 from sitefarm.sites import FarmSpec

@@ -27,8 +27,9 @@ from fastwarc.warc import ArchiveIterator, WarcRecordType
 
 from crawler import layout
 from crawler.clock import SYSTEM_CLOCK
-from fetchd.daemon import fetch_segment, pending_work
+from fetchd.daemon import fetch_segment
 from fetchd.ownership import S3LeaseStore
+from fetchd.progress import pending_work
 from fetchd.storage import S3Store
 from sitefarm.server import SiteFarm
 from sitefarm.sites import FarmSpec

@@ -18,8 +18,8 @@ import pytest
 import yaml
 
 from crawler import config, layout
-from fetchd.daemon import pending_work
 from fetchd.ownership import LeaseStore
+from fetchd.progress import pending_work
 from sitefarm.judge import politeness_violations
 from sitefarm.server import SiteFarm, read_request_log
 from sitefarm.sites import FarmSpec
@@ -30,7 +30,7 @@ BUCKETS = 2
 MIN_DELAY = 0.2
 PROJECT = Path(__file__).resolve().parents[1]
 SEGMENT = "seg-term"
-STOP_POLL_S = 0.5  # how often a bucket run and its drain look whether to stop (fetchd.daemon._STOP_POLL_S)
+STOP_POLL_S = 0.5  # how often a bucket run and its drain look whether to stop (fetchd.exchange.STOP_POLL_S)
 
 
 def _slow_farm(log_path: Path) -> SiteFarm:

@@ -22,7 +22,7 @@ import pytest
 import yaml
 
 from crawler import layout
-from fetchd.daemon import pending_work
+from fetchd.progress import pending_work
 from sitefarm.judge import politeness_violations
 from sitefarm.server import SiteFarm, read_request_log
 from sitefarm.sites import FarmSpec

@@ -17,7 +17,8 @@ import pytest
 from crawler import layout, records, urls
 from crawler.scheduling import HostScheduler
 from fetchd import daemon as daemon_mod
-from fetchd.daemon import BucketRun, fetch_segment
+from fetchd.bucketrun import BucketRun
+from fetchd.daemon import fetch_segment
 from fetchd.fetchlist import FetchList, KeySet, result_key
 from sitefarm.judge import politeness_violations
 from sitefarm.server import SiteFarm, read_request_log

@@ -1,7 +1,7 @@
 """The host scheduler on a virtual clock: a simulated crawl of thousands of URLs over hosts with different delays,
 robots rules and failures, judged from the simulated servers' own log, plus unit tests of single decisions.
 
-The simulation (`tests/support/virtual.py`) drives `HostScheduler` as `fetchd.daemon.BucketRun` does (prepare =
+The simulation (`tests/support/virtual.py`) drives `HostScheduler` as `fetchd.bucketrun.BucketRun` does (prepare =
 robots.txt through the gate, dispatch = `start` then one request, `HostGate.finished` at the response's end), but
 every response time and status comes from a seeded script. The checks recompute the delay rule from the server's
 side independently.

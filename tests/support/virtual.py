@@ -1,7 +1,7 @@
 """Timing rules on a virtual clock: checked exactly, with no sleeping and no sockets.
 
 Two levels. `VirtualBucketRun` drives the real `crawler.scheduling.HostScheduler` and `crawler.politeness.HostGate`
-as `fetchd.daemon.BucketRun` does — prepare = robots.txt through the host's gate, dispatch = `start` then one
+as `fetchd.bucketrun.BucketRun` does — prepare = robots.txt through the host's gate, dispatch = `start` then one
 request, `HostGate.finished` at the response's end with its Retry-After (read against the wall clock) and response
 time — against a virtual server whose response times and statuses come from a script.
 
@@ -148,7 +148,7 @@ class VirtualBucketRun:
         self.at(request.end, end)
 
     def prepare(self, host: HostWork) -> None:
-        """robots.txt through the host's gate (open: the host is new), as `BucketRun._fetch_robots` does."""
+        """robots.txt through the host's gate (open: the host is new), as `fetchd.hostprep.HostPreparer` does."""
         host.gate.started(self.clock.now)
 
         def done(request: Request) -> None:
@@ -334,7 +334,7 @@ def run_virtual(clock: VirtualClock, main: Callable[[], Coroutine[Any, Any, Any]
 
 @dataclass
 class ScriptedTransport:
-    """A `fetchd.daemon.Transport` answering from a script on the virtual clock: a request takes its answer's
+    """A `fetchd.exchange.Transport` answering from a script on the virtual clock: a request takes its answer's
     seconds of virtual time (a cancelled one ends when it is cancelled). The log is the server's view."""
 
     script: Script

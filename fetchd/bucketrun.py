@@ -1,0 +1,305 @@
+"""Fetching one owned bucket of a segment: the asyncio driver of the bucket's host scheduler.
+
+Two-level scheduling (`crawler.scheduling.HostScheduler`): a heap of hosts keyed by the time their politeness gate
+(`crawler.politeness.HostGate`) opens, over per-host URL queues in fetch-list order, filled as the streamed fetch
+list is read. A bucket run starts what the scheduler has ready (a host's preparation, `fetchd.hostprep`; a URL's
+exchange, `fetchd.exchange`) as tasks holding global slots, emits one result row per URL to the bucket's output
+(`fetchd.output`), drains its requests when it stops, and writes `_DONE.json` when the bucket is finished.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections import Counter
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
+
+from crawler import layout
+from crawler.robots import RobotsPolicy
+from crawler.scheduling import Dispatch, HostScheduler, HostWork, Prepare, Report
+from crawler.status import FetchOutcome
+from fetchd.exchange import STOP_POLL_S, Exchange, utc
+from fetchd.fetchlist import FetchList, KeySet, result_key
+from fetchd.hostprep import HostPreparer
+from fetchd.metrics import BucketState
+from fetchd.output import BucketOutput, Fenced, ResumeState, bucket_totals, write_json_atomic
+from fetchd.ownership import Lease
+
+if TYPE_CHECKING:
+    from fetchd.daemon import Daemon
+
+log = logging.getLogger("fetchd")
+
+
+class BucketRun:
+    """Fetches one bucket of one segment to completion (or until the daemon is told to stop)."""
+
+    def __init__(self, daemon: Daemon, segment_id: str, bucket: int, fetchlist: FetchList, lease: Lease,
+                 resume: ResumeState, max_queued: int):
+        self.d = daemon
+        self.conf = daemon.conf
+        self.segment_id = segment_id
+        self.bucket = bucket
+        self.lease = lease
+        self.listed_urls = len(fetchlist)  # the whole fetch list, including URLs an earlier run already reported
+        self.out = BucketOutput(daemon.root, segment_id, bucket, daemon.daemon_id, self.conf["fetch.warc_max_bytes"],
+                                daemon.warcinfo(), self.conf["ownership.results_batch_rows"], lease.fenced,
+                                daemon.metrics.warc_written, self.conf["fetch.warc_gzip_level"],
+                                lambda: daemon.store.sync_bucket(segment_id, bucket, lease.fenced),
+                                daemon.clock.wall)
+        self.clock = daemon.clock
+        self.sched = HostScheduler(daemon.gate_for, self.clock.monotonic, self._report, recheck_s=STOP_POLL_S)
+        self.hosts = self.sched.hosts
+        # The list is streamed: rows are taken on while the host queues hold fewer than `max_queued` (this run's
+        # share of `fetch.max_queued_urls`).
+        # What is known of the whole list is compact (`fetchd.fetchlist`): the reported results (resume) and the
+        # url_ids, read from their column up front, so a redirect to a URL listed further on is not followed.
+        done = KeySet.of(result_key(url_id, version) for url_id, version in resume.done)
+        resume.done.clear()  # replaced by the compact keys
+        listed, self.urls = fetchlist.scan(done)  # urls: rows this run fetches (not reported before)
+        self.reading: Iterator[dict[str, Any]] | None = fetchlist.rows(done)  # None once read to the end
+        self.max_queued = max_queued
+        self.tasks: set[asyncio.Task[None]] = set()
+        self.slots_held = 0  # global slots taken for this run's page requests and not given back yet
+        self.storage_error: OSError | None = None  # why this run's files could not be written, if they could not
+        self.wake = asyncio.Event()
+        self.outcomes: Counter[str] = Counter()
+        self.begun: float | None = None  # monotonic start of the scheduler: ready lag is never counted before it
+        self.exchange = Exchange(self.conf, self.clock, daemon.fetcher, daemon.resolver, daemon.gate_for,
+                                 daemon.slots, daemon.metrics, daemon.rng, self.out, listed,
+                                 should_stop=self.should_stop, fenced=lease.fenced)
+        self.preparer = HostPreparer(self.conf, self.clock, daemon.resolver, daemon.robots_cache, self.exchange,
+                                     self.out, resume.robots, lease.previous_end)
+
+    def state(self) -> BucketState:
+        """What `fetchd.metrics` reports of this run, now."""
+        return BucketState(bucket=self.bucket, urls=self.urls, outcomes=self.outcomes, hosts=self.hosts.values(),
+                           begun=self.begun, tasks=len(self.tasks), warc_files_closed=self.out.warc_files)
+
+    # --- scheduling: a thin asyncio driver of `crawler.scheduling.HostScheduler` -------------------------
+
+    def add(self, row: dict[str, Any]) -> None:
+        """Take on one fetch-list row."""
+        new = row["host_key"] not in self.hosts
+        self.sched.add(row)
+        if new:
+            self.preparer.take_over(self.hosts[row["host_key"]])
+
+    def _refill(self) -> None:
+        """Read more of the fetch list while the host queues hold fewer than `max_queued` URLs."""
+        while self.reading is not None and self.sched.queued < self.max_queued:
+            row = next(self.reading, None)
+            if row is None:
+                self.reading = None
+            else:
+                self.add(row)
+
+    def should_stop(self) -> bool:
+        """Whether to stop handing out work: the daemon is stopping, the segment was closed, the bucket's lease is
+        lost (fenced), or its files cannot be written. An unfinished bucket is resumed from what was published or
+        recorded in the WARC."""
+        return self.d.stopping() or self.lease.fenced() or self.storage_error is not None
+
+    def _storage_failed(self, exc: OSError) -> None:
+        """A write of this bucket's files failed: stop (the daemon pauses the bucket and resumes it later)."""
+        if self.storage_error is None:
+            log.warning("bucket %05d of %s: cannot write its files: %s", self.bucket, self.segment_id, exc)
+            self.storage_error = exc
+        self.wake.set()
+
+    async def _guarded(self, coro: Any) -> None:
+        """Run a request task; a storage error it hits stops the bucket. Network errors never get here: the
+        fetcher turns them into responses, so an OSError here comes from writing files."""
+        try:
+            await coro
+        except OSError as exc:
+            self._storage_failed(exc)
+
+    def _start(self, coro: Any) -> None:
+        task = asyncio.create_task(self._guarded(coro))
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
+
+    async def _dispatch_ready(self) -> float | None:
+        """Start everything the scheduler has ready; then the seconds until it may have more (None: not before a
+        task ends)."""
+        while not self.should_stop():
+            action = self.sched.next_ready()
+            if isinstance(action, Prepare):
+                self._start(self._prepare(action.host))
+            elif isinstance(action, Dispatch):
+                await self.d.slots.acquire()
+                self.slots_held += 1
+                item = self.sched.start(action.host)
+                if item is None:  # changed while waiting for a slot
+                    self._release_slot()
+                else:
+                    self._start(self._fetch_url(action.host, item))
+            else:
+                return action
+        return None
+
+    async def run(self) -> dict[str, Any] | None:
+        """Fetch the bucket; its manifest when finished, else None (`storage_error` says if storage stopped it)."""
+        try:
+            return await self._run()
+        except OSError as exc:  # a write from the driver itself (publishing rows, closing a WARC)
+            self._storage_failed(exc)
+            await self._drain()
+        except Fenced:  # the lease ran out while the bucket was being finished: its next owner finishes it
+            log.warning("bucket %05d of %s: lease lost while finishing; its next owner resumes it",
+                        self.bucket, self.segment_id)
+            with contextlib.suppress(OSError):
+                self.out.abandon()
+            return None
+        if self.storage_error is not None:
+            self.reading = None
+            with contextlib.suppress(OSError):
+                self.out.abandon()
+        return None
+
+    async def _run(self) -> dict[str, Any] | None:
+        started = self.clock.wall()
+        self.begun = self.clock.monotonic()
+        while not self.should_stop():
+            self._refill()
+            wait = await self._dispatch_ready()
+            if wait is None and not self.tasks:
+                if self.reading is None:
+                    break
+                continue  # queues empty: read on at once
+            self.wake.clear()
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self.wake.wait(), STOP_POLL_S if wait is None else min(wait, STOP_POLL_S))
+        await self._drain()
+        unread, self.reading = self.reading is not None, None  # dropping the reader closes its file
+        if self.storage_error is not None:
+            return None
+        if self.lease.fenced():
+            self.out.abandon()
+            log.warning("bucket %05d of %s: lease lost, stopped at once; its next owner resumes it",
+                        self.bucket, self.segment_id)
+            return None
+        if unread or self.sched.unfinished():
+            self.out.close_current()
+            # On S3, up now, while the lease holds: uploads after its release count as fenced and are skipped.
+            await asyncio.to_thread(self.d.store.upload_bucket, self.segment_id, self.bucket, self.lease.fenced)
+            if self.d.segment_closed:
+                log.warning("bucket %05d of %s: released unfinished because the segment was closed (%s); results "
+                            "so far are published, its other URLs come back when their leases expire",
+                            self.bucket, self.segment_id, layout.CLOSED_MARKER)
+            else:
+                log.info("bucket %05d of %s: stopped before finishing; results so far are published and the next "
+                         "run resumes it", self.bucket, self.segment_id)
+            return None
+        return await self._finish(started)
+
+    async def _drain(self) -> None:
+        """Let the requests in flight end. Once the lease is fenced they are cancelled at once; when the daemon
+        is stopping (or the segment was closed) they get `ownership.shutdown_grace_s` and are then cancelled
+        (their URLs stay unreported)."""
+        grace_ends = self.clock.monotonic() + self.conf["ownership.shutdown_grace_s"]
+        while self.tasks:
+            over = (self.lease.fenced() or self.storage_error is not None
+                    or (self.d.stopping() and self.clock.monotonic() >= grace_ends))
+            if over:
+                for task in self.tasks:
+                    task.cancel()
+                await asyncio.gather(*list(self.tasks), return_exceptions=True)
+                self._release_cancelled()
+                return
+            await asyncio.wait(list(self.tasks), timeout=STOP_POLL_S)
+
+    def _release_slot(self) -> None:
+        self.slots_held -= 1
+        self.d.slots.release()
+
+    def _release_cancelled(self) -> None:
+        """Give back what cancelled requests held: a request cancelled in flight skips its gate's `finished`, and
+        one cancelled before its task ran also skips its slot's release. Gates and slots outlive this run (the
+        bucket's next run in this process uses them), so without this the host would stay closed and the daemon
+        one slot short. No request of this run is left, and a host belongs to one bucket, so its gate has none."""
+        now = self.clock.monotonic()
+        for host in self.sched.hosts.values():
+            host.gate.abandoned(now)
+        while self.slots_held:
+            self._release_slot()
+
+    async def _finish(self, started: float) -> dict[str, Any]:
+        """Publish the last rows, close the WARC and write `_DONE.json`, counting every run of the bucket. On an
+        S3 root every file is uploaded before the manifest, and the manifest last."""
+        self.out.close_current()
+        store = self.d.store
+        await asyncio.to_thread(store.upload_bucket, self.segment_id, self.bucket, self.lease.fenced)
+        manifest = {
+            "segment_id": self.segment_id,
+            "bucket": self.bucket,
+            "daemon_id": self.d.daemon_id,
+            "urls": self.listed_urls,
+            **bucket_totals(self.d.root, self.segment_id, self.bucket,
+                            await asyncio.to_thread(store.warc_sizes, self.segment_id, self.bucket)),
+            "hosts": len(self.hosts),
+            "resumed": self.listed_urls - self.urls,
+            "started_at": utc(started).isoformat(),
+            "finished_at": utc(self.clock.wall()).isoformat(),
+        }
+        self.out.check()
+        write_json_atomic(manifest, layout.done_manifest(self.d.root, self.segment_id, self.bucket))
+        await asyncio.to_thread(store.upload_bucket, self.segment_id, self.bucket, self.lease.fenced, True)
+        log.info("bucket %05d of %s done: %s", self.bucket, self.segment_id, manifest["outcomes"])
+        return manifest
+
+    # --- host preparation and URL exchanges, as scheduler tasks -----------------------------------------
+
+    async def _prepare(self, host: HostWork) -> None:
+        """Prepare a host (`fetchd.hostprep`), then tell the scheduler, whatever happened."""
+        try:
+            await self.preparer.prepare(host)
+        except OSError:
+            raise  # writing failed (name lookups are handled inside): the bucket pauses for its storage
+        except Exception:  # never leave a host half-prepared: its URLs would never be reported
+            log.exception("preparing %s failed; its URLs are deferred", host.host_key)
+            host.policy = RobotsPolicy.disallow_all()
+        finally:
+            self.sched.prepared(host)
+            self._after_request(host)
+
+    async def _fetch_url(self, host: HostWork, item: dict[str, Any]) -> None:
+        """Fetch one fetch-list URL (gate already taken, global slot held) and its same-host redirects
+        (`fetchd.exchange`), and report its row. The slot goes back once the first response is in; from then on
+        the scheduler hears the URL is over whatever happens (`_release_cancelled` gives back what a request
+        cancelled before that held)."""
+        try:
+            response = await self.exchange.first_request(item)
+        finally:
+            self._release_slot()
+        retry_after = self.exchange.request_finished(host.gate, response)
+        try:
+            self._emit(await self.exchange.follow_redirects(host, item, response, retry_after))
+        finally:
+            self.sched.finished(host)
+            self._after_request(host)
+
+    def _after_request(self, host: HostWork) -> None:
+        """The scheduler has settled and rescheduled the host: count its hold and wake the driver."""
+        if host.queue:
+            self.exchange.count_politeness_wait(host.gate)
+        self.wake.set()
+
+    # --- result rows ------------------------------------------------------------------------------------
+
+    def _report(self, report: Report) -> None:
+        """A URL the scheduler reports without a request."""
+        self._emit(self.exchange.row(report.item, report.outcome, error=report.error))
+        if report.outcome is FetchOutcome.ROBOTS_DENIED:
+            self.d.metrics.robots_denials += 1
+
+    def _emit(self, row: dict[str, Any]) -> None:
+        """Hand a URL's row to the output (a row that cost a request is logged in the WARC too) and count it."""
+        requested = row["status_code"] is not None or row["outcome"] == FetchOutcome.NETWORK_ERROR.value
+        self.out.add("fetched", row, logged=requested)
+        self.out.after_result()
+        self.outcomes[row["outcome"]] += 1
+        self.d.outcomes[row["outcome"]] += 1

@@ -1,0 +1,168 @@
+"""Readying a host before its first URL, and what a daemon remembers about hosts.
+
+When a bucket run meets a host it takes over what earlier owners and runs left: the previous owner's last request
+delays the first one, and a robots.txt an earlier run of the bucket published is reused while in force. Before the
+host's first URL its address passes the SSRF guard and its robots.txt is fetched (through the same gate as its
+pages, `fetchd.exchange`), recorded as a robots row and applied (policy, Crawl-delay). Gates and the robots cache
+outlive a bucket run: they are the host memory of the thread that runs the daemons.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Any
+
+from crawler import urls
+from crawler.clock import Clock
+from crawler.config import Config
+from crawler.politeness import HostGate
+from crawler.robots import ROBOTS_PATH, RobotsPolicy, RobotsState, policy_for_status
+from crawler.scheduling import HostWork
+from fetchd.exchange import Exchange, utc
+from fetchd.fetcher import FetchResponse
+from fetchd.output import BucketOutput
+from fetchd.resolver import BlockedAddressError, GuardedResolver
+from fetchd.warc import WrittenRecord
+
+log = logging.getLogger("fetchd")
+
+
+@dataclass
+class HostMemory:
+    """What a daemon process remembers about hosts between segments: politeness gates (so a new segment's
+    first request still waits out the delay after the previous segment's last) and the robots cache."""
+
+    gates: dict[str, HostGate] = field(default_factory=dict)
+    robots: dict[str, tuple[RobotsPolicy, float]] = field(default_factory=dict)  # -> (policy, expiry, monotonic)
+
+
+class _ThreadMemory(threading.local):
+    """One `HostMemory` per thread that runs daemons: `fetch_segment` called once per cycle in a process's thread
+    keeps the same memory. Two threads never share one: each runs its own daemons, and a host has one owner (a
+    process runs its daemons in one thread; a test session may crawl unrelated farms in two)."""
+
+    def __init__(self) -> None:
+        self.memory = HostMemory()
+
+
+_THREAD_MEMORY = _ThreadMemory()
+
+
+def thread_memory() -> HostMemory:
+    """This thread's host memory, for the daemons it runs."""
+    return _THREAD_MEMORY.memory
+
+
+def forget_hosts() -> None:
+    """Drop this thread's host memory (gates, robots cache). For a thread that runs crawls of unrelated sites one
+    after another, e.g. a test session's, where a new server can get the host:port an earlier one had."""
+    _THREAD_MEMORY.memory = HostMemory()
+
+
+class HostPreparer:
+    """Readies the hosts of one bucket run. `robots_cache` is the daemon's (host memory); `previous_robots` the
+    robots rows earlier runs of the bucket published (host_key -> row, taken as each host first appears);
+    `previous_end` the wall time the bucket's previous owner's last request ended, at the latest."""
+
+    def __init__(self, conf: Config, clock: Clock, resolver: GuardedResolver,
+                 robots_cache: dict[str, tuple[RobotsPolicy, float]], exchange: Exchange, out: BucketOutput,
+                 previous_robots: dict[str, dict[str, Any]], previous_end: float | None):
+        self.conf = conf
+        self.clock = clock
+        self.resolver = resolver
+        self.robots_cache = robots_cache
+        self.exchange = exchange
+        self.out = out
+        self.previous_robots = previous_robots
+        self.previous_end = previous_end
+
+    def take_over(self, host: HostWork) -> None:
+        """Carry politeness and robots.txt across owners and runs, for a host this run just met: its next request
+        waits one delay after the previous owner's last possible request end, and a robots.txt an earlier run of
+        this bucket published is reused while it is in force (so a resumed bucket does not fetch it again)."""
+        wall_now, mono_now = self.clock.wall(), self.clock.monotonic()
+        row = self.previous_robots.pop(host.host_key, None)
+        cached = self.robots_cache.get(host.host_key)
+        if row is not None and row["expires_at"].timestamp() > wall_now and (cached is None or cached[1] <= mono_now):
+            expires = row["expires_at"].timestamp()
+            policy = policy_for_status(row["status_code"], row["body"], self.conf["crawl.robots_token"],
+                                       self.conf["robots.max_bytes"])
+            if policy.state is not RobotsState.DISALLOW_ALL:
+                self.robots_cache[host.host_key] = (policy, mono_now + expires - wall_now)
+        if self.previous_end is not None:
+            cached = self.robots_cache.get(host.host_key)
+            host.gate.ended_elsewhere(mono_now + self.previous_end - wall_now,
+                                      crawl_delay_known=cached is not None and cached[1] > mono_now)
+
+    async def prepare(self, host: HostWork) -> None:
+        """Check the host's address, then learn its robots policy (cached, or fetched) and apply its Crawl-delay:
+        sets `blocked` or `policy` on the host."""
+        try:
+            await self.resolver.check_host(host.hostname)
+        except BlockedAddressError as exc:
+            log.warning("blocked %s: %s", host.host_key, exc)
+            host.blocked = str(exc)
+            return
+        except OSError as exc:  # name does not resolve: robots unreachable -> nothing this segment
+            log.warning("cannot resolve %s: %s", host.host_key, exc)
+            self._robots_row(host.host_key, None, None, RobotsPolicy.disallow_all(), None, f"resolve: {exc}")
+            host.policy = RobotsPolicy.disallow_all()
+            return
+        cached = self.robots_cache.get(host.host_key)
+        if cached is not None and cached[1] > self.clock.monotonic():
+            host.policy = cached[0]
+        else:
+            host.policy = await self._fetch_robots(host)
+        if host.gate.set_crawl_delay(host.policy.crawl_delay_s):
+            log.warning("robots.txt of %s asks for Crawl-delay %ss; applying the cap politeness.max_crawl_delay_s=%ss",
+                        host.host_key, host.policy.crawl_delay_s, host.gate.max_crawl_delay_s)
+
+    async def _fetch_robots(self, host: HostWork) -> RobotsPolicy:
+        """GET /robots.txt through the politeness gate of every host on the way, following redirects."""
+        token, max_bytes = self.conf["crawl.robots_token"], self.conf["robots.max_bytes"]
+        url = host.host_key + ROBOTS_PATH
+        response: FetchResponse | None = None
+        location: tuple[str, WrittenRecord] | None = None
+        for hop in range(self.conf["robots.max_redirects"] + 1):
+            response = await self.exchange.gated_get(url, max_bytes)
+            location = await self.exchange.write_exchange(response) if response.status is not None else None
+            target = response.header("Location") if response.status and 300 <= response.status < 400 else None
+            if target is None or hop == self.conf["robots.max_redirects"]:
+                break
+            next_url = urls.resolve(url, target)
+            if next_url is None:
+                break
+            url = next_url
+        assert response is not None
+        if response.blocked and urls.host_key(url) == host.host_key:
+            host.blocked = response.error  # the name now resolves to a refused address: nothing goes to this host
+        body = response.decoded_body(max_bytes).decode("utf-8", "replace") if response.status is not None else None
+        status = None if response.blocked else response.status
+        policy = policy_for_status(status, body, token, max_bytes)
+        self._robots_row(host.host_key, status, body, policy, location, response.error)
+        if policy.state is not RobotsState.DISALLOW_ALL:  # an unreachable robots.txt is retried next time
+            self.robots_cache[host.host_key] = (policy, self.clock.monotonic() + self.conf["robots.cache_ttl_s"])
+        return policy
+
+    def _robots_row(self, host_key: str, status: int | None, body: str | None, policy: RobotsPolicy,
+                    location: tuple[str, WrittenRecord] | None, error: str | None) -> None:
+        now = self.clock.wall()
+        self.out.add("robots", {
+            "segment_id": self.out.segment_id,
+            "bucket": self.out.bucket,
+            "host_key": host_key,
+            "fetched_at": utc(now),
+            "status_code": status,
+            "state": policy.state.value,
+            "body": body,
+            "crawl_delay_s": policy.crawl_delay_s,
+            "expires_at": utc(now) + timedelta(seconds=self.conf["robots.cache_ttl_s"]),
+            "warc_filename": location[0] if location else None,
+            "warc_offset": location[1].offset if location else None,
+            "warc_length": location[1].length if location else None,
+            "error": error,
+        }, logged=location is not None)
+        self.out.after_result()
