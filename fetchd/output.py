@@ -23,7 +23,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from crawler import layout, records
-from fetchd.warc import DEFAULT_GZIP_LEVEL, WARC_SUFFIX, WarcFile, iipc_stem, read_results, recover_open_warc
+from fetchd.warc import DEFAULT_GZIP_LEVEL, WARC_SUFFIX, WarcFile, iipc_stem
+from fetchd.warcrecovery import read_results, recover_open_warc
 
 log = logging.getLogger("fetchd")
 

@@ -6,9 +6,9 @@ response), then a metadata record about the fetch (time, IP, truncation, outcome
 The offset and compressed length of the response/revisit record are measured from the file position around
 the write, so results can point at it. `close()` flushes and fsyncs before the rename: a closed file name
 always holds complete records. A `*.open` file left by a killed daemon is cut back to its last complete
-record by `recover_open_warc`; every write job reaches the OS as soon as it is done, and the result rows of
-the fetches are in the file too (`result_record`), so what a killed daemon wrote is kept. Files are named by
-the IIPC convention (`iipc_stem`).
+record by `fetchd.warcrecovery.recover_open_warc`; every write job reaches the OS as soon as it is done, and the
+result rows of the fetches are in the file too (`result_record`), so what a killed daemon wrote is kept. Files
+are named by the IIPC convention (`iipc_stem`).
 
 Records are serialised here (header lines built directly: warcio's record builder cost more CPU than the
 fetching itself) and the costly part — SHA-1 digests, gzip, the file write — runs in the process's single
@@ -26,19 +26,16 @@ import concurrent.futures
 import contextlib
 import errno
 import hashlib
-import io
-import json
 import os
 import queue
 import random
 import threading
 import zlib
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any
 
-from warcio.archiveiterator import ArchiveIterator
 from warcio.statusandheaders import StatusAndHeaders
 
 from crawler import layout
@@ -54,8 +51,6 @@ WARC_FIELDS = "application/warc-fields"
 _HTTP_REQUEST = "application/http; msgtype=request"
 _HTTP_RESPONSE = "application/http; msgtype=response"
 _JOIN_BELOW = 1 << 16  # payloads smaller than this are copied next to their headers and compressed in one call
-_SCAN_CHUNK = 1 << 16
-_MAX_HEAD_BYTES = 1 << 20  # a WARC header block longer than this is taken as garbage by recovery
 
 
 @dataclass(frozen=True)
@@ -65,16 +60,6 @@ class WrittenRecord:
     offset: int
     length: int
     payload_digest: str | None
-
-
-@dataclass(frozen=True)
-class RecoveredWarc:
-    """What `recover_open_warc` left on disk: the complete records kept (0 if the file was deleted), their bytes,
-    and the final file name (None if deleted)."""
-
-    records: int
-    bytes: int
-    path: str | None
 
 
 @dataclass(frozen=True)
@@ -429,122 +414,3 @@ class WarcFile:
             self._fh.close()
             os.remove(self.open_path)
         self._run(job)
-
-
-class _RecordCheck:
-    """Fed the decompressed bytes of one gzip member: is it one whole WARC record (version line, headers,
-    exactly Content-Length block bytes, then CRLF CRLF)?"""
-
-    def __init__(self) -> None:
-        self._head = b""
-        self.headers: dict[str, str] | None = None  # lower-cased names, once the header block is parsed
-        self._length = -1
-        self._after_head = 0
-        self._tail = b""
-        self.garbage = False
-
-    def feed(self, data: bytes) -> None:
-        if self.garbage or not data:
-            return
-        if self.headers is None:
-            self._head += data
-            end = self._head.find(b"\r\n\r\n")
-            if end < 0:
-                self.garbage = len(self._head) > _MAX_HEAD_BYTES
-                return
-            data = self._head[end + 4:]
-            self._parse_head(self._head[:end].decode("utf-8", "replace"))
-            self._head = b""
-            if self.garbage:
-                return
-        self._after_head += len(data)
-        self._tail = (self._tail + data)[-4:]
-
-    def _parse_head(self, text: str) -> None:
-        lines = text.split("\r\n")
-        if not lines[0].startswith("WARC/"):
-            self.garbage = True
-            return
-        headers = {}
-        for line in lines[1:]:
-            name, sep, value = line.partition(":")
-            if not sep:
-                self.garbage = True
-                return
-            headers[name.strip().lower()] = value.strip()
-        try:
-            self._length = int(headers.get("content-length", ""))
-        except ValueError:
-            self.garbage = True
-            return
-        self.headers = headers
-
-    def complete(self) -> bool:
-        return (not self.garbage and self.headers is not None and self._after_head == self._length + 4
-                and self._tail == b"\r\n\r\n")
-
-
-def _complete_records(fh: io.BufferedReader) -> Iterator[tuple[int, dict[str, str]]]:
-    """(end offset, headers) of each record from the start of the file, one gzip member each, streamed; stops
-    before the first member that is torn (cut short, bad CRC) or does not hold exactly one whole record."""
-    offset, pending = 0, b""
-    while True:
-        inflater, check, used = zlib.decompressobj(wbits=31), _RecordCheck(), 0
-        while not inflater.eof:
-            if not pending:
-                pending = fh.read(_SCAN_CHUNK)
-                if not pending:
-                    return
-            try:
-                check.feed(inflater.decompress(pending))
-            except zlib.error:
-                return
-            if inflater.eof:
-                used += len(pending) - len(inflater.unused_data)
-                pending = inflater.unused_data
-            else:
-                used += len(pending)
-                pending = b""
-            if check.garbage:
-                return
-        if not check.complete():
-            return
-        offset += used
-        assert check.headers is not None
-        yield offset, check.headers
-
-
-def recover_open_warc(open_path: str) -> RecoveredWarc:
-    """Make a `*.open` WARC left by a killed writer safe: cut it after its last complete record (a torn tail
-    is dropped) and give it its final name if it holds at least one request/response (or revisit) pair;
-    otherwise delete it. Only complete gzip members holding one whole record are kept."""
-    if not open_path.endswith(layout.OPEN_SUFFIX):
-        raise ValueError(f"not an open WARC file: {open_path}")
-    end, count, requests, has_pair = 0, 0, set(), False
-    with open(open_path, "rb") as fh:
-        for record_end, headers in _complete_records(fh):
-            end, count = record_end, count + 1
-            kind = headers.get("warc-type")
-            if kind == "request":
-                requests.add(headers.get("warc-record-id"))
-            elif kind in ("response", "revisit") and headers.get("warc-concurrent-to") in requests:
-                has_pair = True
-    if not has_pair:
-        os.remove(open_path)
-        return RecoveredWarc(0, 0, None)
-    with open(open_path, "r+b") as fh:
-        fh.truncate(end)
-        fh.flush()
-        os.fsync(fh.fileno())
-    final = open_path.removesuffix(layout.OPEN_SUFFIX)
-    os.replace(open_path, final)
-    return RecoveredWarc(count, end, final)
-
-
-def read_results(path: str) -> Iterator[tuple[str, str]]:
-    """(kind, row JSON) of every result record in a closed WARC file, streamed (`WarcFile.write_result`)."""
-    with open(path, "rb") as fh:
-        for record in ArchiveIterator(fh):
-            if record.rec_type == "metadata" and record.rec_headers.get_header("Content-Type") == RESULT_CONTENT_TYPE:
-                data = json.loads(record.content_stream().read())
-                yield data["kind"], json.dumps(data["row"])

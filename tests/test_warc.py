@@ -26,14 +26,13 @@ from fetchd.warc import (
     NOT_MODIFIED_PROFILE,
     RESULT_CONTENT_TYPE,
     WARC_TRUNCATED_VALUES,
-    RecoveredWarc,
     WarcFile,
     http_request_headers,
     http_response_headers,
     iipc_stem,
     new_record_id,
-    recover_open_warc,
 )
+from fetchd.warcrecovery import RecoveredWarc, recover_open_warc
 from tests.support.fetchlists import read_results, record_at, write_fetchlist
 from tests.support.servers import EdgeServer, edge_conf
 
