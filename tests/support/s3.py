@@ -1,4 +1,5 @@
-"""A real S3-compatible server for tests: moto's server on loopback, in this process (threaded).
+"""A real S3-compatible server for tests: moto's server on loopback, in this process (threaded, one request
+handled at a time: see `_OneAtATime`).
 
 Every S3 path in the tests goes to it; clients find it through `endpoint` and the fake credentials in
 `client_env`, never through a real AWS endpoint. Also what tests put there and read back: fetch lists, objects,
@@ -9,10 +10,12 @@ from __future__ import annotations
 
 import io
 import os
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pyarrow.parquet as pq
 
@@ -41,23 +44,42 @@ class S3Server:
         return {**CREDENTIALS, "AWS_ENDPOINT_URL": self.endpoint, "AWS_EC2_METADATA_DISABLED": "true"}
 
 
+class _OneAtATime:
+    """moto's backend checks a conditional PUT (If-None-Match: *, If-Match) and then writes, with no lock between:
+    two requests at once can both pass the check, which S3 never allows (the lease tests' epoch race found two
+    winners). Handling one request at a time gives the double S3's atomic conditional writes."""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+        self.lock = threading.Lock()
+
+    def __call__(self, environ: dict, start_response: Any) -> list[bytes]:
+        with self.lock:
+            return list(self.app(environ, start_response))
+
+
 @contextmanager
 def moto_server() -> Iterator[S3Server]:
     """Start moto's S3 server on 127.0.0.1 (a free port) and stop it on exit."""
     import logging
 
-    from moto.server import ThreadedMotoServer
+    from moto.moto_server.threaded_moto_server import MotoRequestHandler
+    from moto.moto_server.werkzeug_app import DomainDispatcherApplication, create_backend_app
+    from werkzeug.serving import make_server
 
     logging.getLogger("werkzeug").setLevel(logging.ERROR)  # one line per request otherwise
     saved = {key: os.environ.get(key) for key in CREDENTIALS}
     os.environ.update(CREDENTIALS)  # boto3 in this process must never look for real credentials
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
+    app = _OneAtATime(DomainDispatcherApplication(create_backend_app))
+    server = make_server("127.0.0.1", 0, app, threaded=True, request_handler=MotoRequestHandler)
+    thread = threading.Thread(target=server.serve_forever, name="moto-s3", daemon=True)
+    thread.start()
     try:
-        host, port = server.get_host_and_port()
+        host, port = server.server_address[:2]
         yield S3Server(endpoint=f"http://{host}:{port}")
     finally:
-        server.stop()
+        server.shutdown()
+        thread.join()
         for key, value in saved.items():
             if value is None:
                 os.environ.pop(key, None)
