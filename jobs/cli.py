@@ -17,7 +17,9 @@ from crawler.errors import UserError
 EXIT_VALIDATION_FAILED = 1
 # Commands that read a segment's folder: an unknown one is a user error, not an empty run. (`report` reads the
 # tables, which outlive the folders: it names an unknown segment by the `segments` table, jobs/report.py.)
-ON_A_SEGMENT = ("fetch", "parse", "dedup", "update", "index", "close-segment")
+# Commands on one segment whose folder is checked here, before Spark starts. `crawl fetch` is not one: the daemon's
+# fetch_segment checks it (for `fetchd fetch` too), before it writes anything.
+ON_A_SEGMENT = ("parse", "dedup", "update", "index", "close-segment")
 
 
 def _common() -> argparse.ArgumentParser:
