@@ -272,8 +272,10 @@ def run_raw(paths: list[str], processes: int) -> tuple[float, int, int]:
 def in_process_parse(root: str, segment_id: str, conf: config_mod.Config, limit: int | None = None) -> dict[str, float]:
     """read_record_at and analyze_record over the segment's rows (the first `limit`) in parse's order, timed
     apart, one process."""
-    from jobs.parse import analyze_record
+    from crawler.pages import analyze_record
+    from crawler.scope import Scope
 
+    scope = Scope.from_config(conf)
     table = pq.read_table(layout.fetched_dir(root, segment_id), partitioning=None)
     table = table.sort_by([("warc_filename", "ascending"), ("warc_offset", "ascending")]).slice(0, limit)
     read_s = analyze_s = 0.0
@@ -288,7 +290,7 @@ def in_process_parse(root: str, segment_id: str, conf: config_mod.Config, limit:
         record = read_record_at(handle, row["warc_offset"], max_bytes=conf["parse.max_html_bytes"])
         between = time.perf_counter()
         analyze_record(record, row["url"], row["content_type"], max_outlinks=conf["parse.max_outlinks"],
-                       shingle=conf["parse.simhash_shingle"], strip_rules=conf["scope.strip_query_params"],
+                       shingle=conf["parse.simhash_shingle"], scope=scope,
                        robots_token=conf["crawl.robots_token"], max_parse_seconds=conf["parse.max_parse_seconds"])
         read_s += between - mark
         analyze_s += time.perf_counter() - between

@@ -33,8 +33,8 @@ import pyarrow as pa
 from warcio.archiveiterator import ArchiveIterator
 
 from crawler import urls
-from crawler.frontier import registered_domain
 from crawler.records import TS
+from crawler.urls import registered_domain
 
 # Captures: what a CDXJ file lists for replay.
 CAPTURE_TYPES = frozenset({"response", "revisit", "resource"})

@@ -54,6 +54,22 @@ def normalize_text(text: str) -> str:
     return " ".join(tokens(text))
 
 
+def representative_of(url_id: str, duplicate_of: str | None, near_duplicate_cluster: str | None) -> str | None:
+    """The duplicate verdict on a page's marks: the URL whose page it duplicates — its exact representative, else
+    its near-duplicate cluster's representative when that is another URL — or None when it is no duplicate."""
+    if duplicate_of is not None:
+        return duplicate_of
+    if near_duplicate_cluster is not None and near_duplicate_cluster != url_id:
+        return near_duplicate_cluster
+    return None
+
+
+def representative_of_sql(url_id: str, duplicate_of: str, near_duplicate_cluster: str) -> str:
+    """`representative_of` over three columns; `... is not null` is the verdict "is a duplicate"."""
+    return (f"coalesce({duplicate_of}, case when {near_duplicate_cluster} <> {url_id}"
+            f" then {near_duplicate_cluster} end)")
+
+
 def _order_key(row: Mapping[str, Any]) -> tuple[bool, Any, str]:
     fetched = row.get("fetched_at")
     # A row without a fetch time sorts after every fetched one (and None is never compared with a timestamp).

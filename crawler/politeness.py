@@ -12,6 +12,15 @@ Adaptive: a failure (network error, 429, 5xx) sets the backoff (Retry-After, els
 host to one request in flight; each later success multiplies the backoff by `politeness.backoff_recovery_factor`
 instead of clearing it, and once it no longer exceeds the delay without it, it is over and the host gets its
 full concurrency back. No response lowers the delay below the minimum: every term only adds to it.
+
+Per-host overrides: an operator may set `hosts.min_delay_s` and `hosts.max_concurrency` (a Delta UPDATE on the
+`hosts` table). Generate folds them into the fetch list's `delay_s` (`host_delay`, here with its SQL twin) and
+`max_concurrency`; the daemon's gate takes that delay as a floor on `min_delay_s` and that concurrency as a cap
+(`PolitenessRules.gate`). Overrides only ever make a host's gate stricter.
+
+Across segments (`host_backoff`, applied by update): a segment whose requests to a host met failures — the same
+transient failures the gate counts, `crawler.status.is_transient` — keeps the host out of generate for a
+backoff that grows per consecutive failing segment.
 """
 
 from __future__ import annotations
@@ -19,12 +28,14 @@ from __future__ import annotations
 import math
 import random
 from dataclasses import dataclass
+from datetime import datetime, timedelta
 from email.utils import parsedate_to_datetime
 
 from crawler.config import Config
+from crawler.status import is_transient_status
 
 BACKOFF_JITTER = 0.25  # exponential backoff is stretched by a random factor in [1, 1 + this)
-BACKOFF_STATUSES = frozenset({429, 503})  # statuses whose Retry-After header directs our backoff
+THROTTLE_STATUSES = frozenset({429, 503})  # statuses whose Retry-After header directs our backoff
 NEGLIGIBLE_BACKOFF_S = 0.01  # a recovering backoff this small is over even when the minimum delay is 0
 
 
@@ -62,11 +73,6 @@ def parse_retry_after(value: str | None, now: float) -> float | None:
     return max(0.0, seconds) if math.isfinite(seconds) else None
 
 
-def is_failure(status_code: int | None) -> bool:
-    """A response that tells us to slow down: none at all (network error), 429 or a 5xx."""
-    return status_code is None or status_code == 429 or status_code >= 500
-
-
 def backoff_seconds(
     failures: int, base_s: float, cap_s: float, retry_after_s: float | None, rng: random.Random
 ) -> float:
@@ -76,6 +82,90 @@ def backoff_seconds(
         return min(max(0.0, retry_after_s), cap_s)
     exponential = base_s * (2 ** max(0, failures - 1)) * (1.0 + BACKOFF_JITTER * rng.random())
     return min(exponential, cap_s)
+
+
+@dataclass(frozen=True)
+class HostBackoff:
+    """A host's backoff across segments (`hosts.backoff_level`, `hosts.backoff_until`)."""
+
+    level: int
+    until: datetime | None
+
+
+@dataclass(frozen=True)
+class PolitenessRules:
+    """The `politeness.*` settings, typed: the one source of every host gate, of the delay generate plans
+    with, and of the backoff update carries from one segment to the next."""
+
+    min_delay_s: float
+    max_crawl_delay_s: float
+    max_concurrency_per_host: int
+    backoff_base_s: float
+    max_backoff_s: float
+    max_consecutive_failures: int
+    backoff_recovery_factor: float
+    response_time_factor: float
+    max_response_time_delay_s: float
+
+    @classmethod
+    def from_config(cls, conf: Config) -> PolitenessRules:
+        return cls(**{name: conf[f"politeness.{name}"] for name in cls.__dataclass_fields__})
+
+    def host_delay(self, crawl_delay_s: float | None, host_min_delay_s: float | None) -> float:
+        """A host's delay known before fetching (generate, the report): the minimum, its robots.txt
+        Crawl-delay (capped) and its own override (`hosts.min_delay_s`), whichever is longest."""
+        return max(effective_delay(self.min_delay_s, crawl_delay_s, self.max_crawl_delay_s, 0.0),
+                   host_min_delay_s or 0.0)
+
+    def host_delay_sql(self, crawl_delay: str, host_min_delay: str) -> str:
+        """`host_delay` over the columns `crawl_delay` and `host_min_delay`."""
+        # Spark's least() skips nulls, so a missing Crawl-delay is handled before it.
+        robots = (f"(case when {crawl_delay} is null then 0D"
+                  f" else least({crawl_delay}, {float(self.max_crawl_delay_s)!r}) end)")
+        return f"greatest({float(self.min_delay_s)!r}, {robots}, coalesce({host_min_delay}, 0D))"
+
+    def gate(self, floor_delay_s: float | None = None, host_max_concurrency: int | None = None) -> HostGate:
+        """A new host's gate under these settings and the host's own limits (`limit`)."""
+        gate = HostGate(
+            min_delay_s=self.min_delay_s,
+            max_crawl_delay_s=self.max_crawl_delay_s,
+            max_concurrency=self.max_concurrency_per_host,
+            backoff_base_s=self.backoff_base_s,
+            max_backoff_s=self.max_backoff_s,
+            max_failures=self.max_consecutive_failures,
+            recovery_factor=self.backoff_recovery_factor,
+            response_time_factor=self.response_time_factor,
+            max_response_time_delay_s=self.max_response_time_delay_s,
+        )
+        self.limit(gate, floor_delay_s, host_max_concurrency)
+        return gate
+
+    def limit(self, gate: HostGate, floor_delay_s: float | None, host_max_concurrency: int | None) -> None:
+        """Apply a host's limits from its fetch list row to its gate (new, or kept from an earlier segment): the
+        row's delay is a floor on the minimum delay, and a per-host concurrency (when set) caps the configured
+        one. Only ever stricter than the settings."""
+        gate.min_delay_s = max(self.min_delay_s, floor_delay_s or 0.0)
+        cap = self.max_concurrency_per_host
+        if host_max_concurrency:
+            cap = max(1, min(cap, host_max_concurrency))
+        gate.concurrency_cap = cap
+        gate.max_concurrency = cap if gate.backoff_s == 0.0 else min(gate.max_concurrency, cap)
+        if gate.last_end_at is not None:  # a kept gate: a higher floor already holds after the last request
+            gate.next_allowed_at = max(gate.next_allowed_at, gate.last_end_at + gate.delay_s())
+
+    def host_backoff(self, previous: HostBackoff, failed: int, responded_ok: int, last_fetch_at: datetime | None,
+                     retry_after_s: float | None, seed: str) -> HostBackoff:
+        """A host's backoff after a segment: each segment whose requests met transient failures (network
+        errors, 429, 5xx) raises the level and keeps the host out of generate for Retry-After (or base *
+        2^(level-1) with seeded jitter, so a re-run agrees), capped; a segment with successful answers and no
+        failure resets the level."""
+        if failed > 0 and last_fetch_at is not None:
+            level = previous.level + 1
+            wait = backoff_seconds(level, self.backoff_base_s, self.max_backoff_s, retry_after_s, random.Random(seed))
+            return HostBackoff(level, last_fetch_at + timedelta(seconds=wait))
+        if responded_ok > 0:
+            return HostBackoff(0, previous.until)
+        return previous
 
 
 @dataclass
@@ -108,21 +198,6 @@ class HostGate:
 
     def __post_init__(self) -> None:
         self.concurrency_cap = self.concurrency_cap or self.max_concurrency
-
-    @classmethod
-    def from_config(cls, conf: Config) -> HostGate:
-        """A new host's gate under the `politeness.*` settings."""
-        return cls(
-            min_delay_s=conf["politeness.min_delay_s"],
-            max_crawl_delay_s=conf["politeness.max_crawl_delay_s"],
-            max_concurrency=conf["politeness.max_concurrency_per_host"],
-            backoff_base_s=conf["politeness.backoff_base_s"],
-            max_backoff_s=conf["politeness.max_backoff_s"],
-            max_failures=conf["politeness.max_consecutive_failures"],
-            recovery_factor=conf["politeness.backoff_recovery_factor"],
-            response_time_factor=conf["politeness.response_time_factor"],
-            max_response_time_delay_s=conf["politeness.max_response_time_delay_s"],
-        )
 
     def _delay_without_backoff(self) -> float:
         return effective_delay(self.min_delay_s, self.crawl_delay_s, self.max_crawl_delay_s, 0.0,
@@ -158,9 +233,9 @@ class HostGate:
         self.in_flight -= 1
         self.response_delay_s = response_time_delay(elapsed_s, self.response_time_factor,
                                                     self.max_response_time_delay_s)
-        if is_failure(status_code):
+        if is_transient_status(status_code):
             self.failures += 1
-            directed = retry_after_s if status_code in BACKOFF_STATUSES else None
+            directed = retry_after_s if status_code in THROTTLE_STATUSES else None
             fresh = backoff_seconds(self.failures, self.backoff_base_s, self.max_backoff_s, directed, rng)
             if directed is not None:
                 self.hold_until = max(self.hold_until, now + fresh)

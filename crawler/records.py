@@ -28,7 +28,8 @@ FETCHLIST = pa.schema(
         ("depth", pa.int32()),
         ("etag", pa.string()),           # validators for a conditional GET (null if none)
         ("last_modified", pa.string()),
-        ("delay_s", pa.float64()),       # the host's delay known at generate time (the daemon may raise it)
+        ("delay_s", pa.float64()),       # the host's delay known at generate time: a floor on the daemon's gate
+        ("max_concurrency", pa.int32()), # the host's own cap on requests in flight (hosts.max_concurrency; null: none)
         ("last_fetch_at", TS),           # the URL's previous fetch (null if none): a 304's WARC-Refers-To-Date
         ("sitemap_origin", pa.string()), # non-null: a sitemap (fetched with sitemaps.max_fetch_bytes, parsed as one)
     ]

@@ -22,9 +22,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from crawler.config import Config
-from crawler.status import FetchOutcome, UrlStatus
-
-GONE_CODES = frozenset({404, 410})
+from crawler.status import FetchOutcome, UrlStatus, is_gone, is_transient
 
 
 @dataclass(frozen=True)
@@ -43,13 +41,6 @@ class Decision:
     fetch_interval_s: int
     next_fetch_at: datetime
     failure_count: int
-
-
-def is_transient(outcome: str, status_code: int | None) -> bool:
-    """Failures worth retrying soon: no response, 429, or a 5xx."""
-    if outcome == FetchOutcome.NETWORK_ERROR:
-        return True
-    return outcome == FetchOutcome.HTTP_ERROR and status_code is not None and (status_code == 429 or status_code >= 500)
 
 
 @dataclass(frozen=True)
@@ -108,7 +99,7 @@ class RevisitPolicy:
             if failures >= self.max_failures:
                 return after(UrlStatus.FAILED.value, self.failed_interval_s, self.failed_interval_s, failures)
             return after(UrlStatus.RETRY.value, interval, self.retry_base_s * 2 ** (failures - 1), failures)
-        if outcome == FetchOutcome.HTTP_ERROR and status_code in GONE_CODES:
+        if is_gone(outcome, status_code):
             return after(UrlStatus.GONE.value, self.gone_interval_s, self.gone_interval_s)
         if outcome == FetchOutcome.HTTP_ERROR:
             return after(UrlStatus.EXCLUDED.value, self.failed_interval_s, self.failed_interval_s)

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from crawler import urls
-from crawler.politeness import HostGate
+from crawler.politeness import HostGate, PolitenessRules
 from crawler.robots import RobotsPolicy, RobotsState
 from crawler.status import FetchOutcome
 
@@ -71,8 +71,10 @@ class HostScheduler:
     """The hosts of one bucket run. `clock` gives monotonic seconds (the clock the gates are driven with)."""
 
     def __init__(self, gate_for: Callable[[str], HostGate], clock: Callable[[], float],
-                 report: Callable[[Report], None], recheck_s: float = RECHECK_S):
+                 report: Callable[[Report], None], recheck_s: float = RECHECK_S,
+                 rules: PolitenessRules | None = None):
         self.gate_for = gate_for
+        self.rules = rules  # when set, each host's fetch-list limits (delay_s, max_concurrency) apply to its gate
         self.clock = clock
         self.report = report
         self.recheck_s = recheck_s
@@ -87,6 +89,8 @@ class HostScheduler:
         if host is None:
             gate = self.gate_for(row["host_key"])
             gate.paused, gate.failures = False, 0  # a pause lasts for one bucket run only
+            if self.rules is not None:
+                self.rules.limit(gate, row.get("delay_s"), row.get("max_concurrency"))
             host = HostWork(row["host_key"], urls.host_name(row["url"]), gate)
             self.hosts[row["host_key"]] = host
         host.queue.append(row)

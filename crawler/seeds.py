@@ -16,7 +16,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from crawler import urls
-from crawler.frontier import Scope
+from crawler.scope import Scope
 
 DEFAULT_PRIORITY = 1.0
 _POSITIONAL = ("priority", "interval")
@@ -84,7 +84,7 @@ def parse_seed_line(line: str, scope: Scope | None = None) -> SeedEntry:
     raw_url, metadata = fields[0], fields[1:]
     canonical = urls.canonicalize(raw_url)
     if scope is not None:
-        canonical = scope.rewrite(canonical)
+        canonical = scope.stored_url(canonical)
         reason = scope.reject_reason(canonical)
         if reason is not None:
             raise ValueError(reason)

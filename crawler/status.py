@@ -1,5 +1,10 @@
 """Every enum of the engine, documented in one place: URL status, fetch outcome, segment state,
-URL source and index event kind. Tables, jobs, the daemon and the expectation suites all import these."""
+URL source and index event kind. Tables, jobs, the daemon and the expectation suites all import these.
+
+Also the rules that read a response's status, one home each with the SQL twin that Spark jobs use beside the
+Python form (tests/test_rule_twins.py holds them equal): which outcome a status gives, which outcomes made a
+request, which failures are transient (retried soon, and counted by politeness backoff) and which codes mean gone.
+"""
 
 from __future__ import annotations
 
@@ -62,6 +67,62 @@ class IndexEventKind(str, Enum):
     NOT_MODIFIED = "not_modified"    # 304 or identical content: nothing to reindex
     GONE = "gone"                    # 404/410: remove from the index
     DUPLICATE = "duplicate"          # new/changed content duplicating another URL: index the representative
+
+
+# 404 and 410: the page is gone (a tombstone, revisited rarely; an index `gone` event).
+GONE_CODES = frozenset({404, 410})
+
+# Outcomes where a request reached the server (a response, or a network error on the way); the others were
+# decided without one (robots.txt, the address guard, a deferred host).
+REQUESTED_OUTCOMES = frozenset({FetchOutcome.SUCCESS, FetchOutcome.NOT_MODIFIED, FetchOutcome.REDIRECT,
+                                FetchOutcome.HTTP_ERROR, FetchOutcome.NETWORK_ERROR})
+
+
+def outcome_for_status(status_code: int | None) -> FetchOutcome:
+    """The outcome of an exchange by its response status; None means no response (a network error)."""
+    if status_code is None:
+        return FetchOutcome.NETWORK_ERROR
+    if status_code == 304:
+        return FetchOutcome.NOT_MODIFIED
+    if 200 <= status_code < 300:
+        return FetchOutcome.SUCCESS
+    if 300 <= status_code < 400:
+        return FetchOutcome.REDIRECT
+    return FetchOutcome.HTTP_ERROR
+
+
+def made_request(outcome: str) -> bool:
+    """True when the attempt sent a request to the host (what politeness and the request log count)."""
+    return outcome in REQUESTED_OUTCOMES
+
+
+def made_request_sql(outcome: str) -> str:
+    """`made_request` over the outcome column `outcome`."""
+    listed = ", ".join(f"'{o.value}'" for o in sorted(REQUESTED_OUTCOMES, key=lambda o: o.value))
+    return f"({outcome} in ({listed}))"
+
+
+def is_transient_status(status_code: int | None) -> bool:
+    """A response that asks us to slow down and try again: none at all (network error), 429 or a 5xx."""
+    return status_code is None or status_code == 429 or status_code >= 500
+
+
+def is_transient(outcome: str, status_code: int | None) -> bool:
+    """A result worth retrying soon, and a failure of its host: a network error, or an HTTP 429 or 5xx."""
+    if outcome == FetchOutcome.NETWORK_ERROR:
+        return True
+    return outcome == FetchOutcome.HTTP_ERROR and status_code is not None and is_transient_status(status_code)
+
+
+def is_transient_sql(outcome: str, status_code: str) -> str:
+    """`is_transient` over the columns `outcome` and `status_code`."""
+    return (f"({outcome} = '{FetchOutcome.NETWORK_ERROR.value}' or ({outcome} = '{FetchOutcome.HTTP_ERROR.value}'"
+            f" and coalesce({status_code} = 429 or {status_code} >= 500, false)))")
+
+
+def is_gone(outcome: str, status_code: int | None) -> bool:
+    """An HTTP 404 or 410: the page is gone."""
+    return outcome == FetchOutcome.HTTP_ERROR and status_code in GONE_CODES
 
 
 def values(enum: type[Enum]) -> list[str]:

@@ -3,7 +3,7 @@
 A trap is a site that generates unbounded URLs: calendars with a "next day" link forever, paths that repeat
 (`/a/b/a/b/...` from relative links on a misconfigured 404 page), faceted search with every filter
 combination in the query. The per-URL rules here see one canonical URL at a time; the per-host and
-per-template limits of one cycle are ranked in Spark by jobs/update.py with `url_template` as the key.
+per-template limits of one cycle are ranked in Spark by jobs/discover.py with `url_template` as the key.
 Defaults are generous: they must never cut an ordinary site.
 """
 

@@ -1,4 +1,4 @@
-"""Canonical URLs and the keys derived from them: url_id, host_key, bucket.
+"""Canonical URLs and the keys derived from them: url_id, host_key, bucket, registered domain.
 
 Canonicalization is semantics-preserving only (DESIGN §3): WHATWG parsing (ada), lowercase scheme and
 host, IDNA host, default port removed, fragment removed, dot-segments resolved, percent-encoding
@@ -11,6 +11,7 @@ These functions are the single entry points; nothing else in the engine parses U
 from __future__ import annotations
 
 import functools
+import ipaddress
 import re
 import unicodedata
 from collections.abc import Mapping, Sequence
@@ -18,6 +19,7 @@ from fnmatch import fnmatchcase
 
 import ada_url
 import mmh3
+from publicsuffixlist import PublicSuffixList
 
 HTTP_SCHEMES = ("http", "https")
 
@@ -183,6 +185,25 @@ def path_and_query(url: str) -> str:
 
 def host_name(canonical_url: str) -> str:
     return ada_url.URL(canonical_url).hostname
+
+
+@functools.cache
+def _public_suffixes() -> PublicSuffixList:
+    # The list bundled with the publicsuffixlist package: loaded once per process, never downloaded.
+    return PublicSuffixList()
+
+
+@functools.lru_cache(maxsize=65536)  # a link batch repeats few hosts; bounded for workers seeing millions
+def registered_domain(host: str) -> str:
+    """The registrable domain of a host name, public-suffix aware: "a.b.example.co.uk" -> "example.co.uk".
+    An IP address, a bare public suffix or a single-label name is its own registered domain."""
+    host = host.lower().rstrip(".")
+    try:
+        ipaddress.ip_address(host.strip("[]"))
+        return host
+    except ValueError:
+        pass
+    return _public_suffixes().privatesuffix(host) or host
 
 
 def bucket_of(host: str, buckets: int) -> int:

@@ -101,8 +101,8 @@ HOSTS = TableDef(
             _f("robots_fetched_at", T),
             _f("robots_expires_at", T),
             _f("crawl_delay_s", D),
-            _f("min_delay_s", D),             # per-host override of politeness.min_delay_s (null = none)
-            _f("max_concurrency", INT),
+            _f("min_delay_s", D),             # per-host floor on politeness.min_delay_s, set by an operator (null: no)
+            _f("max_concurrency", INT),       # per-host cap on requests in flight, set by an operator (null: none)
             _f("backoff_until", T),
             _f("backoff_level", INT, False),
             _f("policy_version", L, False),   # +1 each time the robots policy text changes

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 from crawler import layout
 from crawler.robots import RobotsPolicy
 from crawler.scheduling import Dispatch, HostScheduler, HostWork, Prepare, Report
-from crawler.status import FetchOutcome
+from crawler.status import FetchOutcome, made_request
 from fetchd.exchange import STOP_POLL_S, Exchange, utc
 from fetchd.fetchlist import FetchList, KeySet, result_key
 from fetchd.hostprep import HostPreparer
@@ -50,7 +50,8 @@ class BucketRun:
                                 lambda: daemon.store.sync_bucket(segment_id, bucket, lease.fenced),
                                 daemon.clock.wall)
         self.clock = daemon.clock
-        self.sched = HostScheduler(daemon.gate_for, self.clock.monotonic, self._report, recheck_s=STOP_POLL_S)
+        self.sched = HostScheduler(daemon.gate_for, self.clock.monotonic, self._report, recheck_s=STOP_POLL_S,
+                                   rules=daemon.rules)
         self.hosts = self.sched.hosts
         # The list is streamed: rows are taken on while the host queues hold fewer than `max_queued` (this run's
         # share of `fetch.max_queued_urls`).
@@ -298,8 +299,7 @@ class BucketRun:
 
     def _emit(self, row: dict[str, Any]) -> None:
         """Hand a URL's row to the output (a row that cost a request is logged in the WARC too) and count it."""
-        requested = row["status_code"] is not None or row["outcome"] == FetchOutcome.NETWORK_ERROR.value
-        self.out.add("fetched", row, logged=requested)
+        self.out.add("fetched", row, logged=made_request(row["outcome"]))
         self.out.after_result()
         self.outcomes[row["outcome"]] += 1
         self.d.outcomes[row["outcome"]] += 1

@@ -29,7 +29,7 @@ from typing import Any
 from crawler import layout
 from crawler.clock import SYSTEM_CLOCK, Clock
 from crawler.config import Config
-from crawler.politeness import HostGate
+from crawler.politeness import HostGate, PolitenessRules
 from fetchd.bucketrun import BucketRun
 from fetchd.exchange import STOP_POLL_S, Transport
 from fetchd.fetcher import Fetcher
@@ -69,6 +69,7 @@ class Daemon:
     def __init__(self, conf: Config, root: str, stop: threading.Event | None = None,
                  store: LocalStore | None = None, clock: Clock = SYSTEM_CLOCK, transport: Transport | None = None):
         self.conf = conf
+        self.rules = PolitenessRules.from_config(conf)  # every gate's settings; each host's fetch-list limits on top
         self.clock = clock
         self.store = store or open_store(conf, layout.normalize_root(root))
         self.root = self.store.local_root  # where files are written: the root itself, or an S3 root's staging
@@ -152,7 +153,7 @@ class Daemon:
         """The host's politeness gate, shared by all buckets and segments this daemon fetches."""
         gate = self.gates.get(host_key)
         if gate is None:
-            gate = self.gates[host_key] = HostGate.from_config(self.conf)
+            gate = self.gates[host_key] = self.rules.gate()
         return gate
 
     def warcinfo(self) -> dict[str, str]:

@@ -21,9 +21,9 @@ from warcio.timeutils import datetime_to_iso_date
 from crawler import netpolicy, records, urls
 from crawler.clock import Clock
 from crawler.config import Config
-from crawler.politeness import BACKOFF_STATUSES, HostGate, parse_retry_after
+from crawler.politeness import THROTTLE_STATUSES, HostGate, parse_retry_after
 from crawler.scheduling import HostWork
-from crawler.status import FetchOutcome
+from crawler.status import FetchOutcome, outcome_for_status
 from fetchd.fetcher import FetchResponse
 from fetchd.fetchlist import KeySet
 from fetchd.metrics import Metrics
@@ -111,7 +111,7 @@ class Exchange:
         return response
 
     def _retry_after(self, response: FetchResponse) -> float | None:
-        if response.status not in BACKOFF_STATUSES:
+        if response.status not in THROTTLE_STATUSES:
             return None
         return parse_retry_after(response.header("Retry-After"), self.clock.wall())
 
@@ -228,14 +228,7 @@ class Exchange:
         if response.status is None:
             return self.row(item, FetchOutcome.NETWORK_ERROR, **common)
         status = response.status
-        if status == 304:
-            outcome = FetchOutcome.NOT_MODIFIED
-        elif 200 <= status < 300:
-            outcome = FetchOutcome.SUCCESS
-        elif 300 <= status < 400:
-            outcome = FetchOutcome.REDIRECT
-        else:
-            outcome = FetchOutcome.HTTP_ERROR
+        outcome = outcome_for_status(status)
         warc_filename, written = await self.write_exchange(response, outcome, item.get("last_fetch_at"))
         return self.row(
             item, outcome, **common,

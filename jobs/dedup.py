@@ -43,7 +43,13 @@ from pyspark.sql import functions as F
 
 from crawler import layout
 from crawler.config import Config
-from crawler.dedup import band_pairs, band_values, cluster_representatives, representative_rank
+from crawler.dedup import (
+    band_pairs,
+    band_values,
+    cluster_representatives,
+    representative_of_sql,
+    representative_rank,
+)
 from delta_tables import tables
 from jobs.base import merge_counts, merge_into, pinned_table, step
 
@@ -192,7 +198,8 @@ def near_clusters(spark: SparkSession, conf: Config, current: DataFrame, result:
 
 
 def _is_duplicate(exact: str, near: str) -> F.Column:
-    return F.col(exact).isNotNull() | (F.col(near).isNotNull() & (F.col(near) != F.col("url_id")))
+    """The duplicate verdict (crawler.dedup.representative_of) on a page's marks."""
+    return F.expr(f"{representative_of_sql('url_id', exact, near)} is not null")
 
 
 def run(spark: SparkSession, conf: Config, root: str, segment_id: str) -> DedupResult:

@@ -24,8 +24,15 @@ from pyspark.sql import Column, DataFrame, Window
 from pyspark.sql import functions as F
 
 from crawler.config import Config
-from crawler.frontier import DISCOVERY_PRIORITY_FACTOR, Scope, classify_discovery
-from crawler.sitemaps import SITEMAP_FILE_PRIORITY, ChangeFreq, SitemapEntry, first_schedule, robots_sitemaps
+from crawler.frontier import (
+    classify_discovery,
+    discovery_depth_sql,
+    discovery_priority,
+    discovery_priority_sql,
+    listed_by_sitemap_sql,
+)
+from crawler.scope import Scope
+from crawler.sitemaps import SITEMAP_FILE_PRIORITY, ChangeFreq, SitemapEntry, robots_sitemaps
 from crawler.status import FetchOutcome, UrlSource, UrlStatus
 from crawler.traps import (
     DEPTH_BEYOND_SCOPE,
@@ -135,22 +142,23 @@ def discovery_targets(conf: Config, segment_id: str, results: DataFrame, links: 
 
 
 def _candidate_rank(candidates: DataFrame) -> DataFrame:
-    """Each candidate's own depth and priority (`cand_depth`, `cand_priority`) by how it was found; the sitemap
-    rules are crawler.sitemaps' (first_schedule as a UDF on the rows a sitemap listed, only those)."""
-    is_sitemap_file = F.col("sitemap_origin").isNotNull()
-    listed = (F.col("source") == UrlSource.SITEMAP.value) & ~is_sitemap_file
+    """Each candidate's own depth and priority (`cand_depth`, `cand_priority`) by how it was found
+    (crawler.frontier.discovery_depth / discovery_priority; first_schedule as a UDF on the rows a sitemap listed
+    as pages, only those)."""
+    listed = F.expr(listed_by_sitemap_sql("source", "sitemap_origin"))
 
     @F.udf("double")
-    def entry_priority(loc, lastmod, changefreq, priority, fetched_at):
+    def entry_priority(source, sitemap_origin, loc, lastmod, changefreq, priority, fetched_at):
         entry = SitemapEntry(loc, lastmod, ChangeFreq(changefreq) if changefreq else None, priority)
-        return first_schedule(entry, fetched_at)[0]
+        return discovery_priority(source, sitemap_origin, None, entry, fetched_at)
 
-    ranked = candidates.withColumn("cand_depth", F.col("parent_depth") + F.when(
-        listed | is_sitemap_file, 0).otherwise(1))
+    depth = discovery_depth_sql("source", "sitemap_origin", "parent_depth")
+    ranked = candidates.withColumn("cand_depth", F.expr(depth))
     by_entry = ranked.where(listed).withColumn("cand_priority", entry_priority(
-        "to_url", "sitemap_lastmod", "sitemap_changefreq", "sitemap_priority", "fetched_at"))
-    others = ranked.where(~listed).withColumn("cand_priority", F.when(
-        is_sitemap_file, F.lit(SITEMAP_FILE_PRIORITY)).otherwise(F.col("parent_priority") * DISCOVERY_PRIORITY_FACTOR))
+        "source", "sitemap_origin", "to_url", "sitemap_lastmod", "sitemap_changefreq", "sitemap_priority",
+        "fetched_at"))
+    others = ranked.where(~listed).withColumn("cand_priority", F.expr(
+        discovery_priority_sql("sitemap_origin", "parent_priority")))
     return by_entry.unionByName(others)
 
 

@@ -26,7 +26,9 @@ from pyspark.sql import functions as F
 from crawler import layout
 from crawler.config import Config
 from crawler.errors import UserError
-from crawler.frontier import host_delay_sql, per_host_cap_sql, score_sql
+from crawler.frontier import per_host_cap_sql, score_sql
+from crawler.leases import is_due_sql, leased_version_sql
+from crawler.politeness import PolitenessRules
 from crawler.robots import RobotsState, allowed_by_stored_rules
 from crawler.status import SegmentState
 from delta_tables import tables
@@ -69,6 +71,7 @@ def select_due(spark: SparkSession, conf: Config, root: str, segment_id: str, no
         "host_key",
         F.col("crawl_delay_s").alias("h_crawl_delay_s"),
         F.col("min_delay_s").alias("h_min_delay_s"),
+        F.col("max_concurrency").alias("h_max_concurrency"),
         F.col("backoff_until").alias("h_backoff_until"),
         F.when(rules_in_force, F.col("robots_body")).alias("h_robots_rules"),
     )
@@ -78,13 +81,8 @@ def select_due(spark: SparkSession, conf: Config, root: str, segment_id: str, no
     def robots_allow(robots_txt, url):
         return allowed_by_stored_rules(robots_txt, token, max_bytes, url)
 
-    leased_here = F.col("lease_segment").eqNullSafe(F.lit(segment_id))
-    due = urls.where(
-        (F.col("next_fetch_at") <= now_col)
-        & (F.col("lease_segment").isNull() | (F.col("lease_expires_at") < now_col) | leased_here)
-    )
-    delay = host_delay_sql(conf["politeness.min_delay_s"], "h_crawl_delay_s", conf["politeness.max_crawl_delay_s"],
-                           "h_min_delay_s")
+    due = urls.withColumn("gen_now", now_col).where(is_due_sql("gen_now", segment_id))
+    delay = PolitenessRules.from_config(conf).host_delay_sql("h_crawl_delay_s", "h_min_delay_s")
     candidates = due.join(hosts, "host_key", "left").where(
         F.col("h_backoff_until").isNull() | (F.col("h_backoff_until") < now_col))
     # A Python UDF runs on every row it sees, whatever a surrounding condition says: only rows of hosts with
@@ -94,7 +92,6 @@ def select_due(spark: SparkSession, conf: Config, root: str, segment_id: str, no
         candidates.where(has_rules).where(robots_allow("h_robots_rules", "url")))
     ranked = (
         allowed
-        .withColumn("gen_now", now_col)
         .withColumn("delay_s", F.expr(delay))
         .withColumn("host_cap", F.expr(per_host_cap_sql(conf["generate.per_host_max_urls"],
                                                         conf["generate.segment_seconds"], "delay_s")))
@@ -110,13 +107,14 @@ def select_due(spark: SparkSession, conf: Config, root: str, segment_id: str, no
         "url_id",
         "url",
         "host_key",
-        F.when(leased_here, F.col("state_version")).otherwise(F.col("state_version") + 1).alias("state_version"),
+        F.expr(leased_version_sql(segment_id)).alias("state_version"),
         F.col("rank").cast("int").alias("rank"),
         "priority",
         "depth",
         "etag",
         "last_modified",
         "delay_s",
+        F.col("h_max_concurrency").alias("max_concurrency"),
         "last_fetch_at",
         "sitemap_origin",
         "bucket",

@@ -19,7 +19,7 @@ from pyspark.sql import functions as F
 
 from crawler import urls
 from crawler.config import Config
-from crawler.frontier import Scope
+from crawler.scope import Scope
 from crawler.seeds import SeedEntry, is_skipped, read_seeds, split_lines
 from crawler.sitemaps import SITEMAP_FILE_PRIORITY, FoundVia, SitemapOrigin, probe_url
 from crawler.status import UrlSource, UrlStatus

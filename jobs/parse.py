@@ -16,19 +16,19 @@ from typing import Any, BinaryIO
 
 import pyarrow as pa
 from pyspark.errors import AnalysisException
-from pyspark.sql import DataFrame, SparkSession, Window
+from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.pandas.types import from_arrow_schema
 
 from crawler import layout
 from crawler.config import Config
-from crawler.fingerprints import content_hash, simhash
-from crawler.links import Outlink, extract, is_html, robots_directives
+from crawler.leases import latest_result_rank_sql
+from crawler.pages import analyze_record, analyze_sitemap
 from crawler.records import FETCHED, TS
-from crawler.sitemaps import DEFAULT_LIMITS, SitemapLimits, SitemapOrigin, parse_sitemap
+from crawler.scope import Scope
+from crawler.sitemaps import DEFAULT_LIMITS, SitemapLimits
 from crawler.status import FetchOutcome, SegmentState
-from crawler.urls import canonicalize, strip_query_params, url_id
-from crawler.warcread import WarcHttpRecord, read_record_at
+from crawler.warcread import read_record_at
 from delta_tables import tables
 from jobs.base import arrow_batches, insert_if_absent, step
 from jobs.storage import LOCAL, Storage
@@ -98,107 +98,6 @@ class ParseResult:
         return text
 
 
-def analyze_record(
-    record: WarcHttpRecord,
-    url: str,
-    content_type: str | None,
-    *,
-    max_outlinks: int,
-    shingle: int,
-    strip_rules: dict[str, list[str]] | None = None,
-    robots_token: str | None = None,
-    max_parse_seconds: float | None = None,
-) -> dict[str, Any]:
-    """The content fields of one fetched page from its WARC record (no Spark, no I/O). A page whose extraction ran
-    out of `max_parse_seconds` keeps what was extracted but gets no SimHash (its text may be cut or empty).
-
-    Raises ValueError when the record is not the response for `url` (a wrong offset).
-    """
-    if record.record_type != "response":
-        raise ValueError(f"WARC record at offset is a {record.record_type!r} record, not a response")
-    if record.target_uri is None or canonicalize(record.target_uri) != url:
-        raise ValueError(f"WARC record is for {str(record.target_uri)[:200]!r}, not for this URL")
-    content_type = content_type or record.content_type
-    fields: dict[str, Any] = {"content_type": content_type, "content_hash": content_hash(record.payload)}
-    if not is_html(content_type, record.payload):
-        noindex, nofollow = robots_directives(record.headers.get("x-robots-tag"), robots_token)
-        fields.update(meta_noindex=noindex, meta_nofollow=nofollow, outlinks=[])
-        return fields
-    page = extract(record.payload, url, max_outlinks=max_outlinks, headers=record.headers, robots_token=robots_token,
-                   max_parse_seconds=max_parse_seconds)
-    fields.update(
-        title=page.title,
-        canonical_url=page.canonical_url,
-        meta_noindex=page.meta_noindex,
-        meta_nofollow=page.meta_nofollow,
-        language=page.language,
-        outlink_count=len(page.outlinks),
-        outlinks_skipped=page.outlinks_skipped,
-        parse_time_limited=page.time_limited,
-        simhash=None if page.time_limited else simhash(page.text, shingle),
-        outlinks=_outlink_rows(page.outlinks, strip_rules or {}),
-    )
-    return fields
-
-
-def analyze_sitemap(record: WarcHttpRecord, url: str, content_type: str | None, origin: str,
-                    limits: SitemapLimits) -> dict[str, Any]:
-    """The content fields of one fetched sitemap (no Spark, no I/O): its entries and child sitemaps become
-    outlinks carrying lastmod/changefreq/priority (entries) or their own origin (children). Refused entries are
-    counted by reason in `sitemap_refused`; a file read only in part (a cap, malformed XML, a bomb) keeps the
-    entries before that point and says why in `parse_error`. Raises ValueError on a wrong record, as
-    `analyze_record` does."""
-    if record.record_type != "response":
-        raise ValueError(f"WARC record at offset is a {record.record_type!r} record, not a response")
-    if record.target_uri is None or canonicalize(record.target_uri) != url:
-        raise ValueError(f"WARC record is for {str(record.target_uri)[:200]!r}, not for this URL")
-    found_via = SitemapOrigin.decode(origin)
-    result = parse_sitemap(url, record.payload, found_via, limits, content_type or record.content_type)
-    child_origin = found_via.child().encode()
-    outlinks = [
-        {"to_url_id": url_id(entry.loc), "to_url": entry.loc, "rel_nofollow": False, "rel_flags": ["sitemap"],
-         "sitemap_lastmod": entry.lastmod, "sitemap_changefreq": entry.changefreq and entry.changefreq.value,
-         "sitemap_priority": entry.priority}
-        for entry in result.entries
-    ]
-    outlinks += [
-        {"to_url_id": url_id(child.loc), "to_url": child.loc, "rel_nofollow": False, "rel_flags": ["sitemapindex"],
-         "sitemap_lastmod": child.lastmod, "sitemap_origin": child_origin}
-        for child in result.sitemaps
-    ]
-    error = result.error
-    if record.truncated and error is None:
-        error = "truncated at sitemaps.max_fetch_bytes"
-    return {
-        "content_type": content_type or record.content_type,
-        "content_hash": content_hash(record.payload),
-        "outlink_count": len(outlinks),
-        "sitemap_urls": len(outlinks),
-        "sitemap_refused": sorted(result.refused.items()),
-        "parse_error": f"sitemap ({result.kind or 'unrecognised'}): {error}" if error else None,
-        "outlinks": outlinks,
-    }
-
-
-def _outlink_rows(outlinks: list[Outlink], strip_rules: dict[str, list[str]]) -> list[dict[str, Any]]:
-    """links rows keyed by the URL the crawl stores (configured query parameters stripped); links that become
-    the same URL once stripped are one row (the first)."""
-    rows: dict[str, dict[str, Any]] = {}
-    for link in outlinks:
-        target = strip_query_params(link.url, strip_rules)
-        if target in rows:
-            rows[target]["rel_nofollow"] &= link.nofollow  # nofollow only if every link to it is
-            continue
-        rows[target] = {
-            "to_url_id": url_id(target),
-            "to_url": target,
-            "anchor_text": link.anchor_text,
-            "rel_nofollow": link.nofollow,
-            "rel_flags": list(link.rel),
-        }
-    return list(rows.values())
-
-
 def _error_text(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}"[:_ERROR_MAX_CHARS]
 
@@ -210,7 +109,7 @@ def parse_partition(batches: Iterator[pa.RecordBatch], **settings: Any) -> Itera
 
 def parsed_pages(
     batches: Iterator[pa.RecordBatch], *, root: str, max_bytes: int, max_outlinks: int, shingle: int,
-    strip_rules: dict[str, list[str]], robots_token: str | None = None, max_parse_seconds: float | None = None,
+    scope: Scope | None = None, robots_token: str | None = None, max_parse_seconds: float | None = None,
     sitemap_limits: SitemapLimits = DEFAULT_LIMITS, sitemap_max_bytes: int = DEFAULT_LIMITS.max_uncompressed_bytes,
     storage: Storage = LOCAL,
 ) -> Iterator[dict[str, Any]]:
@@ -242,12 +141,12 @@ def parsed_pages(
                     if row.get("sitemap_origin") is not None:
                         record = read_record_at(handle, row["warc_offset"], max_bytes=sitemap_max_bytes)
                         page.update(analyze_sitemap(record, captured_url, row["content_type"], row["sitemap_origin"],
-                                                    sitemap_limits))
+                                                    sitemap_limits, scope))
                     else:
                         record = read_record_at(handle, row["warc_offset"], max_bytes=max_bytes)
                         page.update(analyze_record(
                             record, captured_url, row["content_type"], max_outlinks=max_outlinks, shingle=shingle,
-                            strip_rules=strip_rules, robots_token=robots_token, max_parse_seconds=max_parse_seconds,
+                            scope=scope, robots_token=robots_token, max_parse_seconds=max_parse_seconds,
                         ))
                 except Exception as exc:  # one bad record never fails the job
                     page["parse_error"] = _error_text(exc)
@@ -275,21 +174,21 @@ def read_fetched(spark: SparkSession, root: str, segment_id: str) -> DataFrame |
 
 
 def _parse(fetched: DataFrame, root: str, segment_id: str, conf: Config) -> DataFrame:
-    ok = fetched.withColumn("segment_id", F.lit(segment_id)).filter(
+    # A result written twice (a daemon re-run) gives one pages row per (url_id, state_version): the result that
+    # update completes the URL with (crawler.leases), read only when it is a success with a WARC record.
+    latest = fetched.withColumn("_n", F.expr(latest_result_rank_sql())).where("_n = 1").drop("_n")
+    unique = latest.withColumn("segment_id", F.lit(segment_id)).filter(
         (F.col("outcome") == FetchOutcome.SUCCESS.value)
         & F.col("warc_filename").isNotNull()
         & F.col("warc_offset").isNotNull()
     )
-    # A result written twice (a daemon re-run) must still give one pages row per (url_id, state_version).
-    first = Window.partitionBy("url_id", "state_version").orderBy("fetched_at", "warc_filename", "warc_offset")
-    unique = ok.withColumn("_n", F.row_number().over(first)).filter(F.col("_n") == 1).drop("_n")
     settings = {
         "root": root,
         "storage": Storage.from_conf(conf),
         "max_bytes": conf["parse.max_html_bytes"],
         "max_outlinks": conf["parse.max_outlinks"],
         "shingle": conf["parse.simhash_shingle"],
-        "strip_rules": conf["scope.strip_query_params"],
+        "scope": Scope.from_config(conf),
         "robots_token": conf["crawl.robots_token"],
         "max_parse_seconds": conf["parse.max_parse_seconds"],
         "sitemap_limits": SitemapLimits.from_config(conf),

@@ -8,12 +8,11 @@ from __future__ import annotations
 
 from pyspark.sql import Column, DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
-from pyspark.sql.types import DoubleType, StructField, StructType
 
 from crawler import layout
 from crawler.config import Config
 from crawler.errors import UnknownSegment, UserError
-from crawler.politeness import effective_delay
+from crawler.politeness import PolitenessRules
 from crawler.report import (
     BYTES_EDGES,
     ELAPSED_EDGES_MS,
@@ -22,7 +21,7 @@ from crawler.report import (
     ReportData,
     render_html,
 )
-from crawler.status import FetchOutcome
+from crawler.status import FetchOutcome, made_request_sql
 from delta_tables import tables
 from jobs.storage import LOCAL, Storage
 
@@ -45,30 +44,18 @@ def _bins(df: DataFrame, column: Column, edges: tuple[float, ...]) -> list[int]:
     return counts
 
 
-def _host_delays(spark: SparkSession, conf: Config, root: str, host_keys: DataFrame) -> DataFrame:
-    """(host_key, delay_s): the politeness delay each host was owed, by crawler.politeness.effective_delay over
-    the few distinct (min_delay_s, crawl_delay_s) pairs; a host without a `hosts` row gets the configured one."""
-    hosts = tables.table_df(spark, root, "hosts").select("host_key", "min_delay_s", "crawl_delay_s")
-    joined = host_keys.join(hosts, "host_key", "left")
-    pairs = joined.select("min_delay_s", "crawl_delay_s").distinct().collect()
-    min_delay, max_crawl_delay = conf["politeness.min_delay_s"], conf["politeness.max_crawl_delay_s"]
-    rows = [(p["min_delay_s"], p["crawl_delay_s"],
-             float(effective_delay(min_delay if p["min_delay_s"] is None else p["min_delay_s"],
-                                   p["crawl_delay_s"], max_crawl_delay, 0.0)))
-            for p in pairs]
-    schema = StructType([StructField(n, DoubleType()) for n in ("p_min", "p_crawl", "delay_s")])
-    delays = spark.createDataFrame(rows, schema)
-    return joined.join(
-        delays,
-        F.col("min_delay_s").eqNullSafe(F.col("p_min")) & F.col("crawl_delay_s").eqNullSafe(F.col("p_crawl")),
-    ).select("host_key", "delay_s")
+def _host_delays(conf: Config, hosts: DataFrame, host_keys: DataFrame) -> DataFrame:
+    """(host_key, delay_s): the politeness delay each host was owed at least, the delay generate planned with
+    (crawler.politeness.PolitenessRules.host_delay); a host without a `hosts` row gets the configured one."""
+    delay = PolitenessRules.from_config(conf).host_delay_sql("crawl_delay_s", "min_delay_s")
+    return host_keys.join(hosts.select("host_key", "min_delay_s", "crawl_delay_s"), "host_key", "left").select(
+        "host_key", F.expr(delay).alias("delay_s"))
 
 
 def _gaps(fetches: DataFrame) -> DataFrame:
     """(host_key, gap_s) between consecutive requests to a host: next start - (previous start + elapsed). Only
-    attempts that made a request count (a response, or a network error); robots denials and blocks did not."""
-    requested = fetches.where(F.col("status_code").isNotNull()
-                              | (F.col("outcome") == FetchOutcome.NETWORK_ERROR.value))
+    attempts that made a request count (crawler.status.made_request); robots denials and blocks did not."""
+    requested = fetches.where(made_request_sql("outcome"))
     by_host = Window.partitionBy("host_key").orderBy("start_s", "url_id")
     return (
         requested.select("host_key", "url_id", F.col("fetched_at").cast("double").alias("start_s"),
@@ -103,7 +90,7 @@ def build(spark: SparkSession, conf: Config, root: str, segment_id: str, top: in
         per_host = fetches.groupBy("host_key").agg(
             F.count(F.lit(1)).alias("fetches"),
             F.sum((F.col("outcome") == FetchOutcome.ROBOTS_DENIED.value).cast("long")).alias("denied"))
-        delays = _host_delays(spark, conf, root, per_host.select("host_key"))
+        delays = _host_delays(conf, tables.table_df(spark, root, "hosts"), per_host.select("host_key"))
         gaps = (_gaps(fetches).join(delays, "host_key", "left")
                 .withColumn("under", (F.col("gap_s") < F.col("delay_s")).cast("long"))
                 .withColumn("bin", bin_column(F.col("gap_s"), GAP_EDGES_S))).persist()
@@ -131,8 +118,7 @@ def build(spark: SparkSession, conf: Config, root: str, segment_id: str, top: in
             under_total, min_gap = gaps.agg(F.coalesce(F.sum("under"), F.lit(0)), F.min("gap_s")).first()
         finally:
             gaps.unpersist()
-        requested = fetches.where(F.col("status_code").isNotNull()
-                                  | (F.col("outcome") == FetchOutcome.NETWORK_ERROR.value))
+        requested = fetches.where(made_request_sql("outcome"))
         elapsed = requested.agg(F.percentile_approx("elapsed_ms", [0.5, 0.95]).alias("p")).first()["p"]
         sizes = fetches.agg(F.coalesce(F.sum("content_length"), F.lit(0)).alias("total"),
                             F.count(F.when(F.col("truncated"), 1)).alias("truncated")).first()

@@ -17,8 +17,10 @@ re-running update for a segment changes no table. Five commits:
 All reads of `urls`, `hosts`, `pages` and `links` are pinned to the Delta version at the start of the job (and
 handed to discover), so every step sees the same pre-update state however often Spark evaluates a plan; the
 segment's results and their pre-completion rows are read once and cached. Per-record rules come from
-crawler.revisit (status, interval, next fetch, failures) and crawler.frontier (index event kind, host backoff),
-applied as Python UDFs so the rules exist once.
+crawler.revisit (status, interval, next fetch, failures), crawler.frontier (index event kind) and
+crawler.politeness (host backoff), applied as Python UDFs, and crawler.leases (the latest result, current,
+completes), crawler.status (requests, failures) and crawler.dedup (the duplicate verdict) as their SQL twins, so
+each rule exists once.
 """
 
 from __future__ import annotations
@@ -33,11 +35,14 @@ from pyspark.sql import functions as F
 
 from crawler import layout
 from crawler.config import Config
-from crawler.frontier import host_backoff, index_event_kind
+from crawler.dedup import representative_of_sql
+from crawler.frontier import index_event_kind
+from crawler.leases import completes_sql, is_current_sql, latest_result_rank_sql
+from crawler.politeness import THROTTLE_STATUSES, HostBackoff, PolitenessRules
 from crawler.records import FETCHED, ROBOTS
 from crawler.revisit import PreviousState, RevisitPolicy
 from crawler.robots import RobotsState
-from crawler.status import FetchOutcome, SegmentState
+from crawler.status import FetchOutcome, SegmentState, is_transient_sql, made_request_sql
 from delta_tables import tables
 from jobs import discover
 from jobs.base import insert_if_absent, merge_counts, merge_into, pinned_table, read_segment_files, step
@@ -45,10 +50,6 @@ from jobs.base import insert_if_absent, merge_counts, merge_into, pinned_table, 
 log = logging.getLogger("jobs.update")
 
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
-# Outcomes where a request actually reached the server (others were decided without a request).
-REQUESTED = [o.value for o in (FetchOutcome.SUCCESS, FetchOutcome.NOT_MODIFIED, FetchOutcome.REDIRECT,
-                               FetchOutcome.HTTP_ERROR, FetchOutcome.NETWORK_ERROR)]
-THROTTLE_CODES = [429, 503]
 
 
 @dataclass
@@ -77,13 +78,6 @@ def _moment(micros: int | None) -> datetime | None:
 def _latest(df: DataFrame, keys: list[str], order: list[Column]) -> DataFrame:
     return df.withColumn("_rn", F.row_number().over(Window.partitionBy(*keys).orderBy(*order))).where("_rn = 1").drop(
         "_rn")
-
-
-def _representative() -> Column:
-    """The page another URL's page duplicates, from pages' dedup marks: the exact representative, else the
-    near-duplicate cluster's representative when that is another URL; null for a page that is no duplicate."""
-    near = F.when(F.col("near_duplicate_cluster") != F.col("url_id"), F.col("near_duplicate_cluster"))
-    return F.coalesce(F.col("duplicate_of"), near)
 
 
 def completion_udfs(policy: RevisitPolicy):
@@ -115,8 +109,8 @@ def run(spark: SparkSession, conf: Config, root: str, segment_id: str) -> Update
     now = datetime.now(UTC)
     seg = F.lit(segment_id)
     # Every later step reads the results: one read, one dedup of repeated results, kept for the job.
-    results = _latest(fetched.withColumn("segment_id", seg), ["url_id", "state_version"],
-                      [F.desc("fetched_at"), F.asc("outcome")]).persist(StorageLevel.MEMORY_AND_DISK)
+    results = (fetched.withColumn("segment_id", seg).withColumn("_n", F.expr(latest_result_rank_sql()))
+               .where("_n = 1").drop("_n")).persist(StorageLevel.MEMORY_AND_DISK)
     try:
         return _fold(spark, conf, root, segment_id, results, now, result)
     finally:
@@ -144,11 +138,11 @@ def _fold(spark: SparkSession, conf: Config, root: str, segment_id: str, results
     )
     # Each result with its URL's row when that row is still at the result's version (else the result is stale).
     with_previous = results.join(previous, ["url_id", "url"], "left").withColumn(
-        "current", F.col("prev_version").eqNullSafe(F.col("state_version"))).persist(StorageLevel.MEMORY_AND_DISK)
+        "current", F.expr(is_current_sql("state_version", "prev_version"))).persist(StorageLevel.MEMORY_AND_DISK)
     try:
         # Applied = completes now, or completed by an earlier run of this update that died before the end: a re-run
         # then records the same counts as an uninterrupted run.
-        applied = F.col("current") & ((F.col("prev_lease") == seg) | (F.col("prev_last_segment") == seg))
+        applied = F.expr(completes_sql("state_version", "prev_version", "prev_lease", "prev_last_segment", segment_id))
         per_bucket = {r["bucket"]: r for r in with_previous.groupBy("bucket").agg(
             F.count("*").alias("results"), F.countDistinct("host_key").alias("hosts"),
             F.count(F.when(applied, 1)).alias("applied")).collect()}
@@ -166,7 +160,9 @@ def _fold(spark: SparkSession, conf: Config, root: str, segment_id: str, results
         decide, event_kind = completion_udfs(RevisitPolicy.from_config(conf))
         live = with_previous.where(F.col("current") & (F.col("prev_lease") == seg)).join(
             pages.select("url_id", "state_version", F.col("content_hash").alias("new_hash"),
-                         F.col("simhash").alias("new_simhash"), _representative().alias("duplicate_of")),
+                         F.col("simhash").alias("new_simhash"),
+                         F.expr(representative_of_sql("url_id", "duplicate_of", "near_duplicate_cluster"))
+                         .alias("duplicate_of")),
             ["url_id", "state_version"], "left",
         ).withColumn("kind", event_kind("outcome", "status_code", "prev_hash", "new_hash", "duplicate_of"))
         with step(f"update {segment_id}: index events"):
@@ -237,9 +233,10 @@ def host_fetch_counts(conf: Config, segment_id: str, results: DataFrame, robots:
                       hosts_snap: DataFrame) -> DataFrame:
     """Per host of this segment's results or robots observations (`robots` = segment_robots): HOST_COUNTERS,
     last_fetch_at, the robots columns (`has_robots` when observed) and the backoff decided from the stored
-    level (crawler.frontier.host_backoff)."""
+    level (crawler.politeness.PolitenessRules.host_backoff: a failure is crawler.status.is_transient)."""
     code = F.col("status_code")
-    requested = F.col("outcome").isin(REQUESTED)
+    requested = F.expr(made_request_sql("outcome"))
+    throttled = code.isin(sorted(THROTTLE_STATUSES))
 
     def count_if(condition: Column) -> Column:
         return F.count(F.when(condition, 1))
@@ -255,18 +252,18 @@ def host_fetch_counts(conf: Config, segment_id: str, results: DataFrame, robots:
         count_if(F.col("outcome") == FetchOutcome.NETWORK_ERROR.value).alias("network_errors"),
         count_if(F.col("outcome") == FetchOutcome.ROBOTS_DENIED.value).alias("robots_denied"),
         F.max(F.when(requested, F.col("fetched_at"))).alias("last_fetch_at"),
-        count_if(requested & code.isin(THROTTLE_CODES)).alias("throttled"),
+        count_if(F.expr(is_transient_sql("outcome", "status_code"))).alias("failed"),
         count_if(requested & code.between(200, 399)).alias("responded_ok"),
-        F.max(F.when(code.isin(THROTTLE_CODES), F.col("retry_after_s"))).alias("retry_after_s"),
+        F.max(F.when(throttled, F.col("retry_after_s"))).alias("retry_after_s"),
     )
     robots = robots.withColumn("has_robots", F.lit(True))
-    counter_cols = [*HOST_COUNTERS, "throttled", "responded_ok"]
-    base_s, cap_s = conf["politeness.backoff_base_s"], conf["politeness.max_backoff_s"]
+    counter_cols = [*HOST_COUNTERS, "failed", "responded_ok"]
+    rules = PolitenessRules.from_config(conf)
 
     @F.udf("struct<level:int, until_us:bigint>")
-    def backoff(host, level, until_us, throttled, responded_ok, last_fetch_us, retry_after_s):
-        decided = host_backoff(level, _moment(until_us), throttled, responded_ok, _moment(last_fetch_us),
-                               retry_after_s, base_s, cap_s, f"{host}|{segment_id}")
+    def backoff(host, level, until_us, failed, responded_ok, last_fetch_us, retry_after_s):
+        decided = rules.host_backoff(HostBackoff(level, _moment(until_us)), failed, responded_ok,
+                                     _moment(last_fetch_us), retry_after_s, f"{host}|{segment_id}")
         return (decided.level, _micros(decided.until))
 
     snap = hosts_snap.select("host_key", F.col("backoff_level").alias("h_level"),
@@ -278,7 +275,7 @@ def host_fetch_counts(conf: Config, segment_id: str, results: DataFrame, robots:
         .fillna(0, subset=counter_cols)
         .join(snap, "host_key", "left")
         .withColumn("bo", backoff("host_key", F.coalesce("h_level", F.lit(0)), F.unix_micros("h_until"),
-                                  "throttled", "responded_ok", F.unix_micros("last_fetch_at"), "retry_after_s"))
+                                  "failed", "responded_ok", F.unix_micros("last_fetch_at"), "retry_after_s"))
         .withColumn("backoff_level", F.col("bo.level"))
         .withColumn("backoff_until", F.timestamp_micros("bo.until_us"))
     )
@@ -350,7 +347,7 @@ def completion_rows(live: DataFrame, decide) -> DataFrame:
     """Each live result's new URL state (`n_*` columns) by its URL's keys, bucket and version (`c_version`)."""
     outcome = F.col("outcome")
     success, not_modified = outcome == FetchOutcome.SUCCESS.value, outcome == FetchOutcome.NOT_MODIFIED.value
-    requested = outcome.isin(REQUESTED)
+    requested = F.expr(made_request_sql("outcome"))
     has_new = success & F.col("new_hash").isNotNull()
     changed = has_new & ~F.col("prev_hash").eqNullSafe(F.col("new_hash"))
     robots_wait_us = F.unix_micros("robots_expires_at") - F.unix_micros("fetched_at")

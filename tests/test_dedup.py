@@ -274,3 +274,11 @@ def test_dedup_config_defaults_and_validation():
             config.load(assignments=[assignment])
         assert info.value.key == key
     assert config.load(assignments=["dedup.max_hamming=7"])["dedup.max_hamming"] == 7
+
+
+def test_the_duplicate_verdict_names_the_representative_of_another_url():
+    assert dedup.representative_of("u", None, None) is None
+    assert dedup.representative_of("u", "r", None) == "r"       # exact duplicate
+    assert dedup.representative_of("u", None, "u") is None       # the representative of its own cluster
+    assert dedup.representative_of("u", None, "q") == "q"       # a near duplicate
+    assert dedup.representative_of("u", "r", "q") == "r"        # exact wins over near

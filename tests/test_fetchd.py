@@ -24,7 +24,7 @@ import pytest
 from fastwarc.warc import ArchiveIterator, WarcRecordType
 
 from crawler import layout, records, urls
-from crawler.politeness import HostGate
+from crawler.politeness import PolitenessRules
 from crawler.robots import RobotsPolicy
 from fetchd import cli
 from fetchd.daemon import fetch_segment, serve
@@ -244,8 +244,9 @@ def test_retry_after_slows_the_host_and_successes_halve_it_exactly_on_the_virtua
         return virtual.Answer(404 if path == "/robots.txt" else 200, 0.0)
 
     paths = ["/busy", "/after", "/p2", "/p3", "/p4", "/p5", "/p6"]
-    run = virtual.VirtualBucketRun(virtual.rows_of("http://edge.test", paths),
-                                   lambda _key: HostGate.from_config(conf), virtual.ScriptedVirtualServer(answer))
+    rules = PolitenessRules.from_config(conf)
+    run = virtual.VirtualBucketRun(virtual.rows_of("http://edge.test", paths), lambda _key: rules.gate(),
+                                   virtual.ScriptedVirtualServer(answer))
     run.run()
     log = run.server.requests("http://edge.test")
     assert [r.path for r in log] == ["/robots.txt", *paths]

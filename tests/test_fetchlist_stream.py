@@ -174,7 +174,8 @@ def test_fetchlist_reader_skips_reported_rows_across_batches_and_files(root):
     assert [r["url_id"] for r in fetchlist.rows(done)] == [r["url_id"] for r in rows if r not in reported]
     assert len(list(fetchlist.rows(done_other_version))) == 20  # a result for another lease does not count
     assert list(FetchList(root, SEGMENT, 0).rows(KeySet()))[0] == {**rows[0], "etag": None, "last_modified": None,
-                                                                   "last_fetch_at": None, "sitemap_origin": None}
+                                                                   "max_concurrency": None, "last_fetch_at": None,
+                                                                   "sitemap_origin": None}
 
 
 def test_a_fetch_list_from_before_a_column_existed_reads_as_null(root):

@@ -164,25 +164,6 @@ def test_backoff_host_skipped_and_global_cap_keeps_lowest_ranks(spark, base_conf
     assert {(r["host_key"], r["rank"]) for r in rows} == {("http://b.test", 1), ("http://c.test", 1)}
 
 
-def test_sql_rules_agree_with_python(spark):
-    cases = [(0.2, None, 60.0, None), (5.0, 12.0, 60.0, None), (5.0, 600.0, 60.0, None), (1.0, 2.0, 60.0, 9.0),
-             (0.0, None, 60.0, None), (0.0, 0.0, 60.0, 7000.0)]
-    frame = spark.createDataFrame([(i, crawl, host_min) for i, (_, crawl, _, host_min) in enumerate(cases)],
-                                  "i int, cd double, hm double")
-    for i, (min_delay, crawl, max_crawl, host_min) in enumerate(cases):
-        sql_delay = frontier.host_delay_sql(min_delay, "cd", max_crawl, "hm")
-        sql_cap = frontier.per_host_cap_sql(1000, 3600, sql_delay)
-        row = frame.where(f"i = {i}").selectExpr(f"{sql_delay} as d", f"{sql_cap} as c").first()
-        delay = frontier.host_delay_s(min_delay, crawl, max_crawl, host_min)
-        assert row.d == pytest.approx(delay)
-        assert row.c == frontier.per_host_cap(1000, 3600, delay)
-    now = datetime(2024, 5, 10, tzinfo=UTC)
-    due = datetime(2024, 5, 1, 6, tzinfo=UTC)
-    times = spark.createDataFrame([(1.5, due, now), (1.5, now, due)], "p double, due timestamp, now timestamp")
-    got = [r.s for r in times.selectExpr(f"{frontier.score_sql('p', 'due', 'now', 0.1)} as s").collect()]
-    assert got == pytest.approx([frontier.score(1.5, due, now, 0.1), 1.5])
-
-
 def test_generate_skips_urls_the_stored_robots_rules_deny_until_they_expire(spark, base_conf, root, seeded):
     from delta.tables import DeltaTable
 

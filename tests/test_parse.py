@@ -6,7 +6,7 @@ import gzip
 import io
 import json
 import os
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -14,9 +14,13 @@ import pytest
 from warcio.statusandheaders import StatusAndHeaders
 from warcio.warcwriter import WARCWriter
 
-from crawler import layout
+from crawler import config as config_mod
+from crawler import layout, pages
 from crawler.fingerprints import content_hash
+from crawler.frontier import classify_discovery
 from crawler.records import FETCHED
+from crawler.scope import Scope
+from crawler.traps import TrapRules
 from crawler.urls import url_id
 from crawler.warcread import read_record_at
 from delta_tables import tables
@@ -37,6 +41,11 @@ GZIP_HTML = b"<html><head><title>Gzipped</title></head><body><a href='/back'>bac
 
 NOFOLLOW_HTML = b"""<html><head><meta name="robots" content="noindex, nofollow"><title>Private</title>
 <base href="http://b.test/base/"></head><body><a href="rel">relative</a></body></html>"""
+
+
+def _stripping(rules: dict[str, list[str]]) -> Scope:
+    """The default scope with `scope.strip_query_params` set to `rules`."""
+    return Scope.from_config(config_mod.load().with_overrides({"scope.strip_query_params": rules}))
 
 
 def _write_warc(path: str, pages: list[tuple[str, int, dict[str, str], bytes]]) -> dict[str, tuple[int, int]]:
@@ -215,6 +224,30 @@ def test_parse_segment_pages_links_errors_and_rerun(spark, base_conf, root, segm
     assert {name: _sorted_rows(spark, root, name) for name in before} == before
 
 
+def test_a_result_written_twice_is_parsed_from_the_latest_fetch(spark, base_conf, root):
+    """Two results for one (url_id, state_version) (a bucket re-fetched after a crash): parse reads the latest
+    fetch's record, the one update completes the URL with (crawler.leases) — it used to read the earliest — and
+    a URL whose latest result is a network error gets no page, even though an earlier fetch succeeded."""
+    tables.create_all(spark, root)
+    first = f"segments/{SEGMENT}/warc/{layout.bucket_dirname(1)}/first.warc.gz"
+    second = f"segments/{SEGMENT}/warc/{layout.bucket_dirname(1)}/second.warc.gz"
+    old, new = b"<html><title>old</title>first fetch</html>", b"<html><title>new</title>second fetch</html>"
+    html = {"Content-Type": "text/html"}
+    at_first = _write_warc(f"{root}/{first}", [("http://a.test/", 200, html, old), ("http://a.test/x", 200, html, old)])
+    at_second = _write_warc(f"{root}/{second}", [("http://a.test/", 200, html, new)])
+    later = NOW + timedelta(seconds=30)
+    _write_fetched(root, 1, [
+        _fetched_row("http://a.test/", 1, second, at_second["http://a.test/"], fetched_at=later),
+        _fetched_row("http://a.test/", 1, first, at_first["http://a.test/"]),
+        _fetched_row("http://a.test/x", 1, first, at_first["http://a.test/x"]),
+        _fetched_row("http://a.test/x", 1, None, None, fetched_at=later, outcome="network_error", status_code=None),
+    ])
+    result = parse.run(spark, base_conf, root, SEGMENT)
+    [page] = tables.table_df(spark, root, "pages").collect()
+    assert (page["url"], page["warc_filename"], page["title"]) == ("http://a.test/", second, "new")
+    assert page["content_hash"] == content_hash(new) and result.pages == 1
+
+
 def test_parse_without_fetched_results_does_nothing(spark, base_conf, root):
     assert parse.run(spark, base_conf, root, "seg-empty") == parse.ParseResult(0, 0, 0, 0, 0)
     assert tables.table_df(spark, root, "pages").count() == 0
@@ -254,8 +287,8 @@ def test_analyze_record_rejects_a_record_for_another_url(tmp_path):
     with open(path, "rb") as stream:
         record = read_record_at(stream, locations["http://a.test/"][0], max_bytes=1000)
     with pytest.raises(ValueError):
-        parse.analyze_record(record, "http://a.test/other", None, max_outlinks=10, shingle=3)
-    fields = parse.analyze_record(record, "http://a.test/", None, max_outlinks=10, shingle=3)
+        pages.analyze_record(record, "http://a.test/other", None, max_outlinks=10, shingle=3)
+    fields = pages.analyze_record(record, "http://a.test/", None, max_outlinks=10, shingle=3)
     assert [link["to_url"] for link in fields["outlinks"]] == ["http://a.test/x"]
 
 
@@ -266,8 +299,8 @@ def test_analyze_record_strips_configured_query_params_from_outlinks(tmp_path):
     locations = _write_warc(path, [("http://a.test/", 200, {"Content-Type": "text/html"}, body)])
     with open(path, "rb") as stream:
         record = read_record_at(stream, locations["http://a.test/"][0], max_bytes=10000)
-    fields = parse.analyze_record(record, "http://a.test/", None, max_outlinks=10, shingle=3,
-                                  strip_rules={"a.test": ["sid"]})
+    fields = pages.analyze_record(record, "http://a.test/", None, max_outlinks=10, shingle=3,
+                                  scope=_stripping({"a.test": ["sid"]}))
     rows = {link["to_url"]: link for link in fields["outlinks"]}
     assert list(rows) == ["http://a.test/p?q=2", "http://a.test/p", "http://b.test/?sid=1"]
     assert rows["http://a.test/p?q=2"]["to_url_id"] == url_id("http://a.test/p?q=2")
@@ -283,8 +316,7 @@ def test_a_followed_redirect_is_parsed_as_its_final_url(root):
     locations = _write_warc(f"{root}/{warc}", [(final, 200, {"Content-Type": "text/html"}, b'<a href="next">n</a>')])
     row = _fetched_row("http://a.test/old", 1, warc, locations[final], content_type="text/html", redirect_to=final)
     batch = pa.RecordBatch.from_pylist([row], schema=FETCHED)
-    [out] = list(parse.parse_partition([batch], root=root, max_bytes=100000, max_outlinks=10, shingle=3,
-                                       strip_rules={}))
+    [out] = list(parse.parse_partition([batch], root=root, max_bytes=100000, max_outlinks=10, shingle=3))
     [page] = out.to_pylist()
     assert page["url"] == "http://a.test/old" and page["parse_error"] is None
     assert [link["to_url"] for link in page["outlinks"]] == ["http://a.test/new/next"]
@@ -328,7 +360,7 @@ def test_parse_reads_sitemaps_by_their_origin(root):
     batch = pa.RecordBatch.from_pylist(rows, schema=FETCHED)
     limits = parse.SitemapLimits(max_uncompressed_bytes=1_000_000)
     [out] = list(parse.parse_partition([batch], root=root, max_bytes=100000, max_outlinks=10, shingle=3,
-                                       strip_rules={}, sitemap_limits=limits, sitemap_max_bytes=5_000_000))
+                                       sitemap_limits=limits, sitemap_max_bytes=5_000_000))
     pages = {p["url"]: p for p in out.to_pylist()}
 
     index = pages["http://a.test/maps/index.xml"]
@@ -361,6 +393,41 @@ def test_a_sitemap_row_with_a_bad_origin_is_a_parse_error_not_a_crash(root):
     locations = _write_warc(f"{root}/{warc}", [("http://a.test/s.xml", 200, {}, URLSET)])
     row = _fetched_row("http://a.test/s.xml", 1, warc, locations["http://a.test/s.xml"], sitemap_origin="garbage")
     [out] = list(parse.parse_partition([pa.RecordBatch.from_pylist([row], schema=FETCHED)], root=root,
-                                       max_bytes=100000, max_outlinks=10, shingle=3, strip_rules={}))
+                                       max_bytes=100000, max_outlinks=10, shingle=3))
     [page] = out.to_pylist()
     assert "not a sitemap origin" in page["parse_error"] and page["outlinks"] == []
+
+
+def test_sitemap_entries_are_keyed_by_the_url_discovery_stores(tmp_path):
+    """A sitemap entry, a child sitemap and a page's outlink with a stripped parameter (scope.strip_query_params)
+    all get the links key that discovery gives the same target in `urls` (it used to keep the entry's raw URL)."""
+    scope = _stripping({"a.test": ["sid"]})
+    urlset = (b'<urlset xmlns="http://www.sitemaps.org/schemas/sitemap/0.9">'
+              b'<url><loc>http://a.test/p?sid=5&amp;q=1</loc></url><url><loc>http://a.test/p?q=1&amp;sid=6</loc></url>'
+              b'</urlset>')
+    index = (b'<sitemapindex xmlns="http://www.sitemaps.org/schemas/sitemap/0.9">'
+             b'<sitemap><loc>http://a.test/m.xml?sid=2</loc></sitemap></sitemapindex>')
+    path = str(tmp_path / "s.warc.gz")
+    locations = _write_warc(path, [("http://a.test/s.xml", 200, {"Content-Type": "application/xml"}, urlset),
+                                   ("http://a.test/i.xml", 200, {"Content-Type": "application/xml"}, index),
+                                   ("http://a.test/", 200, {"Content-Type": "text/html"}, b'<a href="/p?sid=7&q=1">')])
+    with open(path, "rb") as stream:
+        def record(url):
+            return read_record_at(stream, locations[url][0], max_bytes=10000)
+        entries = pages.analyze_sitemap(record("http://a.test/s.xml"), "http://a.test/s.xml", None, "probe 0",
+                                        parse.SitemapLimits(), scope)["outlinks"]
+        children = pages.analyze_sitemap(record("http://a.test/i.xml"), "http://a.test/i.xml", None, "probe 0",
+                                         parse.SitemapLimits(), scope)["outlinks"]
+        links = pages.analyze_record(record("http://a.test/"), "http://a.test/", None, max_outlinks=10, shingle=3,
+                                     scope=scope)["outlinks"]
+    rules = TrapRules.from_config(config_mod.load())
+
+    def stored_id(raw: str) -> str:
+        return classify_discovery(raw, scope, rules, 16).keys.url_id
+
+    [entry] = entries  # both entries are one stored URL
+    assert (entry["to_url"], entry["to_url_id"]) == ("http://a.test/p?q=1", stored_id("http://a.test/p?sid=5&q=1"))
+    [child] = children
+    assert child["to_url_id"] == stored_id("http://a.test/m.xml?sid=2") == url_id("http://a.test/m.xml")
+    [link] = links
+    assert link["to_url_id"] == entry["to_url_id"]

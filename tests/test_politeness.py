@@ -3,18 +3,20 @@
 from __future__ import annotations
 
 import random
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from email.utils import format_datetime
 
 import pytest
 
 from crawler.politeness import (
+    HostBackoff,
     HostGate,
+    PolitenessRules,
     backoff_seconds,
     effective_delay,
-    is_failure,
     parse_retry_after,
 )
+from crawler.status import is_transient_status
 
 
 def _gate(**overrides) -> HostGate:
@@ -59,8 +61,9 @@ def test_backoff_uses_retry_after_capped_else_exponential_with_jitter():
 
 
 def test_failures_are_network_errors_429_and_5xx():
-    assert is_failure(None) and is_failure(429) and is_failure(500) and is_failure(503)
-    assert not any(is_failure(code) for code in (200, 301, 304, 404, 410))
+    assert is_transient_status(None) and is_transient_status(429) and is_transient_status(500)
+    assert is_transient_status(503)
+    assert not any(is_transient_status(code) for code in (200, 301, 304, 404, 410))
 
 
 def test_gate_counts_delay_from_the_end_of_the_previous_request():
@@ -220,3 +223,48 @@ def test_a_takeover_before_robots_is_known_waits_for_the_largest_crawl_delay():
     # Learning a shorter Crawl-delay later never brings the held start forward.
     unknown.set_crawl_delay(0.5)
     assert not unknown.can_start(109.9)
+
+
+T0 = datetime(2024, 5, 1, 12, 0, tzinfo=timezone.utc)
+RULES = PolitenessRules(min_delay_s=1.0, max_crawl_delay_s=10.0, max_concurrency_per_host=2, backoff_base_s=30.0,
+                        max_backoff_s=900.0, max_consecutive_failures=3, backoff_recovery_factor=0.5,
+                        response_time_factor=0.0, max_response_time_delay_s=60.0)
+
+
+def test_rules_read_every_politeness_key_from_config(base_conf):
+    rules = PolitenessRules.from_config(base_conf)
+    assert rules.min_delay_s == base_conf["politeness.min_delay_s"]
+    assert rules.max_consecutive_failures == base_conf["politeness.max_consecutive_failures"]
+    gate = rules.gate()
+    assert (gate.min_delay_s, gate.max_concurrency) == (rules.min_delay_s, rules.max_concurrency_per_host)
+
+
+def test_host_delay_is_the_longest_of_minimum_capped_crawl_delay_and_host_override():
+    assert RULES.host_delay(None, None) == 1.0
+    assert RULES.host_delay(4.0, None) == 4.0
+    assert RULES.host_delay(400.0, None) == 10.0  # Crawl-delay capped
+    assert RULES.host_delay(4.0, 7.5) == 7.5      # the host's own override is not capped
+    assert RULES.host_delay(None, 0.1) == 1.0     # and never lowers the minimum
+
+
+def test_a_per_host_delay_and_concurrency_only_make_the_gate_stricter():
+    gate = RULES.gate(floor_delay_s=7.5, host_max_concurrency=1)
+    assert gate.min_delay_s == 7.5 and gate.max_concurrency == 1 and gate.concurrency_cap == 1
+    assert RULES.gate(floor_delay_s=0.2).min_delay_s == 1.0
+    assert RULES.gate(host_max_concurrency=5).max_concurrency == 2
+    gate.started(0.0)
+    gate.finished(0.5, 200, None, random.Random(1))
+    assert gate.next_allowed_at == 0.5 + 7.5  # counted from the end, with the host's floor
+
+
+def test_host_backoff_rises_with_failing_segments_and_resets_on_success():
+    first = RULES.host_backoff(HostBackoff(0, None), 1, 0, T0, None, "seed")
+    assert first.level == 1 and T0 + timedelta(seconds=30) <= first.until < T0 + timedelta(seconds=38)
+    assert first == RULES.host_backoff(HostBackoff(0, None), 1, 0, T0, None, "seed")  # deterministic per seed
+    directed = RULES.host_backoff(HostBackoff(1, first.until), 2, 5, T0, 120.0, "seed")
+    assert directed == HostBackoff(2, T0 + timedelta(seconds=120))
+    assert RULES.host_backoff(HostBackoff(3, None), 1, 0, T0, 5000.0, "s").until == T0 + timedelta(seconds=900)
+    assert RULES.host_backoff(HostBackoff(2, first.until), 0, 3, T0, None, "s") == HostBackoff(0, first.until)
+    assert RULES.host_backoff(HostBackoff(2, first.until), 0, 0, T0, None, "s") == HostBackoff(2, first.until)
+    assert RULES.host_backoff(HostBackoff(2, first.until), 1, 0, None, None, "s") == HostBackoff(2, first.until)
+

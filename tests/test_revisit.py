@@ -7,7 +7,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from crawler import config as config_mod
-from crawler.frontier import host_backoff, index_event_kind
+from crawler.frontier import index_event_kind
 from crawler.revisit import PreviousState, RevisitPolicy
 
 T0 = datetime(2024, 5, 1, 12, 0, tzinfo=UTC)
@@ -120,14 +120,3 @@ def test_duplicate_index_events():
     assert index_event_kind("success", 200, "a", "a", rep) == "not_modified"  # nothing new to index
     assert index_event_kind("not_modified", 304, "a", None, rep) == "not_modified"
     assert index_event_kind("http_error", 410, "a", None, rep) == "gone"
-
-
-def test_host_backoff_rises_with_throttling_and_resets_on_success():
-    first = host_backoff(0, None, 1, 0, T0, None, 30.0, 900.0, "seed")
-    assert first.level == 1 and T0 + timedelta(seconds=30) <= first.until < T0 + timedelta(seconds=38)
-    assert first == host_backoff(0, None, 1, 0, T0, None, 30.0, 900.0, "seed")  # deterministic per seed
-    directed = host_backoff(1, first.until, 2, 5, T0, 120.0, 30.0, 900.0, "seed")
-    assert directed == type(first)(2, T0 + timedelta(seconds=120))
-    assert host_backoff(3, None, 1, 0, T0, 5000.0, 30.0, 900.0, "s").until == T0 + timedelta(seconds=900)
-    assert host_backoff(2, first.until, 0, 3, T0, None, 30.0, 900.0, "s") == type(first)(0, first.until)
-    assert host_backoff(2, first.until, 0, 0, T0, None, 30.0, 900.0, "s") == type(first)(2, first.until)

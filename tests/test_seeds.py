@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from crawler.frontier import Scope
+from crawler.scope import Scope
 from crawler.seeds import SeedEntry, parse_seed_line, read_seeds
 
 SCOPE = Scope(schemes=("http", "https"), host_suffixes=(), max_url_length=60, max_depth=16)

@@ -444,3 +444,21 @@ def test_robots_sitemap_lines_for_every_agent():
     assert sitemaps.robots_sitemaps("http://a.test", None, 500_000) == []
     assert sitemaps.robots_sitemaps("http://a.test", "\x00\xff garbage", 500_000) == []
     assert sitemaps.probe_url("https://a.test:8443") == "https://a.test:8443/sitemap.xml"
+
+
+def test_discovered_depth_and_priority_follow_how_the_url_was_found():
+    """crawler.frontier's discovery rank: a link is a hop, a sitemap's entries and children are not; entries
+    take their first_schedule priority, sitemap files SITEMAP_FILE_PRIORITY, links the parent's damped."""
+    from crawler import frontier
+
+    now = datetime(2024, 5, 1, tzinfo=timezone.utc)
+    entry = sitemaps.SitemapEntry("http://a.test/p", now - timedelta(days=1), sitemaps.ChangeFreq.DAILY, 0.9)
+    assert frontier.discovery_depth("link", None, 2) == 3
+    assert frontier.discovery_depth("redirect", None, 2) == 3
+    assert frontier.discovery_depth("sitemap", None, 2) == 2
+    assert frontier.discovery_depth("link", "index 1 http://a.test", 2) == 2
+    assert frontier.discovery_priority("link", None, 0.5) == 0.5 * frontier.DISCOVERY_PRIORITY_FACTOR
+    assert frontier.discovery_priority("sitemap", "index 1 http://a.test", 0.5) == sitemaps.SITEMAP_FILE_PRIORITY
+    assert frontier.discovery_priority("sitemap", None, 0.5, entry, now) == sitemaps.first_schedule(entry, now)[0]
+    with pytest.raises(ValueError):
+        frontier.discovery_priority("sitemap", None, 0.5)

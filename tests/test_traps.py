@@ -14,9 +14,11 @@ from pyspark.sql import functions as F
 
 from crawler import config as config_mod
 from crawler import layout, traps, urls
-from crawler.frontier import Scope, classify_discovery, registered_domain
+from crawler.frontier import classify_discovery
 from crawler.records import FETCHED
+from crawler.scope import Scope
 from crawler.traps import TrapRules, trap_reason, url_template
+from crawler.urls import registered_domain
 from delta_tables import tables
 from jobs import generate, inject, update
 from jobs.base import recount_known_urls

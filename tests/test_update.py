@@ -195,3 +195,27 @@ def test_unreachable_robots_keeps_the_last_good_copy(spark, base_conf, root, tmp
     host = [r for r in tables.table_df(spark, root, "hosts").collect() if r.host_key == "http://a.test"][0]
     assert (host.robots_state, host.robots_status_code, host.robots_body, host.policy_version) == (
         "disallow_all", 503, good, 1)
+
+
+def test_network_errors_and_5xx_back_a_host_off_across_segments(spark, base_conf, root, tmp_path):
+    """The failures that back a host off inside a segment (crawler.status.is_transient) carry over to the next
+    segments alike: a host with only network errors, and one with a 500, get a backoff level and time, as a
+    429/503 host does; a 404 is no failure. (Network errors used to carry no backoff across segments.)"""
+    seeds = tmp_path / "seeds.txt"
+    seeds.write_text("http://n.test/1\nhttp://f.test/1\nhttp://g.test/1\n")
+    inject.run(spark, base_conf, root, str(seeds))
+    now = datetime.now(UTC).replace(microsecond=0) + timedelta(minutes=1)
+    assert generate.run(spark, base_conf, root, SEG, now).url_count == 3
+    at = now + timedelta(seconds=10)
+    results = [fetched("http://n.test/1", at, "network_error", None, error="connection refused"),
+               fetched("http://f.test/1", at, "http_error", 500), fetched("http://g.test/1", at, "http_error", 404)]
+    for b in {r["bucket"] for r in results}:
+        write_parquet(layout.fetched_dir(root, SEG, b), [r for r in results if r["bucket"] == b], FETCHED)
+    update.run(spark, base_conf, root, SEG)
+    hosts = {r["host_key"]: r for r in tables.table_df(spark, root, "hosts").collect()}
+    base = timedelta(seconds=base_conf["politeness.backoff_base_s"])
+    for failing in ("http://n.test", "http://f.test"):
+        row = hosts[failing]
+        assert row.backoff_level == 1, failing
+        assert at.replace(tzinfo=None) + base <= row.backoff_until <= at.replace(tzinfo=None) + 1.25 * base
+    assert (hosts["http://g.test"].backoff_level, hosts["http://g.test"].backoff_until) == (0, None)

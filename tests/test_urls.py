@@ -110,7 +110,8 @@ def test_strip_query_params_is_per_host_and_opt_in(canonical, stripped):
 
 def test_scope_rewrite_applies_to_seeds_and_discoveries():
     from crawler import config
-    from crawler.frontier import Scope, classify_discovery
+    from crawler.frontier import classify_discovery
+    from crawler.scope import Scope
     from crawler.seeds import parse_seed_line
     from crawler.traps import TrapRules
 
@@ -119,4 +120,4 @@ def test_scope_rewrite_applies_to_seeds_and_discoveries():
     assert parse_seed_line("http://www.shop.test/p?sid=1&q=2", scope).url == "http://www.shop.test/p?q=2"
     found = classify_discovery("http://WWW.shop.test/p?sid=7#f", scope, TrapRules.from_config(conf), 4)
     assert found.keys.url == "http://www.shop.test/p" and found.keys.url_id == urls.url_id("http://www.shop.test/p")
-    assert Scope.from_config(config.load()).rewrite("http://www.shop.test/p?sid=1") == "http://www.shop.test/p?sid=1"
+    assert Scope.from_config(config.load()).stored_url("http://www.shop.test/p?sid=1") == "http://www.shop.test/p?sid=1"

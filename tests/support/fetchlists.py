@@ -12,11 +12,10 @@ from fastwarc.warc import ArchiveIterator
 
 from crawler import layout, records, urls
 
-LISTED_DELAY_S = 0.2  # the per-host delay a hand-written fetch list plans (generate writes the configured one)
-
 
 def write_fetchlist(root: str, segment_id: str, items: list[dict], buckets: int) -> dict[int, list[dict]]:
-    """Fetch-list Parquet per bucket, as generate writes it (sorted by host then rank). Items: url, etag..."""
+    """Fetch-list Parquet per bucket, as generate writes it (sorted by host then rank). Items: url, etag,
+    last_modified, delay_s and max_concurrency (the host's limits: none unless given), last_fetch_at."""
     by_bucket: dict[int, list[dict]] = {}
     ranks: Counter[str] = Counter()
     for item in items:
@@ -26,7 +25,8 @@ def write_fetchlist(root: str, segment_id: str, items: list[dict], buckets: int)
         row = {
             "segment_id": segment_id, "url_id": urls.url_id(url), "url": url, "host_key": key,
             "state_version": 1, "rank": ranks[key], "priority": 1.0, "depth": 0,
-            "etag": item.get("etag"), "last_modified": item.get("last_modified"), "delay_s": LISTED_DELAY_S,
+            "etag": item.get("etag"), "last_modified": item.get("last_modified"), "delay_s": item.get("delay_s"),
+            "max_concurrency": item.get("max_concurrency"),
             "last_fetch_at": item.get("last_fetch_at"),
         }
         by_bucket.setdefault(urls.bucket_of(key, buckets), []).append(row)

@@ -26,7 +26,7 @@ from collections.abc import Callable, Coroutine, Iterable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from crawler.politeness import BACKOFF_STATUSES, HostGate, parse_retry_after
+from crawler.politeness import THROTTLE_STATUSES, HostGate, PolitenessRules, parse_retry_after
 from crawler.robots import policy_for_status
 from crawler.scheduling import Dispatch, HostScheduler, HostWork, Prepare, Report
 from crawler.urls import host_key
@@ -114,6 +114,7 @@ class VirtualBucketRun:
     gate_for: Callable[[str], HostGate]
     server: VirtualServer
     seed: int = 0
+    rules: PolitenessRules | None = None  # when set, the rows' per-host limits apply (as in the daemon)
     clock: VirtualClock = field(default_factory=VirtualClock)
     reports: list[Report] = field(default_factory=list)
     handed_out: list[dict[str, Any]] = field(default_factory=list)
@@ -121,7 +122,7 @@ class VirtualBucketRun:
     def __post_init__(self) -> None:
         self.rng = random.Random(self.seed)
         self.rows = list(self.rows)
-        self.sched = HostScheduler(self.gate_for, self.clock, self.reports.append)
+        self.sched = HostScheduler(self.gate_for, self.clock, self.reports.append, rules=self.rules)
         self.events: list[tuple[float, int, Callable[[], None]]] = []
         self._seq = 0
         for row in self.rows:  # fetch-list order: by host, then rank
@@ -140,7 +141,7 @@ class VirtualBucketRun:
 
         def end() -> None:
             retry_after = None
-            if request.status in BACKOFF_STATUSES:
+            if request.status in THROTTLE_STATUSES:
                 retry_after = parse_retry_after(request.retry_after, self.clock.wall())
             host.gate.finished(self.clock.now, request.status, retry_after, self.rng, request.end - request.start)
             done(request)

@@ -1,0 +1,46 @@
+"""Leases and stale results (crawler/leases.py), pure: due, the version handed out, current, completes, and
+which of two results for one (url_id, state_version) counts."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+from crawler import leases
+
+NOW = datetime(2024, 5, 10, 12, tzinfo=UTC)
+EARLIER, LATER = NOW - timedelta(minutes=5), NOW + timedelta(minutes=5)
+
+
+def test_due_when_its_time_came_and_no_other_segment_holds_a_live_lease():
+    assert leases.is_due(EARLIER, None, None, NOW, "s2")
+    assert leases.is_due(NOW, None, None, NOW, "s2")
+    assert not leases.is_due(LATER, None, None, NOW, "s2")
+    assert not leases.is_due(None, None, None, NOW, "s2")
+    assert not leases.is_due(EARLIER, "s1", LATER, NOW, "s2")   # s1's lease is live
+    assert leases.is_due(EARLIER, "s1", EARLIER, NOW, "s2")     # s1's lease expired
+    assert leases.is_due(EARLIER, "s2", LATER, NOW, "s2")       # its own lease: a re-run of generate
+
+
+def test_a_fetch_list_names_the_next_version_or_its_own_on_a_rerun():
+    assert leases.leased_version(4, None, "s2") == 5
+    assert leases.leased_version(4, "s1", "s2") == 5
+    assert leases.leased_version(5, "s2", "s2") == 5
+
+
+def test_a_result_completes_only_while_current_and_under_its_segments_lease():
+    assert leases.is_current(5, 5) and not leases.is_current(5, 6) and not leases.is_current(5, None)
+    assert leases.completes(5, 5, "s2", None, "s2")
+    assert leases.completes(5, 5, None, "s2", "s2")       # an earlier run of this update completed it
+    assert not leases.completes(5, 5, "s3", "s1", "s2")   # another segment took the URL over
+    assert not leases.completes(5, 6, "s2", None, "s2")   # a later version exists: stale
+
+
+def test_the_latest_fetch_counts_whatever_the_input_order():
+    early = {"fetched_at": EARLIER, "warc_filename": "b", "warc_offset": 9, "outcome": "success"}
+    late = {"fetched_at": NOW, "warc_filename": None, "warc_offset": None, "outcome": "network_error"}
+    same_time_later_file = {"fetched_at": EARLIER, "warc_filename": "c", "warc_offset": 1, "outcome": "success"}
+    for order in ([early, late, same_time_later_file], [same_time_later_file, late, early]):
+        assert leases.latest_result(order) is late
+    assert leases.latest_result([early, same_time_later_file]) is same_time_later_file
+    unknown_time = {**late, "fetched_at": None}
+    assert leases.latest_result([unknown_time, early]) is early  # a missing time sorts last

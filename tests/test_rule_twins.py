@@ -1,0 +1,129 @@
+"""Every rule that Spark evaluates as SQL text agrees with its Python form (the rule's one home in `crawler/`).
+
+Each test builds a small frame of cases, evaluates the `*_sql` twin on the shared session and compares row by row
+with the Python function over the same values: status outcomes, politeness delays, the per-host cap and score,
+leases (due, version, current, completes, latest result), the duplicate verdict and discovery depth/priority.
+"""
+
+from __future__ import annotations
+
+import itertools
+from datetime import UTC, datetime, timedelta
+
+import pytest
+from pyspark.sql import functions as F
+
+from crawler import frontier, leases
+from crawler.dedup import representative_of, representative_of_sql
+from crawler.politeness import PolitenessRules
+from crawler.status import FetchOutcome, is_transient, is_transient_sql, made_request, made_request_sql
+
+STATUSES = [None, 200, 204, 301, 304, 404, 410, 429, 500, 503, 599]
+T0 = datetime(2024, 5, 10, tzinfo=UTC)
+
+
+def _rules(min_delay_s: float, max_crawl_delay_s: float) -> PolitenessRules:
+    return PolitenessRules(min_delay_s=min_delay_s, max_crawl_delay_s=max_crawl_delay_s, max_concurrency_per_host=1,
+                           backoff_base_s=30.0, max_backoff_s=900.0, max_consecutive_failures=5,
+                           backoff_recovery_factor=0.5, response_time_factor=0.0, max_response_time_delay_s=60.0)
+
+
+def test_status_rules_agree(spark):
+    cases = [(o.value, s) for o, s in itertools.product(FetchOutcome, STATUSES)]
+    frame = spark.createDataFrame(cases, "outcome string, status_code int")
+    got = frame.selectExpr("outcome", "status_code", f"{made_request_sql('outcome')} as requested",
+                           f"{is_transient_sql('outcome', 'status_code')} as transient").collect()
+    assert len(got) == len(cases)
+    for row in got:
+        assert row.requested == made_request(row.outcome), row
+        assert row.transient == is_transient(row.outcome, row.status_code), row
+
+
+def test_politeness_delay_cap_and_score_agree(spark):
+    cases = [(0.2, None, 60.0, None), (5.0, 12.0, 60.0, None), (5.0, 600.0, 60.0, None), (1.0, 2.0, 60.0, 9.0),
+             (0.0, None, 60.0, None), (0.0, 0.0, 60.0, 7000.0), (5.0, None, 60.0, 0.5)]
+    frame = spark.createDataFrame([(i, crawl, host_min) for i, (_, crawl, _, host_min) in enumerate(cases)],
+                                  "i int, cd double, hm double")
+    for i, (min_delay, crawl, max_crawl, host_min) in enumerate(cases):
+        rules = _rules(min_delay, max_crawl)
+        sql_delay = rules.host_delay_sql("cd", "hm")
+        sql_cap = frontier.per_host_cap_sql(1000, 3600, sql_delay)
+        row = frame.where(f"i = {i}").selectExpr(f"{sql_delay} as d", f"{sql_cap} as c").first()
+        delay = rules.host_delay(crawl, host_min)
+        assert row.d == pytest.approx(delay)
+        assert row.c == frontier.per_host_cap(1000, 3600, delay)
+    due = datetime(2024, 5, 1, 6, tzinfo=UTC)
+    times = spark.createDataFrame([(1.5, due, T0), (1.5, T0, due)], "p double, due timestamp, now timestamp")
+    got = [r.s for r in times.selectExpr(f"{frontier.score_sql('p', 'due', 'now', 0.1)} as s").collect()]
+    assert got == pytest.approx([frontier.score(1.5, due, T0, 0.1), 1.5])
+
+
+def test_lease_rules_agree(spark):
+    segment = "seg-b"
+    moments = [None, T0 - timedelta(hours=1), T0, T0 + timedelta(hours=1)]
+    cases = [(i, nxt, lease, expires, version, url_version, last)
+             for i, (nxt, lease, expires, version, url_version, last) in enumerate(itertools.product(
+                 moments, [None, "seg-a", segment], moments, [3], [None, 2, 3], [None, "seg-a", segment]))]
+    frame = spark.createDataFrame(
+        cases, "i int, next_fetch_at timestamp, lease_segment string, lease_expires_at timestamp, "
+               "state_version long, url_version long, last_segment string")
+    got = frame.withColumn("now", F.lit(T0)).selectExpr(
+        "i", f"{leases.is_due_sql('now', segment)} as due",
+        f"{leases.leased_version_sql(segment)} as version",
+        f"{leases.is_current_sql('state_version', 'url_version')} as current",
+        f"{leases.completes_sql('state_version', 'url_version', 'lease_segment', 'last_segment', segment)} as done",
+    ).collect()
+    by_i = {c[0]: c for c in cases}
+    for row in got:
+        _, nxt, lease, expires, version, url_version, last = by_i[row.i]
+        assert bool(row.due) == leases.is_due(nxt, lease, expires, T0, segment), by_i[row.i]
+        assert row.version == leases.leased_version(version, lease, segment)
+        assert row.current == leases.is_current(version, url_version)
+        assert row.done == leases.completes(version, url_version, lease, last, segment), by_i[row.i]
+
+
+def test_latest_result_order_agrees(spark):
+    """Several results for one (url_id, state_version): the window keeps the row `latest_result` picks."""
+    later = T0 + timedelta(seconds=5)
+    groups = {
+        "a": [(T0, "w1", 10, "success"), (later, "w1", 99, "network_error")],
+        "b": [(T0, "w1", 10, "success"), (T0, "w2", 5, "success")],
+        "c": [(T0, "w1", 10, "success"), (T0, "w1", 20, "success"), (T0, None, None, "robots_denied")],
+        "d": [(T0, None, None, "network_error"), (T0, None, None, "http_error")],
+        "e": [(None, "w1", 1, "success"), (T0, "w1", 0, "success")],
+    }
+    rows = [(key, 1, *result) for key, results in groups.items() for result in results]
+    frame = spark.createDataFrame(rows, "url_id string, state_version long, fetched_at timestamp, "
+                                        "warc_filename string, warc_offset long, outcome string")
+    kept = {r.url_id: (r.fetched_at and r.fetched_at.replace(tzinfo=UTC), r.warc_filename, r.warc_offset, r.outcome)
+            for r in frame.selectExpr("*", f"{leases.latest_result_rank_sql()} as n").where("n = 1").collect()}
+    columns = ("fetched_at", "warc_filename", "warc_offset", "outcome")
+    for key, results in groups.items():
+        expected = leases.latest_result([dict(zip(columns, result, strict=True)) for result in results])
+        assert kept[key] == tuple(expected[c] for c in columns), key
+    assert kept["a"][3] == "network_error"  # the later fetch counts, whatever its outcome
+
+
+def test_duplicate_verdict_agrees(spark):
+    cases = [("u", None, None), ("u", "r", None), ("u", None, "u"), ("u", None, "r"), ("u", "r", "q"), ("u", "r", "u")]
+    got = spark.createDataFrame(cases, "url_id string, duplicate_of string, cluster string").selectExpr(
+        "url_id", "duplicate_of", "cluster",
+        f"{representative_of_sql('url_id', 'duplicate_of', 'cluster')} as rep").collect()
+    assert len(got) == len(cases)
+    for row in got:
+        assert row.rep == representative_of(row.url_id, row.duplicate_of, row.cluster)
+
+
+def test_discovery_depth_and_priority_agree(spark):
+    cases = [(source, origin, depth, priority) for source, origin, depth, priority in itertools.product(
+        ["link", "redirect", "sitemap"], [None, "index 1 http://a.test"], [0, 3], [None, 0.5])]
+    got = spark.createDataFrame(cases, "source string, origin string, depth int, priority double").selectExpr(
+        "source", "origin", "depth", "priority",
+        f"{frontier.discovery_depth_sql('source', 'origin', 'depth')} as d",
+        f"{frontier.listed_by_sitemap_sql('source', 'origin')} as listed",
+        f"{frontier.discovery_priority_sql('origin', 'priority')} as p").collect()
+    for row in got:
+        assert row.d == frontier.discovery_depth(row.source, row.origin, row.depth)
+        assert row.listed == frontier.listed_by_sitemap(row.source, row.origin)
+        if not row.listed:  # listed pages take first_schedule of their entry (a UDF of the Python form)
+            assert row.p == frontier.discovery_priority(row.source, row.origin, row.priority)
