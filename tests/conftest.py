@@ -120,6 +120,16 @@ def spark(spark_session_only, request):
 
 
 @pytest.fixture(scope="session")
+def class_archive(tmp_path_factory):
+    """The archive of Spark's classes that the JVMs of the background work map (`tests/support/jvm.py`), built in a
+    child process of its own as soon as any of that work is started; their starts wait for it."""
+    from tests.support import jvm
+
+    jvm.expect_class_archive()
+    yield from _in_background("class-archive", jvm.build_class_archive, tmp_path_factory.mktemp("jvm"))
+
+
+@pytest.fixture(scope="session")
 def shared_crawl_started(spark_session_only, base_conf, tmp_path_factory):
     """The shared crawl, run in a background thread on a session of its own over the suite's SparkContext (its SQL
     confs apart: dedup and maintain set some for a while) and with its own daemon host memory (per thread)."""
@@ -143,7 +153,7 @@ def _crash_parts():
 
 
 @pytest.fixture(scope="session")
-def crash_kills_started(_crash_parts, spark_session_only, shared_crawl_started, tmp_path_factory):
+def crash_kills_started(_crash_parts, spark_session_only, shared_crawl_started, class_archive, tmp_path_factory):
     """The crash tests' references and kills (`tests/support/crash.py`), in a thread of their own on a session of
     their own over the suite's SparkContext, once the shared crawl is done; each part is ready as soon as it is."""
     from tests.support.crash import run_crash_kills
@@ -159,7 +169,7 @@ def crash_kills(spark, crash_kills_started, _crash_parts):
 
 
 @pytest.fixture(scope="session")
-def demo_run_started(tmp_path_factory):
+def demo_run_started(class_archive, tmp_path_factory):
     """`crawl demo` in a child process of its own (niced), in a background thread (`tests/support/demo.py`)."""
     from tests.support.demo import run_demo_command
 
@@ -172,7 +182,7 @@ def demo_run(demo_run_started):
 
 
 @pytest.fixture(scope="session")
-def airflow_cycle_started(base_conf, tmp_path_factory):
+def airflow_cycle_started(base_conf, class_archive, tmp_path_factory):
     """One whole cycle through Airflow, its Spark steps on a standalone cluster that is stopped afterwards, running
     in a background thread (all its work is in child processes); the fixture waits for it at the session's end."""
     from tests.support.airflow import run_cycle_through_airflow
@@ -194,7 +204,7 @@ def airflow_cycle(airflow_cycle_started):
 
 
 @pytest.fixture(scope="session")
-def s3_cycle_started(base_conf, tmp_path_factory):
+def s3_cycle_started(base_conf, class_archive, tmp_path_factory):
     """One whole cycle on an s3:// root of moto's server (kept up for the session), in a background thread."""
     from tests.support.s3 import moto_server
     from tests.support.s3_cycle import run_s3_cycle

@@ -22,7 +22,8 @@ from jobs import demo
 from sitefarm.server import SiteFarm, read_request_log
 from sitefarm.sites import FarmSpec
 from tests.support.cluster import Cluster
-from tests.support.config import SHORT_LIVED_JVM_ENV, at_background_priority
+from tests.support.config import at_background_priority
+from tests.support.jvm import short_lived_jvm_env
 
 REPO = Path(__file__).resolve().parents[2]
 DAGS = REPO / "airflow_dags"
@@ -35,7 +36,7 @@ def airflow_env(home: Path) -> dict[str, str]:
     short-lived JVM."""
     return {
         **os.environ,
-        **SHORT_LIVED_JVM_ENV,
+        **short_lived_jvm_env(),
         "AIRFLOW_HOME": str(home),
         "AIRFLOW__CORE__DAGS_FOLDER": str(DAGS),
         "AIRFLOW__CORE__LOAD_EXAMPLES": "False",

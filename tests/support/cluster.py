@@ -15,7 +15,8 @@ from pathlib import Path
 
 import pyspark
 
-from tests.support.config import SHORT_LIVED_JVM_ENV, at_background_priority
+from tests.support.config import at_background_priority
+from tests.support.jvm import short_lived_jvm_env
 from tests.support.servers import free_port
 
 SPARK_CLASS = Path(pyspark.__file__).parent / "bin" / "spark-class"
@@ -31,7 +32,7 @@ class Cluster:
 def loopback_env() -> dict[str, str]:
     """This process's environment, with Spark bound to loopback, this interpreter for Python workers, and the
     JIT settings of short-lived JVMs (the worker's executors inherit them: each lives for one step)."""
-    return {**os.environ, "SPARK_LOCAL_IP": "127.0.0.1", "PYSPARK_PYTHON": sys.executable, **SHORT_LIVED_JVM_ENV}
+    return {**os.environ, "SPARK_LOCAL_IP": "127.0.0.1", "PYSPARK_PYTHON": sys.executable, **short_lived_jvm_env()}
 
 
 def _wait_for(path: Path, text: str, process: subprocess.Popen, timeout_s: float) -> None:

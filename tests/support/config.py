@@ -36,13 +36,6 @@ SPARK_CLI_SETTINGS = [f"--set={k}={v}" for k, v in TEST_OVERRIDES.items()
                       if k.startswith("spark.") and not isinstance(v, dict)]
 
 
-# For a JVM a test starts for one short job (a job it kills, a cluster's step): compile with C1 only. Such a JVM
-# spends about 40 % of its CPU in C2 compiles it never profits from (inject + generate in a child process: 60 ->
-# 36 CPU-s); the suite's own long-lived session keeps the default (C1 only made it 60 % slower). The code cache
-# keeps the tiered default's size: C1 only reserves 48 MB, which Spark's generated code filled in an update
-# ("Out of space in CodeCache"), and the JVM then fails the job.
-SHORT_LIVED_JVM_ENV = {"JAVA_TOOL_OPTIONS": "-XX:TieredStopAtLevel=1 -XX:ReservedCodeCacheSize=240m"}
-
 # The background cycles (Airflow on the cluster, the S3 cycle) are the suite's slack: no test waits for them until
 # the end of the Spark lane. Their processes (and all they start: Spark drivers, executors, daemons) run niced, so
 # the lanes' tests, which are waited for, get the cores first and the cycles take what is left: above all the

@@ -34,8 +34,9 @@ from typing import Any
 from crawler import config as config_mod
 from jobs import cli, generate, inject
 from jobs.base import STEP_STARTED
-from tests.support.config import SHORT_LIVED_JVM_ENV, at_background_priority
+from tests.support.config import at_background_priority
 from tests.support.crawl import SharedCrawl, recording_steps
+from tests.support.jvm import short_lived_jvm_env
 
 GENERATED_SEGMENT = "seg-crash-generate"
 RUN_TIMEOUT_S = 900
@@ -174,7 +175,7 @@ def _run_killed(argv: list[str], log_path: Path, kill_at: tuple[str, float]) -> 
     then."""
     started = time.monotonic()
     proc = subprocess.Popen(at_background_priority(argv), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True, start_new_session=True, cwd=REPO, env={**os.environ, **SHORT_LIVED_JVM_ENV})
+                            text=True, start_new_session=True, cwd=REPO, env={**os.environ, **short_lived_jvm_env()})
     run = Run(returncode=None, seconds=0.0)
     step_seen = threading.Event()
 

@@ -15,7 +15,8 @@ from pathlib import Path
 
 import yaml
 
-from tests.support.config import SHORT_LIVED_JVM_ENV, TEST_OVERRIDES, at_background_priority
+from tests.support.config import TEST_OVERRIDES, at_background_priority
+from tests.support.jvm import short_lived_jvm_env
 
 REPO = Path(__file__).resolve().parents[2]
 TIMEOUT_S = 1500
@@ -39,6 +40,6 @@ def run_demo_command(base: Path) -> DemoRun:
             "--set", "demo.hosts=3", "--set", "demo.pages_per_host=8", "--set", "demo.min_delay_s=0.1",
             "--set", "spark.master=local[2]", "--set", "spark.shuffle_partitions=2",
             "--set", "spark.log_level=ERROR"]
-    done = subprocess.run(at_background_priority(argv), cwd=REPO, env={**os.environ, **SHORT_LIVED_JVM_ENV},
+    done = subprocess.run(at_background_priority(argv), cwd=REPO, env={**os.environ, **short_lived_jvm_env()},
                           capture_output=True, text=True, timeout=TIMEOUT_S)
     return DemoRun(root, done.returncode, done.stdout, done.stderr)

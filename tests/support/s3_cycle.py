@@ -21,7 +21,8 @@ from crawler.config import Config
 from jobs.demo import demo_config
 from sitefarm.server import SiteFarm
 from sitefarm.sites import FarmSpec
-from tests.support.config import SHORT_LIVED_JVM_ENV, at_background_priority
+from tests.support.config import at_background_priority
+from tests.support.jvm import short_lived_jvm_env
 from tests.support.s3 import S3Server
 
 REPO = Path(__file__).resolve().parents[2]
@@ -58,7 +59,7 @@ def child_env(s3: S3Server) -> dict[str, str]:
     commands only (about two minutes): it compiles with C1 only, like the other short-lived JVMs of the suite
     (measured on the whole cycle: 242 -> 172 CPU-s)."""
     env = {key: value for key, value in os.environ.items() if not key.startswith("AWS_")}
-    env.update(SHORT_LIVED_JVM_ENV)
+    env.update(short_lived_jvm_env())
     env.update(s3.client_env())
     env["NO_PROXY"] = env["no_proxy"] = "127.0.0.1,localhost"
     return env
