@@ -15,8 +15,9 @@ full concurrency back. No response lowers the delay below the minimum: every ter
 
 Per-host overrides: an operator may set `hosts.min_delay_s` and `hosts.max_concurrency` (a Delta UPDATE on the
 `hosts` table). Generate folds them into the fetch list's `delay_s` (`host_delay`, here with its SQL twin) and
-`max_concurrency`; the daemon's gate takes that delay as a floor on `min_delay_s` and that concurrency as a cap
-(`PolitenessRules.gate`). Overrides only ever make a host's gate stricter.
+`max_concurrency`; the daemon's scheduler applies that delay as a floor on the gate's `min_delay_s` and that
+concurrency as a cap when a bucket run first sees the host (`PolitenessRules.limit`). Overrides only ever make a
+host's gate stricter.
 
 Across segments (`host_backoff`, applied by update): a segment whose requests to a host met failures — the same
 transient failures the gate counts, `crawler.status.is_transient` — keeps the host out of generate for a
