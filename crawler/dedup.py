@@ -28,6 +28,27 @@ Near duplicates (Manku, Jain, Das Sarma, "Detecting near-duplicates for web craw
   the comparisons grow as n² / 65 536 per band; beyond ~10⁸ documents use Manku's permuted tables (more, wider
   bands). The functions take numpy arrays of one band's rows, so a Spark job calls them per partition
   (mapInPandas / applyInPandas over rows partitioned by (band, band value): every row of a bucket in one call).
+
+The incremental rule (what `crawl dedup` runs each cycle, on the segment's pages and two Delta indexes: content
+hash -> representative, and SimHash band -> (url_id, SimHash, cluster); `jobs/dedup.py`):
+
+* A URL is in the indexes with its current page while that page is a document with a content hash (SimHash 0 or
+  null: only in the hash index). It leaves when a later fetch finds it gone or redirected (`leaves_index`), or its
+  new page is no document (a parse error, a sitemap). A page whose content changed replaces its rows.
+* Exact: a hash's representative is the first of its current holders in representative order, where "fetched"
+  is when the URL was first fetched with that hash (kept while it keeps the hash). That is the full recompute's
+  answer, with one difference by design: a URL that changes away from a hash and back starts a new `seen`.
+  When a representative leaves or changes, the next holder takes over at once (its rows are relabelled).
+* Near: a new page takes the cluster of the earliest cluster (by its representative's place in the order) among
+  the index rows it matches (same band key, Hamming <= k); pages of one segment that match each other share the
+  earliest cluster any of them reached, or form a new cluster represented by their earliest member. Differences
+  from the full recompute, by design: (1) a representative stays stable once chosen — a page that matches two
+  existing clusters joins the earlier one and the two are not merged retroactively; (2) when a representative
+  with members leaves or its SimHash changes, its members fall back to themselves and regroup as they are
+  refetched (their index rows are relabelled; their pages' marks, as always, keep their own segment's verdict).
+* Marks and priority are as before: only the segment's pages are marked; a URL's priority is lowered when its
+  verdict becomes "duplicate" against the verdict its previous page was marked with, restored when it stops
+  being one (also when the URL leaves the index: a gone page is no duplicate).
 """
 
 from __future__ import annotations
@@ -39,6 +60,7 @@ from typing import Any
 import numpy as np
 
 from crawler.fingerprints import tokens
+from crawler.status import FetchOutcome, is_gone, is_gone_sql
 
 SIMHASH_BITS = 64
 DEFAULT_MAX_HAMMING = 3
@@ -68,6 +90,16 @@ def representative_of_sql(url_id: str, duplicate_of: str, near_duplicate_cluster
     """`representative_of` over three columns; `... is not null` is the verdict "is a duplicate"."""
     return (f"coalesce({duplicate_of}, case when {near_duplicate_cluster} <> {url_id}"
             f" then {near_duplicate_cluster} end)")
+
+
+def leaves_index(outcome: str, status_code: int | None) -> bool:
+    """A fetch result after which the URL holds no document for dedup: the page is gone, or it redirects."""
+    return outcome == FetchOutcome.REDIRECT or is_gone(outcome, status_code)
+
+
+def leaves_index_sql(outcome: str, status_code: str) -> str:
+    """`leaves_index` over the columns `outcome` and `status_code`."""
+    return f"({outcome} = '{FetchOutcome.REDIRECT.value}' or {is_gone_sql(outcome, status_code)})"
 
 
 def _order_key(row: Mapping[str, Any]) -> tuple[bool, Any, str]:
@@ -101,6 +133,13 @@ def band_layout(max_hamming: int) -> tuple[tuple[int, int], ...]:
     widths = [SIMHASH_BITS // bands + (1 if i < SIMHASH_BITS % bands else 0) for i in range(bands)]
     shifts = np.cumsum([0, *widths[:-1]]).tolist()
     return tuple(zip(shifts, widths, strict=True))
+
+
+def band_values_sql(simhash: str, max_hamming: int = DEFAULT_MAX_HAMMING) -> list[str]:
+    """`band_values` over the bigint column `simhash`: one expression per band, its key as a bigint (the bits of
+    the uint64 band value; a 64-bit band, k = 0, is the SimHash itself)."""
+    return [simhash if width == SIMHASH_BITS else f"(shiftrightunsigned({simhash}, {shift}) & {(1 << width) - 1})"
+            for shift, width in band_layout(max_hamming)]
 
 
 def _unsigned(simhashes: Any) -> np.ndarray:

@@ -30,7 +30,8 @@ from collections.abc import Iterable
 
 from crawler.errors import BadName, UnknownSegment, UserError
 
-TABLES = ("urls", "hosts", "fetches", "pages", "links", "index_events", "segments", "records")
+TABLES = ("urls", "hosts", "fetches", "pages", "links", "index_events", "segments", "records", "dedup_hashes",
+          "dedup_bands")
 BUCKET_DIR = re.compile(r"^bucket=(\d{5})$")
 DONE_MANIFEST = "_DONE.json"
 CLOSED_MARKER = "_CLOSED.json"

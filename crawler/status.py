@@ -125,5 +125,11 @@ def is_gone(outcome: str, status_code: int | None) -> bool:
     return outcome == FetchOutcome.HTTP_ERROR and status_code in GONE_CODES
 
 
+def is_gone_sql(outcome: str, status_code: str) -> str:
+    """`is_gone` over the columns `outcome` and `status_code`."""
+    return (f"({outcome} = '{FetchOutcome.HTTP_ERROR.value}' and coalesce({status_code} in "
+            f"({', '.join(str(code) for code in sorted(GONE_CODES))}), false))")
+
+
 def values(enum: type[Enum]) -> list[str]:
     return [member.value for member in enum]

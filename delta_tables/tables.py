@@ -274,8 +274,43 @@ RECORDS = TableDef(
     doc="Record index: one row per WARC record with a target URI, located by (warc_filename, warc_record_offset).",
 )
 
+DEDUP_HASHES = TableDef(
+    "dedup_hashes",
+    StructType(
+        [
+            _f("url_id", S, False),           # one row per URL whose current page is a document with a hash
+            _f("content_hash", S, False),
+            _f("seen", T),                    # when this URL was first fetched with this content hash
+            _f("representative", S, False),   # url_id representing this hash now (crawler.dedup, incremental rule)
+            _f("marked_duplicate", B, False), # the verdict written on the URL's current page (what its priority holds)
+            _f("near_members", B, False),     # a near cluster this URL represents has had other members
+            _f("segment_id", S, False),       # segment whose dedup wrote the row last
+        ]
+    ),
+    properties=_COMMON_PROPS,
+    doc="Dedup index: content hash -> representative, one row per URL with a current document (dedup).",
+)
+
+DEDUP_BANDS = TableDef(
+    "dedup_bands",
+    StructType(
+        [
+            _f("band", INT, False),           # crawler.dedup.band_layout(dedup.max_hamming): which band
+            _f("band_key", L, False),         # that band's bits of the SimHash
+            _f("url_id", S, False),
+            _f("simhash", L, False),          # never 0 (no text) or null (not HTML): those never cluster
+            _f("seen", T),
+            _f("cluster", S, False),          # url_id of its near-cluster representative (itself when alone)
+            _f("cluster_seen", T),            # the representative's `seen`: the cluster's place in the order
+            _f("segment_id", S, False),
+        ]
+    ),
+    properties=_COMMON_PROPS,
+    doc="Dedup index: SimHash bands -> (url_id, SimHash, cluster), max_hamming + 1 rows per current page (dedup).",
+)
+
 TABLES: dict[str, TableDef] = {
-    t.name: t for t in (URLS, HOSTS, FETCHES, PAGES, LINKS, INDEX_EVENTS, SEGMENTS, RECORDS)
+    t.name: t for t in (URLS, HOSTS, FETCHES, PAGES, LINKS, INDEX_EVENTS, SEGMENTS, RECORDS, DEDUP_HASHES, DEDUP_BANDS)
 }
 assert set(TABLES) == set(layout.TABLES)
 

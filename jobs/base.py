@@ -195,6 +195,22 @@ def step(name: str) -> Iterator[None]:
         log.info("%s: done in %.1fs", name, time.monotonic() - started)
 
 
+@contextmanager
+def session_settings(spark: SparkSession, settings: Mapping[str, str]) -> Iterator[None]:
+    """Spark SQL settings for the work inside, the session's own restored after (also on an error)."""
+    before = {key: spark.conf.get(key, None) for key in settings}
+    for key, value in settings.items():
+        spark.conf.set(key, value)
+    try:
+        yield
+    finally:
+        for key, value in before.items():
+            if value is None:
+                spark.conf.unset(key)
+            else:
+                spark.conf.set(key, value)
+
+
 def merge_into(spark: SparkSession, root: str, name: str, source: DataFrame, condition):
     """A Delta MERGE builder of `source` (alias `s`) into table `name` (alias `t`) on `condition`."""
     from delta.tables import DeltaTable

@@ -1,32 +1,31 @@
 """dedup: mark a segment's pages that duplicate another page, and lower those URLs' priority (DESIGN §5).
 
-The corpus is the current page of every URL (its highest `state_version` in `pages`), so a representative is
-chosen among all pages crawled so far, not only this segment's. The rules are crawler.dedup's; this job runs them
-set-based:
+Incremental: the cost follows the segment, not the corpus. Two Delta tables index every URL's current document
+(`delta_tables`: `dedup_hashes`, content hash -> representative, one row per URL; `dedup_bands`, SimHash band ->
+(url_id, SimHash, cluster), k + 1 rows per URL). A run reads the segment's pages and fetched results, probes the
+indexes with the segment's hashes and band keys only, and writes back the rows that changed. The rule it runs is
+`crawler/dedup.py`'s "incremental rule" (stable representatives, who leaves the indexes); its steps:
 
-* Exact: one representative per `content_hash`, the earliest fetched, then the lowest url_id (the Spark window
-  orders as `crawler.dedup.exact_representative` does). "Fetched" is when the URL was first seen with its current
-  content (the earliest `fetched_at` of its pages rows with that hash), so refetching an unchanged representative
-  does not hand its role to another page.
-* Near: every page with a SimHash other than 0 (0 = no text; null = not HTML or cut by the parse time limit) is
-  exploded into its k + 1 band keys (`crawler.dedup.band_values`); rows are grouped by (band, a hash shard of the
-  key), so one `applyInPandas` call receives every row of many whole buckets and runs `crawler.dedup.band_pairs`
-  on them. The verified pairs are gathered to the driver (at most MAX_DRIVER_PAIRS distinct pairs, else the job
-  fails loudly rather than run out of memory) and joined into clusters by `crawler.dedup.cluster_representatives`.
-  `near_duplicate_cluster` is the cluster representative's url_id on every member, the representative included;
-  a page is a near duplicate when it names another page.
+* Changed URLs: the segment's documents (its pages with a content hash that are not sitemaps) and the URLs that
+  leave (`crawler.dedup.leaves_index`: gone or redirected; or a page of this segment that is no document).
+* Exact: the touched hashes (the segment's, and the old hashes of changed URLs) are looked up; each one's
+  representative is the first of its holders in representative order (the Spark form of
+  `crawler.dedup.exact_representative`), holders whose representative changed are relabelled.
+* Near: the segment's band keys (`crawler.dedup.band_values_sql`) select the index rows of the buckets they hit;
+  rows of a band and a key shard meet in one `applyInPandas` call running `crawler.dedup.band_pairs` (the bucket
+  cap and its counts included), which keeps the verified pairs with a segment page. A segment page takes the
+  earliest cluster among the index rows it matched; pages of the segment that matched each other share the
+  earliest label among them, by min-label propagation in Spark (a round per hop of the longest chain of segment
+  pages; nothing is collected on the driver). A cluster whose representative left or changed its SimHash
+  while it had members is retired: its members' rows fall back to themselves.
+* Marks on the segment's `pages` rows, priority (`urls.priority *= dedup.duplicate_priority_factor` when the
+  verdict becomes "duplicate" against the URL's previous marks, kept in `dedup_hashes.marked_duplicate`; `/=` when
+  it stops, or when the URL leaves), then the two indexes: one MERGE per table, four commits in all.
 
-Only this segment's rows of `pages` are marked; older versions keep the verdict of their own segment. A URL whose
-page became a duplicate (exact or near) in this segment, while its previous version was not one, gets
-`priority *= dedup.duplicate_priority_factor` in `urls`: a URL that stays a duplicate is not lowered again each
-time it is refetched. One whose page stops being a duplicate gets `priority /= factor`, the lowering undone.
-Nothing in `links` changes, so a duplicate's outlinks are still followed by update (new URLs it discovers inherit
-its lowered priority times the discovery factor).
-
-Idempotent: both MERGEs run as Delta idempotent writes (txnAppId `cyclecrawl.dedup.<segment>`, txnVersion 1), so
-each table takes this segment's dedup commit at most once; a re-run, even after a crash between the two MERGEs or
-after later segments, changes nothing that was committed. Each run recomputes the whole corpus: its cost grows
-with the number of current pages, not with the segment.
+Idempotent: every MERGE runs as a Delta idempotent write (txnAppId `cyclecrawl.dedup.<segment>`, txnVersion 1),
+so each table takes this segment's dedup commit at most once. The indexes are written last and every input is
+read before any write, so a re-run after a crash between two MERGEs computes the same answer from the same index
+and commits only what is missing. Segments are deduplicated in the order they were generated (the cycle's order).
 """
 
 from __future__ import annotations
@@ -38,54 +37,56 @@ from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
-from pyspark.sql import DataFrame, SparkSession, Window
+from pyspark.sql import Column, DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 
 from crawler import layout
 from crawler.config import Config
-from crawler.dedup import (
-    band_pairs,
-    band_values,
-    cluster_representatives,
-    representative_of_sql,
-    representative_rank,
-)
+from crawler.dedup import band_pairs, band_values_sql, leaves_index_sql, representative_of_sql, representative_rank
+from crawler.leases import latest_result_rank_sql
+from crawler.records import FETCHED
 from delta_tables import tables
-from jobs.base import merge_counts, merge_into, pinned_table, step
+from jobs.base import merge_counts, merge_into, pinned_table, read_segment_files, session_settings, step
 
 log = logging.getLogger("jobs.dedup")
 
-# Distinct verified pairs gathered to the driver for union-find: ~100 bytes each in pandas, so 5 M pairs stay
-# under 1 GB. A corpus with more near-duplicate pairs needs label propagation in Spark instead.
-MAX_DRIVER_PAIRS = 5_000_000
+HASHES, BANDS = "dedup_hashes", "dedup_bands"
 # A page with no fetch time sorts after every fetched one (crawler.dedup does the same with None).
-_NO_TIME_US = np.iinfo(np.int64).max
+_NO_TIME_US = int(np.iinfo(np.int64).max)
+# Min-label propagation stops after this many rounds with an error: a chain of that many segment pages, each
+# only near the next, is no template family but a sign that dedup.max_hamming is too wide for the corpus.
+MAX_PROPAGATION_ROUNDS = 64
 
-BAND_ROWS = "url_id string, seen_us bigint, simhash bigint, band int, band_key bigint"
-PAIR_ROWS = ("left string, left_us bigint, right string, right_us bigint, capped_buckets int, "
+BUCKET_ROWS = ("url_id string, seen_us bigint, simhash bigint, band int, band_key bigint, label string, "
+               "label_us bigint, is_new boolean")
+EDGE_ROWS = ("node string, other string, other_us bigint, other_new boolean, capped_buckets int, "
              "skipped_comparisons bigint")
 
 
 @dataclass
 class DedupResult:
     segment_id: str
-    corpus: int = 0               # current pages (one per URL) with a content hash, all segments
-    examined: int = 0             # of them, this segment's pages
+    examined: int = 0             # this segment's documents (pages with a content hash, not sitemaps)
+    left: int = 0                 # URLs that left the indexes (gone, redirected, no document any more)
     exact_duplicates: int = 0     # this segment's pages whose payload another page represents
     near_duplicates: int = 0      # this segment's pages in a near cluster represented by another page
-    near_clusters: int = 0        # near clusters (more than one member) in the corpus
-    pairs: int = 0                # verified near pairs over all bands (a pair found in two bands counts twice)
+    near_clusters: int = 0        # clusters (of two or more) the segment's near-clustered pages belong to
+    pairs: int = 0                # verified pairs with a segment page, over all bands (a pair in two bands: 2)
+    rounds: int = 0               # label-propagation rounds over pairs of segment pages
     capped_buckets: int = 0       # band buckets compared only within the max_bucket_size window
     skipped_comparisons: int = 0  # candidate pairs in those buckets never compared
+    relabelled: int = 0           # index rows of other URLs given a new representative or cluster
     marked: int = 0               # pages rows whose marks this run wrote (0 on a re-run)
     priority_lowered: int = 0     # urls rows whose priority this run lowered (0 on a re-run)
     priority_restored: int = 0    # urls rows raised back: their page stopped being a duplicate (0 on a re-run)
+    commits: int = 0              # Delta commits this run made (0 on a re-run)
 
     def summary(self) -> str:
-        return (f"{self.examined} of {self.corpus} pages examined: {self.exact_duplicates} exact and "
-                f"{self.near_duplicates} near duplicates; {self.near_clusters} near clusters from {self.pairs} pairs, "
-                f"{self.capped_buckets} capped buckets; {self.priority_lowered} priorities lowered, "
-                f"{self.priority_restored} restored")
+        return (f"{self.examined} pages examined, {self.left} left the index: {self.exact_duplicates} exact and "
+                f"{self.near_duplicates} near duplicates; {self.near_clusters} near clusters from {self.pairs} "
+                f"pairs ({self.rounds} propagation rounds), {self.capped_buckets} capped buckets; "
+                f"{self.relabelled} index rows relabelled; {self.priority_lowered} priorities lowered, "
+                f"{self.priority_restored} restored; {self.commits} commits")
 
 
 @contextmanager
@@ -100,106 +101,174 @@ def _once_per_segment(spark: SparkSession, segment_id: str) -> Iterator[None]:
         spark.conf.unset("spark.databricks.delta.write.txnVersion")
 
 
-def current_pages(pages: DataFrame) -> DataFrame:
-    """The latest version of each URL if it has a content hash, and `seen`: when it was first fetched with that hash.
-    Sitemaps (`sitemap_urls` set) are not documents: two sites' identical sitemaps are not duplicates of anything."""
+def _order(seen_us: str, url_id: str) -> Column:
+    """Representative order as one comparable value: earliest `seen` (none: last), then lowest url_id."""
+    return F.struct(F.coalesce(F.col(seen_us), F.lit(_NO_TIME_US)).alias("us"), F.col(url_id).alias("id"))
+
+
+def segment_changes(spark: SparkSession, root: str, segment_id: str) -> tuple[DataFrame, DataFrame]:
+    """(documents, leavers) of the segment. documents: url_id, bucket, state_version, fetched_at, content_hash,
+    simhash of each URL's page in the segment that is a document; leavers: url_id, bucket of URLs that hold no
+    document after it (a gone or redirected result, or a page that is no document)."""
+    fetched = read_segment_files(spark, layout.fetched_dir(root, segment_id), FETCHED)
+    if fetched is None:
+        empty = spark.createDataFrame([], "url_id string, bucket int")
+        return empty.select("url_id", "bucket", F.lit(None).cast("bigint").alias("state_version"),
+                            F.lit(None).cast("timestamp").alias("fetched_at"),
+                            F.lit(None).cast("string").alias("content_hash"),
+                            F.lit(None).cast("bigint").alias("simhash")), empty
+    results = fetched.withColumn("_rank", F.expr(latest_result_rank_sql())).where("_rank = 1")
+    buckets = results.select("url_id", "bucket").distinct()
     latest = Window.partitionBy("url_id").orderBy(F.desc("state_version"))
-    first_seen = pages.where(F.col("content_hash").isNotNull()).groupBy("url_id", "content_hash").agg(
-        F.min("fetched_at").alias("seen"))
-    return (
-        pages.withColumn("_n", F.row_number().over(latest)).where("_n = 1").where(F.col("sitemap_urls").isNull())
-        .select("url_id", "state_version", "segment_id", "content_hash", "simhash")
-        .join(first_seen, ["url_id", "content_hash"])  # drops a latest version with no hash (a parse error)
+    pages = (
+        pinned_table(spark, root, "pages").where(F.col("segment_id") == segment_id)
+        .withColumn("_n", F.row_number().over(latest)).where("_n = 1")
+        .select("url_id", "state_version", "fetched_at", "content_hash", "simhash",
+                (F.col("content_hash").isNotNull() & F.col("sitemap_urls").isNull()).alias("is_document"))
+        .join(buckets, "url_id")
     )
+    documents = pages.where("is_document").drop("is_document")
+    leavers = (
+        results.where(leaves_index_sql("outcome", "status_code")).select("url_id", "bucket")
+        .join(documents.select("url_id"), "url_id", "left_anti")
+        .unionByName(pages.where(~F.col("is_document")).select("url_id", "bucket"))
+        .distinct()
+    )
+    return documents, leavers
 
 
-def exact_representatives(current: DataFrame) -> DataFrame:
-    """url_id -> exact_rep: the first page of its content hash in representative order."""
-    order = Window.partitionBy("content_hash").orderBy(F.asc_nulls_last("seen"), F.asc("url_id"))
-    return current.select("url_id", F.first("url_id").over(order).alias("exact_rep"))
+def exact_marks(hashes: DataFrame, documents: DataFrame, changed: DataFrame) -> tuple[DataFrame, DataFrame]:
+    """(documents with `seen`, `representative`, and the URL's previous row's `old_marked` / `old_near_members`;
+    existing rows of other URLs whose representative changes, with the new one)."""
+    old = hashes.join(changed.select("url_id"), "url_id").select(
+        "url_id", F.col("content_hash").alias("old_hash"), F.col("seen").alias("old_seen"),
+        F.col("marked_duplicate").alias("old_marked"), F.col("near_members").alias("old_near_members"))
+    docs = documents.join(old, "url_id", "left").withColumn(
+        "seen", F.when(F.col("old_hash") == F.col("content_hash"), F.col("old_seen")).otherwise(F.col("fetched_at")))
+    touched = docs.select("content_hash").union(
+        old.where(F.col("old_hash").isNotNull()).select(F.col("old_hash").alias("content_hash"))).distinct()
+    others = hashes.join(touched, "content_hash").join(changed.select("url_id"), "url_id", "left_anti")
+    holders = others.select("content_hash", "url_id", "seen").unionByName(
+        docs.select("content_hash", "url_id", "seen"))
+    representatives = holders.withColumn("seen_us", F.unix_micros("seen")).groupBy("content_hash").agg(
+        F.min(_order("seen_us", "url_id")).getField("id").alias("new_representative"))
+    docs = docs.join(representatives, "content_hash").withColumnRenamed("new_representative", "representative")
+    relabelled = (
+        others.join(representatives, "content_hash")
+        .where(F.col("new_representative") != F.col("representative"))
+        .withColumn("representative", F.col("new_representative")).drop("new_representative")
+    )
+    return docs, relabelled
 
 
-def explode_bands(batches: Iterator[pd.DataFrame], max_hamming: int) -> Iterator[pd.DataFrame]:
-    """mapInPandas body: each page once per band, with that band's key (uint64 bits carried as int64)."""
-    for batch in batches:
-        keys = band_values(batch["simhash"].to_numpy(), max_hamming)
-        bands = keys.shape[1]
-        yield pd.DataFrame({
-            "url_id": np.repeat(batch["url_id"].to_numpy(), bands),
-            "seen_us": np.repeat(batch["seen_us"].to_numpy(), bands),
-            "simhash": np.repeat(batch["simhash"].to_numpy(), bands),
-            "band": np.tile(np.arange(bands, dtype=np.int32), len(batch)),
-            "band_key": keys.reshape(-1).view(np.int64),
-        })
+def explode_bands(frame: DataFrame, max_hamming: int) -> DataFrame:
+    """Each row once per band: `band` and `band_key` (crawler.dedup.band_values_sql) beside the row's columns."""
+    keys = F.array(*[F.expr(expr) for expr in band_values_sql("simhash", max_hamming)])
+    return frame.select("*", F.posexplode(keys).alias("band", "band_key")).withColumn("band", F.col("band").cast("int"))
 
 
-def shard_pairs(rows: pd.DataFrame, max_hamming: int, max_bucket_size: int) -> pd.DataFrame:
-    """applyInPandas body for the rows of one band and one key shard (whole buckets): the verified pairs, and one
-    row with no pair carrying the cap counts when a bucket was capped."""
+def bucket_edges(rows: pd.DataFrame, max_hamming: int, max_bucket_size: int) -> pd.DataFrame:
+    """applyInPandas body for one band and key shard: the segment's rows and the index rows of the buckets they
+    hit. Verified pairs with a segment page as edges: (segment page, other segment page) both ways, or (segment
+    page, the index row's cluster); plus one row with no node carrying the cap counts when a bucket was capped."""
     url_ids, seen = rows["url_id"].to_numpy(), rows["seen_us"].to_numpy()
-    rank = representative_rank(url_ids, seen)
-    found = band_pairs(rows["band_key"].to_numpy().view(np.uint64), rows["simhash"].to_numpy(), rank,
-                       max_hamming, max_bucket_size)
-    pairs = found.left.shape[0]
+    found = band_pairs(rows["band_key"].to_numpy().view(np.uint64), rows["simhash"].to_numpy(),
+                       representative_rank(url_ids, seen), max_hamming, max_bucket_size)
+    is_new = rows["is_new"].to_numpy(dtype=bool)
+    labels, label_us = rows["label"].to_numpy(), rows["label_us"].to_numpy()
+    left, right = found.left, found.right
+    keep = is_new[left] | is_new[right]
+    left, right = left[keep], right[keep]
+    # Each side that is a segment page is a node; its neighbour is a segment page (by url_id) or an index row
+    # (by its fixed cluster label).
+    nodes, others = np.concatenate([left, right]), np.concatenate([right, left])
+    from_new = is_new[nodes]
+    nodes, others = nodes[from_new], others[from_new]
+    other_new = is_new[others]
     out = pd.DataFrame({
-        "left": url_ids[found.left], "left_us": pd.array(seen[found.left], dtype="Int64"),
-        "right": url_ids[found.right], "right_us": pd.array(seen[found.right], dtype="Int64"),
-        "capped_buckets": pd.array(np.zeros(pairs), dtype="Int32"),
-        "skipped_comparisons": pd.array(np.zeros(pairs), dtype="Int64"),
+        "node": url_ids[nodes],
+        "other": np.where(other_new, url_ids[others], labels[others]),
+        "other_us": pd.array(np.where(other_new, seen[others], label_us[others]), dtype="Int64"),
+        "other_new": other_new,
+        "capped_buckets": pd.array(np.zeros(nodes.shape[0]), dtype="Int32"),
+        "skipped_comparisons": pd.array(np.zeros(nodes.shape[0]), dtype="Int64"),
     })
     if found.capped_buckets:
-        counts = pd.DataFrame({"left": [None], "left_us": pd.array([None], dtype="Int64"), "right": [None],
-                               "right_us": pd.array([None], dtype="Int64"),
-                               "capped_buckets": pd.array([found.capped_buckets], dtype="Int32"),
+        counts = pd.DataFrame({"node": [None], "other": [None], "other_us": pd.array([None], dtype="Int64"),
+                               "other_new": [None], "capped_buckets": pd.array([found.capped_buckets], dtype="Int32"),
                                "skipped_comparisons": pd.array([found.skipped_comparisons], dtype="Int64")})
         out = pd.concat([out, counts], ignore_index=True)
     return out
 
 
-def near_clusters(spark: SparkSession, conf: Config, current: DataFrame, result: DedupResult) -> DataFrame:
-    """url_id -> near_rep for every page in a near cluster of two or more (counts go into `result`)."""
+def near_labels(spark: SparkSession, conf: Config, bands: DataFrame, docs: DataFrame, changed: DataFrame,
+                result: DedupResult) -> tuple[DataFrame, DataFrame]:
+    """(label per segment page that has a verified pair: url_id, cluster, cluster_us; the segment pages'
+    candidates exploded into bands: url_id, seen_us, simhash, band, band_key)."""
     max_hamming, max_bucket_size = conf["dedup.max_hamming"], conf["dedup.max_bucket_size"]
     shards = conf["spark.shuffle_partitions"]
-    candidates = current.where(F.col("simhash").isNotNull() & (F.col("simhash") != 0)).select(
-        "url_id", F.coalesce(F.unix_micros("seen"), F.lit(int(_NO_TIME_US))).alias("seen_us"), "simhash")
-    banded = candidates.mapInPandas(lambda batches: explode_bands(batches, max_hamming), BAND_ROWS)
-    found = (
-        banded.withColumn("shard", F.pmod(F.xxhash64("band_key"), F.lit(shards)))
+    candidates = docs.where(F.col("simhash").isNotNull() & (F.col("simhash") != 0)).select(
+        "url_id", F.unix_micros("seen").alias("seen_us"), "simhash")
+    new_rows = explode_bands(candidates, max_hamming).persist()
+    hit = new_rows.select("band", "band_key").distinct()
+    existing = (
+        bands.join(hit, ["band", "band_key"]).join(changed.select("url_id"), "url_id", "left_anti")
+        .select("url_id", F.unix_micros("seen").alias("seen_us"), "simhash", "band", "band_key",
+                F.col("cluster").alias("label"), F.unix_micros("cluster_seen").alias("label_us"),
+                F.lit(False).alias("is_new"))
+    )
+    rows = new_rows.select("url_id", "seen_us", "simhash", "band", "band_key", F.col("url_id").alias("label"),
+                           F.col("seen_us").alias("label_us"), F.lit(True).alias("is_new")).unionByName(existing)
+    edges = (
+        rows.withColumn("shard", F.pmod(F.xxhash64("band_key"), F.lit(shards)))
         .groupBy("band", "shard")
-        .applyInPandas(lambda rows: shard_pairs(rows, max_hamming, max_bucket_size), PAIR_ROWS)
+        .applyInPandas(lambda group: bucket_edges(group, max_hamming, max_bucket_size), EDGE_ROWS)
         .persist()
     )
-    try:
-        totals = found.agg(F.count("left").alias("pairs"), F.sum("capped_buckets").alias("capped"),
-                           F.sum("skipped_comparisons").alias("skipped")).first()
-        result.pairs = int(totals["pairs"])
-        result.capped_buckets = int(totals["capped"] or 0)
-        result.skipped_comparisons = int(totals["skipped"] or 0)
-        distinct = found.where(F.col("left").isNotNull()).drop("capped_buckets", "skipped_comparisons").distinct()
-        count = distinct.count()
-        if count > MAX_DRIVER_PAIRS:
-            raise RuntimeError(f"dedup: {count} distinct near-duplicate pairs exceed the driver union-find limit of "
-                               f"{MAX_DRIVER_PAIRS}; lower dedup.max_hamming or dedup.max_bucket_size")
-        pairs = distinct.toPandas() if count else pd.DataFrame(columns=["left", "left_us", "right", "right_us"])
-    finally:
-        found.unpersist()
-    nodes = pd.concat([
-        pairs[["left", "left_us"]].set_axis(["url_id", "seen_us"], axis=1),
-        pairs[["right", "right_us"]].set_axis(["url_id", "seen_us"], axis=1),
-    ]).drop_duplicates("url_id").reset_index(drop=True)
-    index = pd.Index(nodes["url_id"])
-    representative = cluster_representatives(
-        len(nodes), index.get_indexer(pairs["left"]), index.get_indexer(pairs["right"]),
-        representative_rank(nodes["url_id"].to_numpy(), nodes["seen_us"].to_numpy(dtype=np.int64)))
-    result.near_clusters = int(np.unique(representative).shape[0])
-    ids = nodes["url_id"].to_numpy()
-    return spark.createDataFrame(pd.DataFrame({"url_id": ids, "near_rep": ids[representative]}),
-                                 "url_id string, near_rep string")
+    totals = edges.agg(F.count(F.when(~F.col("other_new"), 1)).alias("fixed"),
+                       F.count(F.when(F.col("other_new"), 1)).alias("mutual"),
+                       F.sum("capped_buckets").alias("capped"), F.sum("skipped_comparisons").alias("skipped")).first()
+    result.pairs = int(totals["fixed"]) + int(totals["mutual"]) // 2
+    result.capped_buckets = int(totals["capped"] or 0)
+    result.skipped_comparisons = int(totals["skipped"] or 0)
+    linked = edges.where(F.col("node").isNotNull())
+    own = linked.select("node").distinct().join(
+        candidates.select(F.col("url_id").alias("node"), F.col("seen_us").alias("other_us")), "node"
+    ).select("node", F.col("node").alias("other"), "other_us", F.lit(False).alias("kept"))
+    # kept: the page matched an index row of the cluster it represented, so that cluster still has it.
+    fixed = linked.where(~F.col("other_new")).select("node", "other", "other_us",
+                                                     (F.col("other") == F.col("node")).alias("kept"))
+    labels = (
+        own.unionByName(fixed)
+        .groupBy("node").agg(F.min(_order("other_us", "other")).alias("label"), F.max("kept").alias("kept"))
+        .localCheckpoint()
+    )
+    mutual = linked.where(F.col("other_new")).select("node", "other").distinct().persist()
+    if totals["mutual"]:
+        labels = _propagate(labels, mutual, result)
+    edges.unpersist()
+    mutual.unpersist()
+    return labels.select(F.col("node").alias("url_id"), F.col("label.id").alias("cluster"),
+                         F.col("label.us").alias("cluster_us"), "kept"), new_rows
 
 
-def _is_duplicate(exact: str, near: str) -> F.Column:
-    """The duplicate verdict (crawler.dedup.representative_of) on a page's marks."""
-    return F.expr(f"{representative_of_sql('url_id', exact, near)} is not null")
+def _propagate(labels: DataFrame, mutual: DataFrame, result: DedupResult) -> DataFrame:
+    """Min-label propagation over pairs of segment pages until no label changes: every page of a connected group
+    ends with the earliest label any of them holds."""
+    for rounds in range(1, MAX_PROPAGATION_ROUNDS + 1):
+        offered = mutual.join(labels.withColumnRenamed("node", "other").withColumnRenamed("label", "offer"), "other")
+        updated = (
+            labels.join(offered.groupBy("node").agg(F.min("offer").alias("offer")), "node", "left")
+            .select("node", "kept", F.when(F.col("offer") < F.col("label"), F.col("offer")).otherwise(F.col("label"))
+                    .alias("label"), (F.col("offer") < F.col("label")).alias("moved"))
+            .localCheckpoint()
+        )
+        result.rounds = rounds
+        if not updated.where("moved").limit(1).count():
+            return updated.drop("moved")
+        labels = updated.drop("moved")
+    raise RuntimeError(f"dedup: near-duplicate labels still moving after {MAX_PROPAGATION_ROUNDS} rounds; a chain "
+                       "that long means dedup.max_hamming is too wide for this corpus")
 
 
 def run(spark: SparkSession, conf: Config, root: str, segment_id: str) -> DedupResult:
@@ -208,48 +277,149 @@ def run(spark: SparkSession, conf: Config, root: str, segment_id: str) -> DedupR
     layout.check_segment_id(segment_id)
     tables.ensure_tables(spark, root)
     result = DedupResult(segment_id)
-    seg = F.lit(segment_id)
-    pages = pinned_table(spark, root, "pages")
-    with step(f"dedup {segment_id}"):
-        current = current_pages(pages).persist()
-        try:
-            result.corpus = current.count()
-            result.examined = current.where(F.col("segment_id") == seg).count()
-            if not result.examined:
-                return result
-            near = near_clusters(spark, conf, current, result)
-            marks = (
-                current.where(F.col("segment_id") == seg)
-                .join(exact_representatives(current), "url_id")
-                .join(near, "url_id", "left")
-                .select("url_id", "state_version",
-                        F.when(F.col("exact_rep") != F.col("url_id"), F.col("exact_rep")).alias("duplicate_of"),
-                        F.col("near_rep").alias("near_duplicate_cluster"))
-                .persist()
-            )
-            try:
-                counts = marks.agg(
-                    F.count("duplicate_of").alias("exact"),
-                    F.count(F.when(F.col("near_duplicate_cluster") != F.col("url_id"), 1)).alias("near"),
-                ).first()
-                result.exact_duplicates, result.near_duplicates = int(counts["exact"]), int(counts["near"])
-                with _once_per_segment(spark, segment_id):
-                    result.marked = _write_marks(spark, root, marks)
-                    result.priority_lowered, result.priority_restored = _adjust_priority(spark, conf, root, pages,
-                                                                                         marks)
-            finally:
-                marks.unpersist()
-        finally:
-            current.unpersist()
+    # Adaptive query execution re-plans each of this job's many small joins against cached and broadcast inputs:
+    # on a test segment it took 34 s of the run's 41, 10 s with it off (the plans are static, the inputs segment-sized).
+    with step(f"dedup {segment_id}"), session_settings(spark, {"spark.sql.adaptive.enabled": "false"}):
+        documents, leavers = segment_changes(spark, root, segment_id)
+        documents, leavers = documents.persist(), leavers.persist()
+        result.examined, result.left = documents.count(), leavers.count()
+        if not (result.examined or result.left):
+            return result
+        changed = documents.select("url_id", "bucket").unionByName(leavers).distinct().persist()
+        hashes, bands = pinned_table(spark, root, HASHES), pinned_table(spark, root, BANDS)
+        docs, exact_relabelled = exact_marks(hashes, documents, changed)
+        docs, exact_relabelled = docs.persist(), exact_relabelled.localCheckpoint()
+        labels, new_bands = near_labels(spark, conf, bands, docs, changed, result)
+        marks = (
+            docs.join(labels, "url_id", "left")
+            .withColumn("duplicate_of", F.when(F.col("representative") != F.col("url_id"), F.col("representative")))
+            .withColumn("is_duplicate",
+                        F.expr(f"{representative_of_sql('url_id', 'duplicate_of', 'cluster')} is not null"))
+            .localCheckpoint()
+        )
+        counts = marks.agg(F.count("duplicate_of").alias("exact"),
+                           F.count(F.when(F.col("cluster") != F.col("url_id"), 1)).alias("near"),
+                           F.countDistinct("cluster").alias("clusters")).first()
+        result.exact_duplicates, result.near_duplicates = int(counts["exact"]), int(counts["near"])
+        result.near_clusters = int(counts["clusters"])
+        leaving = leavers.join(hashes.select("url_id", "marked_duplicate", "near_members"), "url_id").persist()
+        retired = _retired_clusters(marks, leaving).localCheckpoint()
+        band_relabelled = _band_relabels(bands, retired, changed) if retired.limit(1).count() else None
+        hash_rows = _hash_rows(segment_id, marks, exact_relabelled, leavers, hashes).localCheckpoint()
+        band_rows = _band_rows(segment_id, conf["dedup.max_hamming"], marks, new_bands, band_relabelled,
+                               changed).localCheckpoint()
+        result.relabelled = (hash_rows.where("_op = 'relabel'").count() + band_rows.where("_op = 'relabel'").count())
+        with _once_per_segment(spark, segment_id):
+            result.marked = _write_marks(spark, root, segment_id, marks)
+            result.priority_lowered, result.priority_restored = _adjust_priority(spark, root, conf, marks, leaving)
+            committed = [_merge_index(spark, root, HASHES, hash_rows, "t.url_id = s.url_id"),
+                         _merge_index(spark, root, BANDS, band_rows,
+                                      "t.url_id = s.url_id AND t.band = s.band")]
+        result.commits = (result.marked > 0) + (result.priority_lowered + result.priority_restored > 0) + sum(
+            committed)
+        for frame in (documents, leavers, changed, docs, new_bands, leaving):
+            frame.unpersist()
     log.info("dedup %s: %s", segment_id, result.summary())
     return result
 
 
-def _write_marks(spark: SparkSession, root: str, marks: DataFrame) -> int:
+def _retired_clusters(marks: DataFrame, leaving: DataFrame) -> DataFrame:
+    """url_id of each representative that has had members and whose cluster ends here: it left the index, or
+    its new page no longer matched its cluster's rows, or it joined an earlier cluster."""
+    changed = marks.where(F.col("old_near_members") & ~(F.coalesce(F.col("kept"), F.lit(False))
+                                                        & (F.col("cluster") == F.col("url_id"))))
+    return changed.select(F.col("url_id").alias("retired")).unionByName(
+        leaving.where("near_members").select(F.col("url_id").alias("retired")))
+
+
+def _band_relabels(bands: DataFrame, retired: DataFrame, changed: DataFrame) -> DataFrame:
+    """Index rows of other URLs in a retired cluster, each falling back to itself."""
+    return (
+        bands.join(F.broadcast(retired), F.col("cluster") == F.col("retired"))
+        .join(changed.select("url_id"), "url_id", "left_anti")
+        .select("band", "band_key", "url_id", "simhash", "seen", F.col("url_id").alias("cluster"),
+                F.col("seen").alias("cluster_seen"))
+    )
+
+
+def _hash_rows(segment_id: str, marks: DataFrame, relabelled: DataFrame, leavers: DataFrame,
+               hashes: DataFrame) -> DataFrame:
+    """The MERGE source for dedup_hashes: the segment's documents (upsert), other URLs' new representatives,
+    URLs that left (delete), and representatives that gained near members (their flag)."""
+    seg = F.lit(segment_id)
+    upserts = marks.select(
+        "url_id", "content_hash", "seen", "representative", F.col("is_duplicate").alias("marked_duplicate"),
+        (F.coalesce(F.col("cluster") == F.col("url_id"), F.lit(False))
+         | (F.coalesce(F.col("old_near_members"), F.lit(False)) & (F.col("old_hash") == F.col("content_hash"))
+            & F.col("cluster").isNull())).alias("near_members"),
+        seg.alias("segment_id"), F.lit("upsert").alias("_op"))
+    relabels = relabelled.select("url_id", "content_hash", "seen", "representative", "marked_duplicate",
+                                 "near_members", seg.alias("segment_id"), F.lit("relabel").alias("_op"))
+    gainers = (marks.where(F.col("cluster") != F.col("url_id")).select(F.col("cluster").alias("url_id")).distinct()
+               .join(marks.select("url_id"), "url_id", "left_anti"))
+    # A representative relabelled and gaining members in one run: the relabel row carries both.
+    relabels = relabels.join(gainers.select("url_id", F.lit(True).alias("gained")), "url_id", "left").withColumn(
+        "near_members", F.col("near_members") | F.coalesce(F.col("gained"), F.lit(False))).drop("gained")
+    gained = (
+        gainers.join(relabelled.select("url_id"), "url_id", "left_anti")
+        .join(hashes.where(~F.col("near_members")), "url_id")
+        .select("url_id", "content_hash", "seen", "representative", "marked_duplicate",
+                F.lit(True).alias("near_members"), seg.alias("segment_id"), F.lit("members").alias("_op"))
+    )
+    deletes = leavers.select("url_id", *[F.lit(None).cast(t).alias(c) for c, t in (
+        ("content_hash", "string"), ("seen", "timestamp"), ("representative", "string"),
+        ("marked_duplicate", "boolean"), ("near_members", "boolean"))], seg.alias("segment_id"),
+        F.lit("delete").alias("_op"))
+    return upserts.unionByName(relabels).unionByName(gained).unionByName(deletes)
+
+
+def _band_rows(segment_id: str, max_hamming: int, marks: DataFrame, new_bands: DataFrame,
+               relabelled: DataFrame | None, changed: DataFrame) -> DataFrame:
+    """The MERGE source for dedup_bands: the segment's band rows (upsert), retired clusters' members (relabel),
+    and every band of a changed URL not upserted (delete: it left, or has no SimHash now; absent rows match
+    nothing, so the old rows need not be read)."""
+    seg = F.lit(segment_id)
+    upserts = new_bands.join(marks.select("url_id", "seen", "cluster", "cluster_us"), "url_id").select(
+        "band", "band_key", "url_id", "simhash", "seen",
+        F.coalesce(F.col("cluster"), F.col("url_id")).alias("cluster"),
+        F.coalesce(F.timestamp_micros("cluster_us"), F.col("seen")).alias("cluster_seen"),
+        seg.alias("segment_id"), F.lit("upsert").alias("_op"))
+    every_band = F.explode(F.sequence(F.lit(0), F.lit(max_hamming))).alias("band")
+    deletes = changed.select("url_id", every_band).join(upserts.select("url_id", "band"), ["url_id", "band"],
+                                                        "left_anti").select(
+        F.col("band").cast("int").alias("band"), F.lit(None).cast("bigint").alias("band_key"), "url_id",
+        F.lit(None).cast("bigint").alias("simhash"), F.lit(None).cast("timestamp").alias("seen"),
+        F.lit(None).cast("string").alias("cluster"), F.lit(None).cast("timestamp").alias("cluster_seen"),
+        seg.alias("segment_id"), F.lit("delete").alias("_op"))
+    rows = upserts.unionByName(deletes)
+    if relabelled is not None:
+        rows = rows.unionByName(relabelled.select("*", seg.alias("segment_id"), F.lit("relabel").alias("_op")))
+    return rows
+
+
+def _merge_index(spark: SparkSession, root: str, name: str, source: DataFrame, condition: str) -> bool:
+    """One MERGE of a dedup index: delete rows marked `delete`, upsert the others; True when it committed."""
+    columns = tables.TABLES[name].schema.fieldNames()
+    values = {c: F.col(f"s.{c}") for c in columns}
+    metrics = merge_counts(
+        merge_into(spark, root, name, source, condition)
+        .whenMatchedDelete(condition="s._op = 'delete'")
+        .whenMatchedUpdate(condition="s._op <> 'delete'", set=values)
+        .whenNotMatchedInsert(condition="s._op <> 'delete'", values=values)
+        .execute()
+    )
+    return any(metrics.get(key, 0) for key in ("num_affected_rows", "num_inserted_rows", "num_updated_rows",
+                                               "num_deleted_rows"))
+
+
+def _write_marks(spark: SparkSession, root: str, segment_id: str, marks: DataFrame) -> int:
+    source = marks.select("url_id", "state_version", "duplicate_of",
+                          F.col("cluster").alias("near_duplicate_cluster"))
     changed = ~(F.col("t.duplicate_of").eqNullSafe(F.col("s.duplicate_of"))
                 & F.col("t.near_duplicate_cluster").eqNullSafe(F.col("s.near_duplicate_cluster")))
     metrics = (
-        merge_into(spark, root, "pages", marks, "t.url_id = s.url_id AND t.state_version = s.state_version")
+        merge_into(spark, root, "pages", source,
+                   f"t.segment_id = '{segment_id}' AND t.url_id = s.url_id AND t.state_version = s.state_version")
         .whenMatchedUpdate(condition=changed, set={"duplicate_of": "s.duplicate_of",
                                                    "near_duplicate_cluster": "s.near_duplicate_cluster"})
         .execute()
@@ -257,35 +427,30 @@ def _write_marks(spark: SparkSession, root: str, marks: DataFrame) -> int:
     return merge_counts(metrics).get("num_updated_rows", 0)
 
 
-def _adjust_priority(spark: SparkSession, conf: Config, root: str, pages: DataFrame,
-                     marks: DataFrame) -> tuple[int, int]:
-    """urls whose page's duplicate verdict flipped in this segment (against the URL's previous page version):
-    became a duplicate -> priority *= the factor; stopped being one -> priority /= the factor, undoing the
-    lowering. Returns (lowered, restored)."""
+def _adjust_priority(spark: SparkSession, root: str, conf: Config, marks: DataFrame,
+                     leaving: DataFrame) -> tuple[int, int]:
+    """urls whose verdict flipped against the marks of their previous page (dedup_hashes.marked_duplicate):
+    became a duplicate -> priority *= the factor; stopped being one, or left the index -> priority /= the factor,
+    undoing the lowering. Returns (lowered, restored)."""
     factor = conf["dedup.duplicate_priority_factor"]
-    verdicts = marks.select("url_id", F.col("state_version").alias("version"),
-                            _is_duplicate("duplicate_of", "near_duplicate_cluster").alias("is_duplicate"))
-    earlier = Window.partitionBy("url_id").orderBy(F.desc("state_version"))
-    previous = (
-        pages.join(verdicts.select("url_id", "version"), "url_id").where(F.col("state_version") < F.col("version"))
-        .withColumn("_n", F.row_number().over(earlier)).where("_n = 1")
-        .select("url_id", _is_duplicate("duplicate_of", "near_duplicate_cluster").alias("was_duplicate"))
-    )
-    flipped = verdicts.join(previous, "url_id", "left").withColumn(
-        "was_duplicate", F.coalesce("was_duplicate", F.lit(False))).where(
-        F.col("is_duplicate") != F.col("was_duplicate"))
-    source = flipped.join(pinned_table(spark, root, "urls").select("url_id", "bucket"), "url_id").select(
+    verdicts = marks.select("url_id", "bucket", "is_duplicate",
+                            F.coalesce(F.col("old_marked"), F.lit(False)).alias("was_duplicate")).unionByName(
+        leaving.where("marked_duplicate").select(
+            "url_id", "bucket", F.lit(False).alias("is_duplicate"), F.lit(True).alias("was_duplicate")))
+    source = verdicts.where(F.col("is_duplicate") != F.col("was_duplicate")).select(
         "bucket", "url_id", "is_duplicate",
-        F.when(F.col("is_duplicate"), F.lit(factor)).otherwise(F.lit(1.0 / factor)).alias("multiplier")).persist()
-    try:  # counted and merged from one computation of the flips
-        counts = {bool(r["is_duplicate"]): int(r["count"]) for r in source.groupBy("is_duplicate").count().collect()}
-        metrics = (
-            merge_into(spark, root, "urls", source, "t.bucket = s.bucket AND t.url_id = s.url_id")
-            .whenMatchedUpdate(set={"priority": F.col("t.priority") * F.col("s.multiplier")})
-            .execute()
-        )
-    finally:
-        source.unpersist()
+        F.when(F.col("is_duplicate"), F.lit(factor)).otherwise(F.lit(1.0 / factor)).alias("multiplier")
+    ).localCheckpoint()
+    counts = {bool(r["is_duplicate"]): int(r["count"]) for r in source.groupBy("is_duplicate").count().collect()}
+    if not counts:
+        return 0, 0
+    buckets = ", ".join(str(b) for b in sorted({r["bucket"] for r in source.select("bucket").distinct().collect()}))
+    metrics = (
+        merge_into(spark, root, "urls", source, f"t.bucket IN ({buckets}) AND t.bucket = s.bucket "
+                                                "AND t.url_id = s.url_id")
+        .whenMatchedUpdate(set={"priority": F.col("t.priority") * F.col("s.multiplier")})
+        .execute()
+    )
     if not merge_counts(metrics).get("num_updated_rows", 0):  # nothing flipped, or this segment's commit was done
         return 0, 0
     return counts.get(True, 0), counts.get(False, 0)

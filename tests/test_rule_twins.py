@@ -14,9 +14,24 @@ import pytest
 from pyspark.sql import functions as F
 
 from crawler import frontier, leases
-from crawler.dedup import representative_of, representative_of_sql
+from crawler.dedup import (
+    band_values,
+    band_values_sql,
+    leaves_index,
+    leaves_index_sql,
+    representative_of,
+    representative_of_sql,
+)
 from crawler.politeness import PolitenessRules
-from crawler.status import FetchOutcome, is_transient, is_transient_sql, made_request, made_request_sql
+from crawler.status import (
+    FetchOutcome,
+    is_gone,
+    is_gone_sql,
+    is_transient,
+    is_transient_sql,
+    made_request,
+    made_request_sql,
+)
 
 STATUSES = [None, 200, 204, 301, 304, 404, 410, 429, 500, 503, 599]
 T0 = datetime(2024, 5, 10, tzinfo=UTC)
@@ -32,11 +47,23 @@ def test_status_rules_agree(spark):
     cases = [(o.value, s) for o, s in itertools.product(FetchOutcome, STATUSES)]
     frame = spark.createDataFrame(cases, "outcome string, status_code int")
     got = frame.selectExpr("outcome", "status_code", f"{made_request_sql('outcome')} as requested",
-                           f"{is_transient_sql('outcome', 'status_code')} as transient").collect()
+                           f"{is_transient_sql('outcome', 'status_code')} as transient",
+                           f"{is_gone_sql('outcome', 'status_code')} as gone",
+                           f"{leaves_index_sql('outcome', 'status_code')} as leaves").collect()
     assert len(got) == len(cases)
     for row in got:
         assert row.requested == made_request(row.outcome), row
         assert row.transient == is_transient(row.outcome, row.status_code), row
+        assert row.gone == is_gone(row.outcome, row.status_code), row
+        assert row.leaves == leaves_index(row.outcome, row.status_code), row
+
+
+@pytest.mark.parametrize("max_hamming", [0, 3, 7])
+def test_band_values_agree(spark, max_hamming):
+    hashes = [0, 1, -1, 2**63 - 1, -(2**63), 0x5A5A_F0F0_1234_8765, -0x0123_4567_89AB_CDEF]
+    frame = spark.createDataFrame([(h,) for h in hashes], "simhash bigint")
+    got = [list(r) for r in frame.select(*[F.expr(e) for e in band_values_sql("simhash", max_hamming)]).collect()]
+    assert got == band_values(hashes, max_hamming).view("int64").tolist()
 
 
 def test_politeness_delay_cap_and_score_agree(spark):
