@@ -7,7 +7,7 @@ ROOT ?= ./demo-crawl
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-fast lint bench-frontier bench-fetchd bench-parse install clean
+.PHONY: demo test test-fast lint bench-frontier bench-fetchd bench-parse bench-cycle install clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -40,6 +40,11 @@ bench-fetchd: $(STAMP)
 # On-demand parse benchmark (not a test): synthetic WARC segment; parse docs/s vs raw fastwarc + selectolax, dedup.
 bench-parse: $(STAMP)
 	$(PY) -m bench.parse $(BENCH_ARGS)
+
+# On-demand batch-side benchmark (not a test): a real-HTML segment with exact and near copies over 1 M and 10 M known
+# URLs; per step wall, whole-machine CPU, CPU ms/page, peak driver memory, Delta commits.
+bench-cycle: $(STAMP)
+	$(PY) -m bench.cycle $(BENCH_ARGS)
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .

@@ -137,10 +137,12 @@ def segment_changes(spark: SparkSession, root: str, segment_id: str) -> tuple[Da
     return documents, leavers
 
 
-def exact_marks(hashes: DataFrame, documents: DataFrame, changed: DataFrame) -> tuple[DataFrame, DataFrame]:
+def exact_marks(hashes: DataFrame, previous: DataFrame, documents: DataFrame,
+                changed: DataFrame) -> tuple[DataFrame, DataFrame]:
     """(documents with `seen`, `representative`, and the URL's previous row's `old_marked` / `old_near_members`;
-    existing rows of other URLs whose representative changes, with the new one)."""
-    old = hashes.join(changed.select("url_id"), "url_id").select(
+    existing rows of other URLs whose representative changes, with the new one). `previous`: the index rows of
+    the changed URLs."""
+    old = previous.select(
         "url_id", F.col("content_hash").alias("old_hash"), F.col("seen").alias("old_seen"),
         F.col("marked_duplicate").alias("old_marked"), F.col("near_members").alias("old_near_members"))
     docs = documents.join(old, "url_id", "left").withColumn(
@@ -148,6 +150,7 @@ def exact_marks(hashes: DataFrame, documents: DataFrame, changed: DataFrame) -> 
     touched = docs.select("content_hash").union(
         old.where(F.col("old_hash").isNotNull()).select(F.col("old_hash").alias("content_hash"))).distinct()
     others = hashes.join(touched, "content_hash").join(changed.select("url_id"), "url_id", "left_anti")
+    others = others.localCheckpoint()
     holders = others.select("content_hash", "url_id", "seen").unionByName(
         docs.select("content_hash", "url_id", "seen"))
     representatives = holders.withColumn("seen_us", F.unix_micros("seen")).groupBy("content_hash").agg(
@@ -209,13 +212,14 @@ def near_labels(spark: SparkSession, conf: Config, bands: DataFrame, docs: DataF
     shards = conf["spark.shuffle_partitions"]
     candidates = docs.where(F.col("simhash").isNotNull() & (F.col("simhash") != 0)).select(
         "url_id", F.unix_micros("seen").alias("seen_us"), "simhash")
-    new_rows = explode_bands(candidates, max_hamming).persist()
+    new_rows = explode_bands(candidates, max_hamming).localCheckpoint()
     hit = new_rows.select("band", "band_key").distinct()
     existing = (
         bands.join(hit, ["band", "band_key"]).join(changed.select("url_id"), "url_id", "left_anti")
         .select("url_id", F.unix_micros("seen").alias("seen_us"), "simhash", "band", "band_key",
                 F.col("cluster").alias("label"), F.unix_micros("cluster_seen").alias("label_us"),
                 F.lit(False).alias("is_new"))
+        .localCheckpoint()
     )
     rows = new_rows.select("url_id", "seen_us", "simhash", "band", "band_key", F.col("url_id").alias("label"),
                            F.col("seen_us").alias("label_us"), F.lit(True).alias("is_new")).unionByName(existing)
@@ -223,7 +227,7 @@ def near_labels(spark: SparkSession, conf: Config, bands: DataFrame, docs: DataF
         rows.withColumn("shard", F.pmod(F.xxhash64("band_key"), F.lit(shards)))
         .groupBy("band", "shard")
         .applyInPandas(lambda group: bucket_edges(group, max_hamming, max_bucket_size), EDGE_ROWS)
-        .persist()
+        .localCheckpoint()
     )
     totals = edges.agg(F.count(F.when(~F.col("other_new"), 1)).alias("fixed"),
                        F.count(F.when(F.col("other_new"), 1)).alias("mutual"),
@@ -243,11 +247,9 @@ def near_labels(spark: SparkSession, conf: Config, bands: DataFrame, docs: DataF
         .groupBy("node").agg(F.min(_order("other_us", "other")).alias("label"), F.max("kept").alias("kept"))
         .localCheckpoint()
     )
-    mutual = linked.where(F.col("other_new")).select("node", "other").distinct().persist()
+    mutual = linked.where(F.col("other_new")).select("node", "other").distinct().localCheckpoint()
     if totals["mutual"]:
         labels = _propagate(labels, mutual, result)
-    edges.unpersist()
-    mutual.unpersist()
     return labels.select(F.col("node").alias("url_id"), F.col("label.id").alias("cluster"),
                          F.col("label.us").alias("cluster_us"), "kept"), new_rows
 
@@ -280,15 +282,23 @@ def run(spark: SparkSession, conf: Config, root: str, segment_id: str) -> DedupR
     # Adaptive query execution re-plans each of this job's many small joins against cached and broadcast inputs:
     # on a test segment it took 34 s of the run's 41, 10 s with it off (the plans are static, the inputs segment-sized).
     with step(f"dedup {segment_id}"), session_settings(spark, {"spark.sql.adaptive.enabled": "false"}):
+        # Every table is read once, filtered to what the segment touches, and checkpointed: later plans hold no
+        # Delta scan to plan again (planning one costs more than the work at a segment's size).
         documents, leavers = segment_changes(spark, root, segment_id)
-        documents, leavers = documents.persist(), leavers.persist()
-        result.examined, result.left = documents.count(), leavers.count()
+        changes = documents.withColumn("leaves", F.lit(False)).unionByName(
+            leavers.withColumn("leaves", F.lit(True)), allowMissingColumns=True).localCheckpoint()
+        documents, leavers = changes.where(~F.col("leaves")).drop("leaves"), changes.where("leaves").select(
+            "url_id", "bucket")
+        counts = changes.agg(F.count(F.when(~F.col("leaves"), 1)).alias("docs"),
+                             F.count(F.when(F.col("leaves"), 1)).alias("left")).first()
+        result.examined, result.left = int(counts["docs"]), int(counts["left"])
         if not (result.examined or result.left):
             return result
-        changed = documents.select("url_id", "bucket").unionByName(leavers).distinct().persist()
+        changed = changes.select("url_id", "bucket")
         hashes, bands = pinned_table(spark, root, HASHES), pinned_table(spark, root, BANDS)
-        docs, exact_relabelled = exact_marks(hashes, documents, changed)
-        docs, exact_relabelled = docs.persist(), exact_relabelled.localCheckpoint()
+        previous = hashes.join(F.broadcast(changed.select("url_id")), "url_id").localCheckpoint()
+        docs, exact_relabelled = exact_marks(hashes, previous, documents, changed)
+        docs, exact_relabelled = docs.localCheckpoint(), exact_relabelled.localCheckpoint()
         labels, new_bands = near_labels(spark, conf, bands, docs, changed, result)
         marks = (
             docs.join(labels, "url_id", "left")
@@ -302,7 +312,7 @@ def run(spark: SparkSession, conf: Config, root: str, segment_id: str) -> DedupR
                            F.countDistinct("cluster").alias("clusters")).first()
         result.exact_duplicates, result.near_duplicates = int(counts["exact"]), int(counts["near"])
         result.near_clusters = int(counts["clusters"])
-        leaving = leavers.join(hashes.select("url_id", "marked_duplicate", "near_members"), "url_id").persist()
+        leaving = leavers.join(previous.select("url_id", "marked_duplicate", "near_members"), "url_id")
         retired = _retired_clusters(marks, leaving).localCheckpoint()
         band_relabelled = _band_relabels(bands, retired, changed) if retired.limit(1).count() else None
         hash_rows = _hash_rows(segment_id, marks, exact_relabelled, leavers, hashes).localCheckpoint()
@@ -317,8 +327,6 @@ def run(spark: SparkSession, conf: Config, root: str, segment_id: str) -> DedupR
                                       "t.url_id = s.url_id AND t.band = s.band")]
         result.commits = (result.marked > 0) + (result.priority_lowered + result.priority_restored > 0) + sum(
             committed)
-        for frame in (documents, leavers, changed, docs, new_bands, leaving):
-            frame.unpersist()
     log.info("dedup %s: %s", segment_id, result.summary())
     return result
 
@@ -362,7 +370,7 @@ def _hash_rows(segment_id: str, marks: DataFrame, relabelled: DataFrame, leavers
         "near_members", F.col("near_members") | F.coalesce(F.col("gained"), F.lit(False))).drop("gained")
     gained = (
         gainers.join(relabelled.select("url_id"), "url_id", "left_anti")
-        .join(hashes.where(~F.col("near_members")), "url_id")
+        .join(hashes.where(~F.col("near_members")), "url_id").localCheckpoint()
         .select("url_id", "content_hash", "seen", "representative", "marked_duplicate",
                 F.lit(True).alias("near_members"), seg.alias("segment_id"), F.lit("members").alias("_op"))
     )

@@ -19,6 +19,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
+import pandas as pd
 from pyspark import StorageLevel
 from pyspark.sql import Column, DataFrame, Window
 from pyspark.sql import functions as F
@@ -48,6 +49,7 @@ from jobs.base import step
 log = logging.getLogger("jobs.discover")
 
 TRAP_SAMPLE_SIZE = 5  # rejected URLs kept per host in hosts.trap_sample
+CLASSIFIED = "url string, url_id string, host_key string, bucket int, template string, reason string"
 
 
 @dataclass(frozen=True)
@@ -193,15 +195,18 @@ def _classified_targets(conf: Config, segment_id: str, candidates: DataFrame, ur
     keeps the same URLs; for the same reason the allowance adds back what this segment already counted."""
     scope, rules, buckets = Scope.from_config(conf), TrapRules.from_config(conf), conf["crawl.buckets"]
 
-    @F.udf("struct<url:string, url_id:string, host_key:string, bucket:int, template:string, reason:string>")
-    def classify(raw_url):
-        found = classify_discovery(raw_url, scope, rules, buckets)
-        if found is None:
-            return None
-        k = found.keys
-        return (k.url, k.url_id, k.host_key, k.bucket, found.template, found.reject_reason)
+    @F.pandas_udf(CLASSIFIED)
+    def classify(raw_urls: pd.Series) -> pd.DataFrame:
+        # Arrow batches in and out (no per-row pickling); a URL with no keys gets a null `url`, dropped below.
+        found = [classify_discovery(raw, scope, rules, buckets) for raw in raw_urls]
+        return pd.DataFrame({
+            "url": [f and f.keys.url for f in found], "url_id": [f and f.keys.url_id for f in found],
+            "host_key": [f and f.keys.host_key for f in found],
+            "bucket": pd.array([f.keys.bucket if f else None for f in found], dtype="Int32"),
+            "template": [f and f.template for f in found], "reason": [f and f.reject_reason for f in found]})
 
-    keyed = candidates.select("to_url").distinct().withColumn("k", classify("to_url")).where(F.col("k").isNotNull())
+    keyed = candidates.select("to_url").distinct().withColumn("k", classify("to_url")).where(
+        F.col("k.url").isNotNull())
     in_table = urls_snap.select("url_id", "url", (~F.col("discovered_in").eqNullSafe(F.lit(segment_id))).alias(
         "known"), F.col("sitemap_origin").alias("known_origin"))
     targets = (

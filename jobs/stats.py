@@ -16,6 +16,8 @@ BREAKDOWN = {
     "index_events": "kind",
     "segments": "state",
     "records": "warc_record_type",
+    "dedup_hashes": "marked_duplicate",
+    "dedup_bands": "band",
 }
 
 

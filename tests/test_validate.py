@@ -67,6 +67,10 @@ VALID: dict[str, list[dict]] = {
     "records": [{"url": f"{HOST}/one", "warc_filename": "segments/seg-v1/warc/bucket=00001/a.warc.gz",
                  "warc_record_offset": 0, "warc_record_length": 500, "warc_segment": SEG,
                  "warc_record_type": "response", "fetch_time": NOW, "fetch_status": 200}],
+    "dedup_hashes": [{"url_id": U1, "content_hash": "sha1:A", "seen": NOW, "representative": U1,
+                      "marked_duplicate": False, "near_members": False, "segment_id": SEG}],
+    "dedup_bands": [{"band": band, "band_key": band, "url_id": U1, "simhash": 7, "seen": NOW, "cluster": U1,
+                     "cluster_seen": NOW, "segment_id": SEG} for band in range(4)],
 }
 
 # (case, table, expectation type, column, the defect's row, a value the report must show as unexpected or None)
@@ -96,6 +100,10 @@ DEFECTS = [
      {**VALID["segments"][0], "bucket": 2, "updated_at": datetime(2999, 1, 1, tzinfo=UTC)}, "2999"),
     ("null record key", "records", "expect_column_values_to_not_be_null", "warc_record_offset",
      {**VALID["records"][0], "warc_record_offset": None}, "None"),
+    ("a URL twice in the hash index", "dedup_hashes", "expect_column_values_to_be_unique", "url_id",
+     {**VALID["dedup_hashes"][0], "content_hash": "sha1:B"}, repr(U1)),
+    ("SimHash 0 in the band index", "dedup_bands", "expect_column_values_to_not_be_in_set", "simhash",
+     {**VALID["dedup_bands"][0], "url_id": U2, "simhash": 0}, "0"),
 ]
 
 
