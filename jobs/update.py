@@ -29,6 +29,7 @@ import logging
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
+import pandas as pd
 from pyspark import StorageLevel
 from pyspark.sql import Column, DataFrame, Row, SparkSession, Window
 from pyspark.sql import functions as F
@@ -80,19 +81,43 @@ def _latest(df: DataFrame, keys: list[str], order: list[Column]) -> DataFrame:
         "_rn")
 
 
+def _ints(values: pd.Series) -> list[int | None]:
+    """A nullable integer column as Arrow hands it to pandas (float with NaN where null) as Python ints."""
+    return [None if pd.isna(v) else int(v) for v in values]
+
+
+def _texts(values: pd.Series) -> list[str | None]:
+    return [None if pd.isna(v) else v for v in values]
+
+
 def completion_udfs(policy: RevisitPolicy):
-    """The revisit decision and index event kind as Spark UDFs over the pre-completion row."""
+    """The revisit decision and index event kind as vectorized (Arrow-batched) Spark UDFs over the pre-completion
+    row; the rules themselves are crawler.revisit's and crawler.frontier's, called per row."""
 
-    @F.udf("struct<status:string, fetch_interval_s:bigint, wait_us:bigint, failure_count:int>")
-    def decide(outcome, status_code, prev_status, prev_interval, prev_failures, prev_hash, new_hash, robots_wait_us):
-        previous = PreviousState(prev_status, prev_interval, prev_failures, prev_hash)
-        # Times relative to the fetch: fetched_at is EPOCH, the robots expiry is EPOCH + its distance from it.
-        decision = policy.decide(outcome, status_code, previous, EPOCH, new_hash, _moment(robots_wait_us))
-        return (decision.status, decision.fetch_interval_s, _micros(decision.next_fetch_at), decision.failure_count)
+    @F.pandas_udf("status string, fetch_interval_s bigint, wait_us bigint, failure_count int")
+    def decide(outcome: pd.Series, status_code: pd.Series, prev_status: pd.Series, prev_interval: pd.Series,
+               prev_failures: pd.Series, prev_hash: pd.Series, new_hash: pd.Series,
+               robots_wait_us: pd.Series) -> pd.DataFrame:
+        decisions = [
+            # Times relative to the fetch: fetched_at is EPOCH, the robots expiry is EPOCH + its distance from it.
+            policy.decide(o, code, PreviousState(status, interval, failures, old), EPOCH, new, _moment(wait))
+            for o, code, status, interval, failures, old, new, wait in zip(
+                _texts(outcome), _ints(status_code), _texts(prev_status), _ints(prev_interval), _ints(prev_failures),
+                _texts(prev_hash), _texts(new_hash), _ints(robots_wait_us), strict=True)
+        ]
+        return pd.DataFrame({
+            "status": [d.status for d in decisions],
+            "fetch_interval_s": pd.array([d.fetch_interval_s for d in decisions], dtype="Int64"),
+            "wait_us": pd.array([_micros(d.next_fetch_at) for d in decisions], dtype="Int64"),
+            "failure_count": pd.array([d.failure_count for d in decisions], dtype="Int32"),
+        })
 
-    @F.udf("string")
-    def event_kind(outcome, status_code, previous_hash, new_hash, representative):
-        return index_event_kind(outcome, status_code, previous_hash, new_hash, representative)
+    @F.pandas_udf("string")
+    def event_kind(outcome: pd.Series, status_code: pd.Series, previous_hash: pd.Series, new_hash: pd.Series,
+                   representative: pd.Series) -> pd.Series:
+        return pd.Series([index_event_kind(*values) for values in zip(
+            _texts(outcome), _ints(status_code), _texts(previous_hash), _texts(new_hash), _texts(representative),
+            strict=True)], dtype=object)
 
     return decide, event_kind
 
