@@ -16,8 +16,6 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 from pyspark.sql import SparkSession
@@ -25,7 +23,7 @@ from pyspark.sql import SparkSession
 from crawler import layout
 from crawler.config import Config
 from delta_tables.tables import TABLES, table_path
-from jobs.base import recount_known_urls
+from jobs.base import recount_known_urls, session_settings
 
 log = logging.getLogger("jobs.maintain")
 
@@ -96,22 +94,6 @@ def _size(num_bytes: int) -> str:
             return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
         value /= 1024
     raise AssertionError("unreachable")
-
-
-@contextmanager
-def session_conf(spark: SparkSession, settings: dict[str, str]) -> Iterator[None]:
-    """Set Spark SQL confs for the duration of a call and restore what was there before."""
-    previous = {key: spark.conf.get(key, None) for key in settings}
-    for key, value in settings.items():
-        spark.conf.set(key, value)
-    try:
-        yield
-    finally:
-        for key, value in previous.items():
-            if value is None:
-                spark.conf.unset(key)
-            else:
-                spark.conf.set(key, value)
 
 
 def vacuum_settings(retention_hours: float, listing_tasks: int) -> dict[str, str]:
@@ -188,7 +170,7 @@ def run(spark: SparkSession, conf: Config, root: str, tables: list[str] | None =
         settings.update(vacuum_settings(retention_hours, listing_tasks))
     if all(DeltaTable.isDeltaTable(spark, table_path(root, name)) for name in ("urls", "hosts")):
         result.known_urls_corrected = recount_known_urls(spark, root)
-    with session_conf(spark, settings):
+    with session_settings(spark, settings):
         for name in names:
             if not DeltaTable.isDeltaTable(spark, table_path(root, name)):
                 log.warning("maintain %s: no table under %s (run `crawl init`)", name, root)
