@@ -30,8 +30,16 @@ def _to_signed(value: int) -> int:
 
 
 def tokens(text: str) -> list[str]:
-    """Lowercase word tokens: punctuation and whitespace differences do not change a SimHash."""
-    return _WORD.findall(text.lower())
+    """Lowercase word tokens (`\\w+` of the lowercased text): punctuation and whitespace differences do not change a
+    SimHash. Most whitespace-separated chunks are one word already (`str.isalnum` is `\\w` without "_"), so only
+    the others go through the regular expression: the same tokens at about half the cost on page text."""
+    words: list[str] = []
+    for chunk in text.lower().split():
+        if chunk.isalnum():
+            words.append(chunk)
+        else:
+            words.extend(_WORD.findall(chunk))
+    return words
 
 
 def simhash(text: str, shingle: int = 3) -> int:
@@ -42,20 +50,20 @@ def simhash(text: str, shingle: int = 3) -> int:
     """
     if shingle < 1:
         raise ValueError("shingle must be >= 1")
-    words = tokens(text)
+    words = [word.encode("utf-8", "surrogatepass") for word in tokens(text)]  # a lone surrogate hashes, never fails
     if not words:
         return 0
     if len(words) <= shingle:
-        shingles = [" ".join(words)]
+        shingles = [b" ".join(words)]
     else:
-        shingles = list(map(" ".join, zip(*(words[i:] for i in range(shingle)), strict=False)))  # shorter tails end it
-    hash64 = mmh3.hash64  # hashes a str as its UTF-8 bytes
-    hashes = np.fromiter((hash64(s, signed=False)[0] for s in shingles), dtype="<u8", count=len(shingles))
-    # One row of 64 bits per shingle (bit 0 first); a result bit is set where more shingles have it set than not.
-    bits = np.unpackbits(hashes.view(np.uint8).reshape(-1, 8), axis=1, bitorder="little")
-    majority = bits.sum(axis=0, dtype=np.int64) * 2 > len(shingles)
-    value = sum(1 << bit for bit in np.flatnonzero(majority).tolist())
-    return _to_signed(value)
+        shingles = list(map(b" ".join, zip(*(words[i:] for i in range(shingle)), strict=False)))  # shorter tails end it
+    # The 128-bit digest's first 8 bytes are mmh3.hash64's first half, little-endian: one C call per shingle and no
+    # Python int per hash. One row of 64 bits per shingle (bit 0 first); a result bit is set where more shingles
+    # have it set than not.
+    digests = np.frombuffer(b"".join(map(mmh3.mmh3_x64_128_digest, shingles)), dtype=np.uint8).reshape(-1, 16)
+    bits = np.unpackbits(digests[:, :8], axis=1, bitorder="little")
+    majority = bits.sum(axis=0, dtype=np.int32) * 2 > len(shingles)  # int32: a count per bit, summed fast
+    return _to_signed(int(np.packbits(majority, bitorder="little").view("<u8")[0]))
 
 
 def hamming(a: int, b: int) -> int:

@@ -29,7 +29,6 @@ LANGUAGE_MAX_CHARS = 35
 CHARSET_PRESCAN_BYTES = 4096
 HTML_TYPES = ("text/html", "application/xhtml+xml")
 
-_SPACE = re.compile(r"\s+")
 _CHARSET_PARAM = re.compile(r"""charset\s*=\s*["']?\s*([A-Za-z0-9_:.\-]+)""", re.IGNORECASE)
 _META_CHARSET = re.compile(rb"""<meta[^>]+charset\s*=\s*["']?\s*([A-Za-z0-9_:.\-]+)""", re.IGNORECASE)
 _ROBOTS_WORD = re.compile(r"[a-z_\-]+")
@@ -240,7 +239,7 @@ def cap_nesting(html: str, max_depth: int = MAX_ELEMENT_DEPTH) -> tuple[str, int
 def _collapse(text: str | None, limit: int) -> str | None:
     if text is None:
         return None
-    collapsed = _SPACE.sub(" ", text).strip()
+    collapsed = " ".join(text.split())  # runs of whitespace (str.isspace, as regex \s) -> one space, ends cut
     return collapsed[:limit] or None
 
 
@@ -302,7 +301,7 @@ def extract(
     else:
         tree.strip_tags(_HIDDEN_TAGS)
         body = tree.body if tree.body is not None else tree.root
-        visible = _SPACE.sub(" ", body.text(deep=True, separator=" ")).strip() if body is not None else ""
+        visible = " ".join(body.text(deep=True, separator=" ").split()) if body is not None else ""
 
     return ParsedPage(
         title=title,

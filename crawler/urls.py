@@ -142,11 +142,28 @@ def resolve(base: str, href: str) -> str | None:
     return _canonical_of_joined(joined)
 
 
-@functools.lru_cache(maxsize=1 << 16)
 def _canonical_of_joined(joined: str) -> str | None:
-    """Canonical form of a resolved link, memoised: a site's navigation resolves to the same URLs on every page,
-    and canonicalising costs several times the join (each ada component access is a call into C)."""
+    """Canonical form of a URL ada has just serialised (`join_url`'s result). Most links need nothing more than
+    the fragment cut (`already_canonical`); the rest go through the full rule, memoised, since a site's navigation
+    resolves to the same URLs on every page and each ada component access is a call into C."""
+    cut = joined.partition("#")[0]  # in a serialised URL the first "#" starts the fragment
+    if already_canonical(cut):
+        return cut
+    return _canonical_of_unusual(joined)
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def _canonical_of_unusual(joined: str) -> str | None:
     return _canonical_or_reason(joined)[0]
+
+
+def already_canonical(serialised: str) -> bool:
+    """True when a URL as ada serialises it is canonical as it stands, judged on the text alone: an http(s) URL
+    (ada lowercases the scheme, normalises host, port, path and dot-segments, and serialises ASCII only) with no
+    fragment, no user info ("@"), no percent-escape to normalise ("%") and no IDNA label to check ("xn--").
+    Anything else takes `_canonical_or_reason`; the tests hold the two equal on links of every form."""
+    return (serialised.startswith(("http://", "https://")) and serialised.isascii()
+            and not any(mark in serialised for mark in ("#", "@", "%", "xn--")))
 
 
 def strip_query_params(canonical_url: str, rules: Mapping[str, Sequence[str]]) -> str:

@@ -30,11 +30,14 @@ from crawler.sitemaps import DEFAULT_LIMITS, SitemapLimits
 from crawler.status import FetchOutcome, SegmentState
 from crawler.warcread import read_record_at
 from delta_tables import tables
-from jobs.base import arrow_batches, insert_if_absent, step
+from jobs.base import arrow_batches, insert_if_absent, session_settings, step
 from jobs.storage import LOCAL, Storage
 
 _OUTPUT_BATCH_ROWS = 256
 _ERROR_MAX_CHARS = 500
+# The fetched rows are small, so adaptive execution would coalesce the parse tasks into one and leave the other
+# cores idle while that one task parses the whole segment.
+_KEEP_PARSE_TASKS = {"spark.sql.adaptive.coalescePartitions.enabled": "false"}
 
 OUTLINK = pa.struct(
     [
@@ -196,8 +199,11 @@ def _parse(fetched: DataFrame, root: str, segment_id: str, conf: Config) -> Data
         # from a Content-Encoding (at most max_uncompressed_bytes); parse_sitemap caps what it inflates.
         "sitemap_max_bytes": max(conf["sitemaps.max_fetch_bytes"], conf["sitemaps.max_uncompressed_bytes"]),
     }
+    # Ranges of (file, offset): tasks of about equal record counts, each reading its files' records in order
+    # (one file per task would leave cores idle when a segment has few, unequal files).
+    tasks = 2 * fetched.sparkSession.sparkContext.defaultParallelism
     return (
-        unique.repartition("warc_filename")
+        unique.repartitionByRange(tasks, "warc_filename", "warc_offset")
         .sortWithinPartitions("warc_filename", "warc_offset")
         .mapInArrow(lambda batches: parse_partition(batches, **settings), from_arrow_schema(PARSED))
     )
@@ -254,7 +260,7 @@ def run(spark: SparkSession, conf: Config, root: str, segment_id: str) -> ParseR
     fetched = read_fetched(spark, root, segment_id)
     if fetched is None:
         return ParseResult(records=0, pages=0, links=0, errors=0, pages_inserted=0)
-    with step(f"parse {segment_id}"):
+    with step(f"parse {segment_id}"), session_settings(spark, _KEEP_PARSE_TASKS):
         parsed = _parse(fetched, root, segment_id, conf).persist()
         try:
             totals = parsed.agg(

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import re
+
+import mmh3
 
 from crawler.fingerprints import content_hash, hamming, simhash
 
@@ -55,3 +58,26 @@ def test_hamming_handles_signed_values():
     assert hamming(-1, 0) == 64
     assert hamming(-1, 2**64 - 1) == 0
     assert hamming(0b1011, 0b0001) == 2
+
+
+def _reference_simhash(text: str, shingle: int = 3) -> int:
+    """The definition written plainly: \\w+ tokens of the lowercased text, mmh3.hash64's first half per shingle,
+    a majority vote per bit, as a signed int64."""
+    words = re.findall(r"\w+", text.lower())
+    if not words:
+        return 0
+    grams = [words] if len(words) <= shingle else [words[i:i + shingle] for i in range(len(words) - shingle + 1)]
+    hashes = [mmh3.hash64(" ".join(gram), signed=False)[0] for gram in grams]
+    value = sum(1 << bit for bit in range(64) if 2 * sum((h >> bit) & 1 for h in hashes) > len(hashes))
+    return value - (1 << 64) if value >= 1 << 63 else value
+
+
+def test_simhash_is_its_plain_definition():
+    """`simhash` hashes in batches and tokenizes chunk by chunk for speed; the value is the plain definition's."""
+    texts = [ARTICLE, ARTICLE.upper(), "a", "one two", "don't stop: naïve café_au lait 12x ÉCOLE İstanbul ǅ x²",
+             "a.b,c;d  e\u00a0f\u2003g\u3000h", "日本語のテキスト と 中文 文本", "snake_case and_more __dunder__",
+             "tab\tnew\nline\x1cfile\x1fsep", "١٢٣ arabic-indic digits ٤٥", "e\u0301 combining"]
+    for text in texts:
+        for shingle in (1, 2, 3, 5):
+            assert simhash(text, shingle) == _reference_simhash(text, shingle), (text, shingle)
+    assert isinstance(simhash("lone \udc80 surrogate"), int)

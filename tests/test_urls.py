@@ -121,3 +121,24 @@ def test_scope_rewrite_applies_to_seeds_and_discoveries():
     found = classify_discovery("http://WWW.shop.test/p?sid=7#f", scope, TrapRules.from_config(conf), 4)
     assert found.keys.url == "http://www.shop.test/p" and found.keys.url_id == urls.url_id("http://www.shop.test/p")
     assert Scope.from_config(config.load()).stored_url("http://www.shop.test/p?sid=1") == "http://www.shop.test/p?sid=1"
+
+
+_BASES = ["http://a.com/x/y", "https://A.com:443/d/e/f.html?q=1", "http://b%C3%BC.de/", "http://h.test:8080/"]
+_HREFS = [
+    "", "z", "../z", "./a/../b", "/abs?x=1&y=2", "?only", "#frag", "?#", "?", "/p?", "//Other.COM/p#f",
+    "HTTPS://Upper.COM:443/P", "http://h/%7euser/%41", "/a%2fb", "/caf\u00e9", "/a b", "/q?x=caf\u00e9&y=%7e",
+    "http://u:p@h.com/a", "http://@h.com/", "/x@y", "http://b\u00fccher.de/", "http://xn--bcher-kva.de/",
+    "http://xn--zz.de/", "http://h.com/\t\nx", "javascript:void(0)", "mailto:a@b", "ftp://f/", "http://[::1]/",
+    "http://127.0.0.1:80/", "http://h.com./", "http://h.com/a/..", "HTTP://h.com/%2e%2E/x", "/\u00a0x",
+]
+
+
+@pytest.mark.parametrize("base", _BASES)
+def test_link_fast_path_equals_the_full_rule(base):
+    """`resolve` skips `_canonical_or_reason` for links ada serialises canonically already; on links of every form
+    the answer is the full rule's."""
+    for href in _HREFS:
+        joined = urls.ada_url.join_url(base, href)
+        assert urls._canonical_of_joined(joined) == urls._canonical_or_reason(joined)[0], (base, href)
+        if urls.already_canonical(joined):
+            assert urls.canonicalize(joined) == joined
