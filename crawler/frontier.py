@@ -46,7 +46,7 @@ def classify_discovery(raw_url: str, scope: Scope, rules: traps.TrapRules, bucke
         canonical = scope.stored_url(urls.canonicalize(raw_url))
     except ValueError:
         return None
-    host = urls.host_key(canonical)
+    host = urls.parts(canonical)[0]
     keys = UrlKeys(canonical, urls.url_id(canonical), host, urls.bucket_of(host, buckets))
     reason = scope.reject_reason(canonical) or traps.trap_reason(canonical, rules)
     return Discovery(keys, traps.url_template(canonical), reason)

@@ -66,7 +66,7 @@ class Scope:
         if not urls.in_scope(canonical_url, list(self.schemes), list(self.host_suffixes), self.max_url_length):
             return "out of scope (scope.schemes / scope.host_suffixes)"
         if self.allow_domains or self.deny_domains:
-            domain = registered_domain(urls.host_name(canonical_url))
+            domain = registered_domain(urls.parts(canonical_url)[1])
             if _domain_listed(domain, self.deny_domains):
                 return "denied domain (scope.deny_domains)"
             if self.allow_domains and not _domain_listed(domain, self.allow_domains):

@@ -58,13 +58,11 @@ class TrapRules:
         )
 
 
-def _path_segments(canonical_url: str) -> list[str]:
-    path = urls.path_and_query(canonical_url).split("?", 1)[0]
+def _path_segments(path: str) -> list[str]:
     return [segment for segment in path.split("/") if segment]
 
 
-def _query_params(canonical_url: str) -> list[str]:
-    query = urls.path_and_query(canonical_url).partition("?")[2]
+def _query_params(query: str) -> list[str]:
     return [param for param in query.split("&") if param]
 
 
@@ -72,12 +70,13 @@ def trap_reason(canonical_url: str, rules: TrapRules) -> str | None:
     """Which per-URL trap rule a canonical URL breaks, or None if it breaks none."""
     if len(canonical_url) > rules.max_url_length:
         return URL_TOO_LONG
-    segments = _path_segments(canonical_url)
+    _, _, path, query = urls.parts(canonical_url)
+    segments = _path_segments(path)
     if len(segments) > rules.max_path_depth:
         return PATH_TOO_DEEP
     if segments and max(Counter(segments).values()) > rules.max_segment_repeats:
         return REPEATED_SEGMENT
-    if len(_query_params(canonical_url)) > rules.max_query_params:
+    if len(_query_params(query)) > rules.max_query_params:
         return TOO_MANY_PARAMS
     return None
 
@@ -90,10 +89,9 @@ def url_template(canonical_url: str) -> str:
     """The URL's shape: host + path with digit runs as `{n}` and uuid/long hex ids as `{id}`, then the sorted
     distinct query keys without values. `/cal/2026/01/31?view=day` and `/cal/2031/12/01?view=week` share one
     template, so a calendar's growth shows up as one template growing."""
-    segments = urls.path_and_query(canonical_url).split("?", 1)[0]
-    keys = sorted({param.split("=", 1)[0] for param in _query_params(canonical_url)})
-    query = "?" + "&".join(keys) if keys else ""
-    return urls.host_key(canonical_url) + _mask(segments) + query
+    origin, _, path, query = urls.parts(canonical_url)
+    keys = sorted({param.split("=", 1)[0] for param in _query_params(query)})
+    return origin + _mask(path) + ("?" + "&".join(keys) if keys else "")
 
 
 def new_url_allowance(known_urls: int, max_known_urls_per_host: int) -> int:

@@ -75,10 +75,15 @@ def _canonical_or_reason(url: object) -> tuple[str | None, str]:
         return None, f"not a string ({type(url).__name__})"
     if not url.strip(_C0_OR_SPACE):
         return None, "empty URL"
+    text = _usv(url)
     try:
-        parsed = ada_url.URL(_usv(url))
+        serialised = ada_url.normalize_url(text)  # one call into C; most URLs need nothing more than the fragment cut
     except ValueError:
         return None, _why_unparsable(url)
+    cut = serialised.partition("#")[0]
+    if already_canonical(cut):
+        return cut, ""
+    parsed = ada_url.URL(text)
     scheme = parsed.protocol[:-1]
     if scheme not in HTTP_SCHEMES:
         return None, f"unsupported scheme {scheme[:20]!r}"
@@ -162,8 +167,8 @@ def already_canonical(serialised: str) -> bool:
     (ada lowercases the scheme, normalises host, port, path and dot-segments, and serialises ASCII only) with no
     fragment, no user info ("@"), no percent-escape to normalise ("%") and no IDNA label to check ("xn--").
     Anything else takes `_canonical_or_reason`; the tests hold the two equal on links of every form."""
-    return (serialised.startswith(("http://", "https://")) and serialised.isascii()
-            and not any(mark in serialised for mark in ("#", "@", "%", "xn--")))
+    return (serialised.startswith(("http://", "https://")) and serialised.isascii() and "#" not in serialised
+            and "@" not in serialised and "%" not in serialised and "xn--" not in serialised)
 
 
 def strip_query_params(canonical_url: str, rules: Mapping[str, Sequence[str]]) -> str:
@@ -181,6 +186,20 @@ def strip_query_params(canonical_url: str, rules: Mapping[str, Sequence[str]]) -
             if not any(fnmatchcase(param.split("=", 1)[0], name) for name in names)]
     parsed.search = "&".join(kept)
     return parsed.href
+
+
+def parts(canonical_url: str) -> tuple[str, str, str, str]:
+    """(host_key, host name, path, query without "?") of a canonical URL, with one parse at most: the rules that
+    read several parts of every discovered URL (scope, traps, templates) take them from here."""
+    if already_canonical(canonical_url):  # "scheme://host[:port]" then a path that starts with "/", no user info
+        origin_end = canonical_url.index("/", canonical_url.index("//") + 2)
+        origin, rest = canonical_url[:origin_end], canonical_url[origin_end:]
+        authority = origin.partition("//")[2]
+        host = authority if authority.endswith("]") else authority.rpartition(":")[0] or authority
+        path, _, query = rest.partition("?")
+        return origin, host, path, query
+    parsed = ada_url.URL(canonical_url)
+    return f"{parsed.protocol}//{parsed.host}", parsed.hostname, parsed.pathname or "/", parsed.search[1:]
 
 
 def url_id(canonical_url: str) -> str:
@@ -232,10 +251,9 @@ def in_scope(canonical_url: str, schemes: list[str], host_suffixes: list[str], m
     """Scope rules applied at injection and discovery (scheme, host suffix allow-list, length)."""
     if len(canonical_url) > max_length:
         return False
-    parsed = ada_url.URL(canonical_url)
-    if parsed.protocol[:-1] not in schemes:
+    origin, host, _, _ = parts(canonical_url)
+    if origin.partition(":")[0] not in schemes:
         return False
     if not host_suffixes:
         return True
-    host = parsed.hostname
     return any(host == s or host.endswith("." + s) for s in (x.lstrip(".").lower() for x in host_suffixes))

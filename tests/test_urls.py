@@ -142,3 +142,14 @@ def test_link_fast_path_equals_the_full_rule(base):
         assert urls._canonical_of_joined(joined) == urls._canonical_or_reason(joined)[0], (base, href)
         if urls.already_canonical(joined):
             assert urls.canonicalize(joined) == joined
+
+
+@pytest.mark.parametrize("raw", [
+    "http://h.com/", "https://H.com:8443/a/b?x=1&y", "http://[::1]:8080/p?q", "http://[::1]/", "http://127.0.0.1:80/",
+    "http://bücher.de/p q?a=%7e", "https://h.com/?", "http://u:p@h.com:81/x", "http://h.com/a/%2e%2e/b?#f",
+])
+def test_parts_of_a_canonical_url_agree_with_ada(raw):
+    canonical = urls.canonicalize(raw)
+    origin, host, path, query = urls.parts(canonical)
+    assert origin == urls.host_key(canonical) and host == urls.host_name(canonical)
+    assert path + ("?" + query if query else "") == urls.path_and_query(canonical)
