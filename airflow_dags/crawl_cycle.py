@@ -29,6 +29,7 @@ POKE_INTERVAL_S = float(os.environ.get("CYCLECRAWL_POKE_INTERVAL_S", "60"))
 MAINTAIN_HOUR_UTC = int(os.environ.get("CYCLECRAWL_MAINTAIN_HOUR", "3"))
 FETCH_MODES = ("daemons", "task")
 EXIT_TIMEOUT = 124  # what coreutils `timeout` exits with when the deadline killed the command
+EXIT_BACKPRESSURE = 75  # crawler.errors.EXIT_BACKPRESSURE (this file imports no crawl module when it is parsed)
 
 # Every step: retried with exponential backoff (1, 2, 4 ... min, at most 30 min apart); each Spark step is
 # idempotent (Delta MERGE, segment-keyed overwrites), so a retry after a lost executor or a flaky cluster
@@ -174,8 +175,11 @@ with DAG(
     generate = spark_step(
         "generate",
         'generate --segment "$SEGMENT" ${SEGMENT_MAX_URLS:+--set generate.segment_max_urls="$SEGMENT_MAX_URLS"}',
-        "`crawl generate --segment seg-<run time>`: due URLs into the segment's fetch lists, leased to it.",
+        "`crawl generate --segment seg-<run time>`: due URLs into the segment's fetch lists, leased to it. Exit 75 "
+        "(backpressure: an earlier segment finished fetching but is not merged, or too many are open) skips the run "
+        "instead of failing it: no retries, no new leases, the next run asks again.",
         trigger_rule="none_failed",  # runs after a skipped inject
+        skip_on_exit_code=EXIT_BACKPRESSURE,
     )
 
     @task.branch(task_id="fetch", doc_md="Chooses the fetch by the `fetch_mode` param; skips the rest of the "
@@ -208,14 +212,15 @@ them again. A segment already closed when the sensor starts (a cleared task) is 
         bash_command=(f'timeout --kill-after=60 "$FETCH_DEADLINE_S" crawl fetch --segment "$SEGMENT" {CONFIG_ARGS}'
                       f' || {{ status=$?; [ $status -eq {EXIT_TIMEOUT} ] || exit $status;'
                       ' echo "fetch deadline reached: closing the segment, going on with what was fetched";'
-                      ' crawl close-segment --segment "$SEGMENT" --reason "fetch deadline reached (fetch_segment)"'
+                      ' crawl close-segment --fetch-only --segment "$SEGMENT"'
+                      ' --reason "fetch deadline reached (fetch_segment)"'
                       f' {CONFIG_ARGS}; }}'),
         env=STEP_ENV, append_env=True,
         doc_md="""`crawl fetch --segment S` in the worker: one daemon fetches the segment's buckets and exits
 (the local demo, no daemons running). Bounded by `fetch_deadline_minutes`: at the deadline `timeout` sends
 SIGTERM, and the fetch stops as a daemon does (requests in flight get `ownership.shutdown_grace_s`, results
 published, WARC files closed, leases released, no `_DONE.json` for an unfinished bucket); then
-`crawl close-segment` writes `_CLOSED.json` and the cycle goes on (the unfinished buckets' URLs come back
+`crawl close-segment --fetch-only` writes `_CLOSED.json` and the cycle goes on (the unfinished buckets' URLs come back
 through lease expiry, as with daemons).""",
     )
     parse = spark_step(

@@ -10,7 +10,7 @@ from datetime import datetime, timezone
 from typing import NoReturn
 
 from crawler import layout
-from crawler.errors import EXIT_USER_ERROR, UserError
+from crawler.errors import EXIT_BACKPRESSURE, EXIT_USER_ERROR, Backpressure, UserError
 
 
 class Parser(argparse.ArgumentParser):
@@ -50,12 +50,12 @@ def positive_int(text: str) -> int:
 
 def run(parser: argparse.ArgumentParser, argv: Sequence[str] | None,
         command: Callable[[argparse.Namespace], int]) -> int:
-    """Parse `argv` and run `command` on it; a UserError it raises is one line on stderr and exit 2. Any other
-    exception is a bug and keeps its traceback."""
+    """Parse `argv` and run `command` on it; a UserError it raises is one line on stderr and exit 2 (Backpressure:
+    exit 75). Any other exception is a bug and keeps its traceback."""
     args = parser.parse_args(argv)
     try:
         return command(args)
-    except UserError as exc:
+    except (UserError, Backpressure) as exc:
         name = " ".join(filter(None, (parser.prog, getattr(args, "command", None))))
         print(f"{name}: {exc}", file=sys.stderr)
-        return EXIT_USER_ERROR
+        return EXIT_BACKPRESSURE if isinstance(exc, Backpressure) else EXIT_USER_ERROR

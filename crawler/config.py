@@ -93,6 +93,7 @@ _RULES: dict[str, tuple[Any, str]] = {
     "generate.segment_seconds": (_positive, "must be > 0"),
     "generate.lease_seconds": (_positive, "must be > 0"),
     "generate.age_boost_per_day": (_non_negative, "must be >= 0"),
+    "generate.max_unmerged_segments": (_non_negative, "must be >= 0"),
     "politeness.min_delay_s": (_non_negative, "must be >= 0"),
     "politeness.max_crawl_delay_s": (_non_negative, "must be >= 0"),
     "politeness.max_concurrency_per_host": (_positive, "must be > 0"),

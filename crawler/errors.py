@@ -12,12 +12,20 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 EXIT_USER_ERROR = 2
+# Generate refused a new segment (`Backpressure`): nothing is wrong with the command, the crawl is behind. 75 is
+# sysexits' EX_TEMPFAIL ("try again later"); the DAG skips its run on it instead of failing and retrying.
+EXIT_BACKPRESSURE = 75
 # How many existing segments an UnknownSegment message names (the latest ones, by id).
 NAMED_SEGMENTS = 5
 
 
 class UserError(Exception):
     """A mistake in the input, reported as one line: the message must say what was wrong and with what."""
+
+
+class Backpressure(Exception):
+    """Generate will not start a new segment until earlier ones are merged (or given up): the message says which
+    and what to do. One line on stderr and `EXIT_BACKPRESSURE`, like a UserError but not the user's mistake."""
 
 
 class BadName(UserError, ValueError):

@@ -1,5 +1,6 @@
-"""Frontier rules shared by inject, generate and update: ranking score, per-host cap, discovery keys, depth and
-priority, index event kinds (scope itself: `crawler/scope.py`). Pure: no Spark, no network.
+"""Frontier rules shared by inject, generate and update: when generate may start a segment (backpressure), ranking
+score, per-host cap, discovery keys, depth and priority, index event kinds (scope itself: `crawler/scope.py`).
+Pure: no Spark, no network.
 
 Rules that generate evaluates on every due URL also exist as Spark SQL text (`*_sql`), next to their
 Python form; tests/test_rule_twins.py checks that both agree.
@@ -8,6 +9,7 @@ Python form; tests/test_rule_twins.py checks that both agree.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime
 
@@ -50,6 +52,28 @@ def classify_discovery(raw_url: str, scope: Scope, rules: traps.TrapRules, bucke
     keys = UrlKeys(canonical, urls.url_id(canonical), host, urls.bucket_of(host, buckets))
     reason = scope.reject_reason(canonical) or traps.trap_reason(canonical, rules)
     return Discovery(keys, traps.url_template(canonical), reason)
+
+
+def backpressure(unmerged: Mapping[str, bool], max_unmerged: int) -> str | None:
+    """Why generate must not start a new segment now (None: it may). `unmerged`: every earlier segment that is
+    neither merged nor given up -> whether its fetch is over (every listed bucket done, or the segment closed).
+
+    A segment whose fetch is over but which is not merged is stalled: the steps after the fetch failed or never
+    ran (the DAG and `crawl cycle` run them right after it), and until it is repaired or given up every new
+    segment would lease URLs for fetches that are not merged either. Otherwise segments still being fetched may
+    pile up to `max_unmerged` (generate.max_unmerged_segments) before generate waits for them."""
+    stalled = sorted(segment for segment, fetch_over in unmerged.items() if fetch_over)
+    if stalled:
+        first = stalled[0]
+        more = f" (and {len(stalled) - 1} more: {', '.join(stalled[1:4])})" if len(stalled) > 1 else ""
+        return (f"segment {first} finished fetching but is not merged{more}: its parse, dedup or update failed or "
+                f"did not run; repair it (crawl parse, dedup and update --segment {first}) or give it up "
+                f"(crawl close-segment --segment {first})")
+    if len(unmerged) > max_unmerged:
+        return (f"{len(unmerged)} earlier segments are not merged yet ({', '.join(sorted(unmerged)[:4])}), more "
+                f"than generate.max_unmerged_segments = {max_unmerged}: let their fetches finish and merge them, or "
+                f"give one up (crawl close-segment)")
+    return None
 
 
 def score(priority: float, next_fetch_at: datetime, now: datetime, age_boost_per_day: float) -> float:

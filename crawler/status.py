@@ -41,13 +41,16 @@ class FetchOutcome(str, Enum):
 
 
 class SegmentState(str, Enum):
-    """`segments.state`, per bucket, in order."""
+    """`segments.state`, per bucket, in order; a segment's buckets end `merged`, or `closed` when given up."""
 
     GENERATED = "generated"
     FETCHING = "fetching"
     FETCHED = "fetched"
     PARSED = "parsed"
     MERGED = "merged"
+    # Given up on purpose (`crawl close-segment`) before it was merged: its results are not merged, its URLs come
+    # back when their leases expire, and it no longer holds generate back (crawler.frontier.backpressure).
+    CLOSED = "closed"
 
 
 class UrlSource(str, Enum):

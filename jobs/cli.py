@@ -68,9 +68,12 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--out", help="HTML file to write (default: ROOT/reports/<segment>.html)")
     sub.add_parser("fetchd", parents=[common], help="run a long-lived fetch daemon watching ROOT/segments")
     p = sub.add_parser("close-segment", parents=[common],
-                       help="write the segment's _CLOSED.json: daemons release its unfinished buckets")
+                       help="give a segment up: daemons release its unfinished buckets, and its buckets that are not "
+                            "merged become `closed` (generate stops waiting for it)")
     p.add_argument("--segment", type=commandline.segment_id, required=True, help="segment id")
     p.add_argument("--reason", default="closed by crawl close-segment", help="why, recorded in the marker")
+    p.add_argument("--fetch-only", action="store_true",
+                   help="only stop the fetch (the marker); the segment is still parsed and merged (the DAG's deadline)")
     return parser
 
 
@@ -125,9 +128,21 @@ def _command(args: argparse.Namespace) -> int:
         return exit_status(summary)
     if args.command == "close-segment":
         from fetchd.progress import close_segment
+        from jobs.storage import Storage
 
         progress = close_segment(root, args.segment, args.reason, conf)
         print(f"close-segment: {args.segment} closed; unfinished buckets: {progress.unfinished}")
+        segments_log = layout.join(layout.table_path(root, "segments"), "_delta_log")
+        if not args.fetch_only and Storage.from_conf(conf).list_files(segments_log):  # given up in the table too
+            from datetime import UTC, datetime
+
+            from jobs.base import spark_session
+            from jobs.update import record_closed
+
+            spark = spark_session(conf, app_name="crawl-close-segment")
+            given_up = record_closed(spark, root, args.segment, datetime.now(UTC))
+            print(f"close-segment: {given_up} buckets given up (segments.state closed): not merged, and generate "
+                  "no longer waits for them")
         return 0
     if args.command == "fetchd":
         from fetchd.daemon import serve

@@ -9,6 +9,10 @@ The fetch list goes to segments/<id>/fetchlist/bucket=NNNNN, each bucket's file 
 hosts are interleaved: a daemon streaming the list (fetch.max_queued_urls) keeps many hosts busy.
 Leasing bumps state_version, so only a result carrying the new version can complete the URL.
 
+Before any of that, backpressure (crawler.frontier.backpressure): no new segment while an earlier one has
+finished fetching without being merged, or while more than generate.max_unmerged_segments are still open; the
+refusal is `crawler.errors.Backpressure` (exit 75), which the DAG turns into a skipped run.
+
 The whole job reads `urls` and `hosts` at one pinned Delta version, so every evaluation of the selection
 (counts, fetch list, lease) sees the same rows; a re-run for the same segment selects the same URLs, writes
 the same fetch list and changes no table.
@@ -25,8 +29,8 @@ from pyspark.sql import functions as F
 
 from crawler import layout
 from crawler.config import Config
-from crawler.errors import UserError
-from crawler.frontier import per_host_cap_sql, score_sql
+from crawler.errors import Backpressure, UserError
+from crawler.frontier import backpressure, per_host_cap_sql, score_sql
 from crawler.leases import is_due_sql, leased_version_sql
 from crawler.politeness import PolitenessRules
 from crawler.robots import RobotsState, allowed_by_stored_rules
@@ -194,6 +198,18 @@ def record_segment(spark: SparkSession, root: str, segment_id: str, per_bucket: 
     )
 
 
+def unmerged_segments(spark: SparkSession, conf: Config, root: str, segment_id: str) -> dict[str, bool]:
+    """Segments other than `segment_id` with a bucket neither merged nor closed -> whether their fetch is over
+    (every listed bucket done, or the segment closed: `fetchd.progress`, a folder listing per such segment)."""
+    from fetchd.progress import segment_progress
+
+    finished = [SegmentState.MERGED.value, SegmentState.CLOSED.value]
+    open_ids = sorted(row["segment_id"] for row in tables.table_df(spark, root, "segments").where(
+        ~F.col("state").isin(finished) & (F.col("segment_id") != segment_id)).select("segment_id").distinct().collect())
+    progress = {open_id: segment_progress(root, open_id, conf) for open_id in open_ids}
+    return {open_id: p.complete or p.closed for open_id, p in progress.items()}
+
+
 def run(spark: SparkSession, conf: Config, root: str, segment_id: str | None = None,
         now: datetime | None = None) -> GenerateResult:
     """Select, write and lease the next segment's fetch list."""
@@ -208,6 +224,10 @@ def run(spark: SparkSession, conf: Config, root: str, segment_id: str | None = N
     )
     if progressed:
         raise UserError(f"segment {segment_id} is past the generated state; generate a new segment instead")
+    refusal = backpressure(unmerged_segments(spark, conf, root, segment_id), conf["generate.max_unmerged_segments"])
+    if refusal:
+        log.warning("generate %s refused: %s", segment_id, refusal)
+        raise Backpressure(f"no new segment: {refusal}")
     result = GenerateResult(segment_id)
     with step(f"generate {segment_id}: select"):
         # At most segment_max_urls rows, read three times (counts, fetch list, lease): select once.

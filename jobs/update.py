@@ -129,7 +129,8 @@ def run(spark: SparkSession, conf: Config, root: str, segment_id: str) -> Update
     result = UpdateResult(segment_id)
     fetched = read_segment_files(spark, layout.fetched_dir(root, segment_id), FETCHED)
     if fetched is None:
-        log.info("update %s: no fetched results; nothing to do", segment_id)
+        log.info("update %s: no fetched results; nothing to merge", segment_id)
+        record_merged(spark, root, segment_id, {}, {}, datetime.now(UTC))
         return result
     now = datetime.now(UTC)
     seg = F.lit(segment_id)
@@ -173,7 +174,8 @@ def _fold(spark: SparkSession, conf: Config, root: str, segment_id: str, results
             F.count(F.when(applied, 1)).alias("applied")).collect()}
         result.results = sum(r["results"] for r in per_bucket.values())
         if not result.results:
-            log.info("update %s: fetched results are empty; nothing to do", segment_id)
+            log.info("update %s: fetched results are empty; nothing to merge", segment_id)
+            record_merged(spark, root, segment_id, {}, {}, now)
             return result
         result.applied = sum(r["applied"] for r in per_bucket.values())
         result.stale = result.results - result.applied
@@ -433,12 +435,30 @@ def merge_urls(spark: SparkSession, conf: Config, root: str, segment_id: str, co
     )
 
 
+def record_closed(spark: SparkSession, root: str, segment_id: str, now: datetime) -> int:
+    """`crawl close-segment`: the segment's buckets that are not merged -> state closed (given up: not merged,
+    and no longer holding generate back); how many buckets changed."""
+    finished = [SegmentState.MERGED.value, SegmentState.CLOSED.value]
+    targets = tables.table_df(spark, root, "segments").where(
+        (F.col("segment_id") == segment_id) & ~F.col("state").isin(finished)).select("segment_id", "bucket")
+    metrics = (
+        merge_into(spark, root, "segments", targets, "t.segment_id = s.segment_id AND t.bucket = s.bucket")
+        .whenMatchedUpdate(condition=~F.col("t.state").isin(finished),
+                           set={"state": F.lit(SegmentState.CLOSED.value), "updated_at": F.lit(now)})
+        .execute()
+    )
+    return merge_counts(metrics).get("num_updated_rows", 0)
+
+
 def record_merged(spark: SparkSession, root: str, segment_id: str, per_bucket: dict[int, Row],
                   discovered: dict[int, int], now: datetime) -> None:
     """Each bucket of the segment -> state merged with its counts (`per_bucket`: results, hosts, applied per
-    bucket), unless it is merged already."""
+    bucket), unless it is merged already. A segment fetched with no result at all is merged too (with nothing):
+    its leased URLs come back when their leases expire, and it holds generate back no longer."""
     known = [r["bucket"] for r in tables.table_df(spark, root, "segments").where(
         F.col("segment_id") == segment_id).select("bucket").collect()]
+    if not (per_bucket or known or discovered):
+        return
     rows = []
     for bucket in sorted(set(per_bucket) | set(known) | set(discovered)):
         counts = per_bucket.get(bucket)

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from crawler import layout
+from crawler.errors import EXIT_BACKPRESSURE
 from fetchd.progress import segment_progress
 from sitefarm.judge import requested_url
 from tests.support import airflow
@@ -197,7 +198,40 @@ def test_dag_decisions_fetch_mode_nothing_due_and_maintenance_hour(airflow_env, 
                                  "never@3": False, "never@4": False}
 
 
-CLOSE = 'crawl close-segment --segment seg-1 --reason fetch deadline reached (fetch_segment) --root /r\n'
+GENERATE_EXIT = """
+    import json, os, sys
+    from airflow.dag_processing.dagbag import DagBag
+    from airflow.exceptions import AirflowException, AirflowSkipException
+
+    generate = DagBag(dag_folder=sys.argv[1]).dags["crawl_cycle"].task_dict["generate"]
+    found = {}
+    for status in ("75", "1", "0"):
+        os.environ["STUB_STATUS"] = status
+        try:
+            generate.execute({})
+            found[status] = "success"
+        except AirflowSkipException:
+            found[status] = "skipped"
+        except AirflowException:
+            found[status] = "failed"
+    print(json.dumps(found))
+    """
+
+
+def test_generate_refused_by_backpressure_skips_the_run(airflow_env, tmp_path):
+    """The real BashOperator of the generate step, `crawl-submit` stubbed: exit 75 (crawler.errors.EXIT_BACKPRESSURE)
+    skips the task (and so the run: every later step needs it), any other failure still fails it."""
+    stub = tmp_path / "bin" / "crawl-submit"
+    stub.parent.mkdir()
+    stub.write_text('#!/bin/sh\nexit "$STUB_STATUS"\n')
+    stub.chmod(0o755)
+    env = {**airflow_env, "PATH": f"{stub.parent}{os.pathsep}{os.environ['PATH']}"}
+    found = run_airflow_script(env, tmp_path, GENERATE_EXIT, str(DAGS))
+    assert found == {"75": "skipped", "1": "failed", "0": "success"}
+    assert EXIT_BACKPRESSURE == 75
+
+
+CLOSE = 'crawl close-segment --fetch-only --segment seg-1 --reason fetch deadline reached (fetch_segment) --root /r\n'
 
 
 @pytest.mark.parametrize(("crawl_fetch", "deadline_s", "status", "close"), [

@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
+from crawler import commandline, frontier, layout
 from crawler import config as config_mod
-from crawler import layout
-from crawler.errors import UnknownSegment, UserError
+from crawler.errors import EXIT_BACKPRESSURE, Backpressure, UnknownSegment, UserError
 from crawler.seeds import read_seeds, split_lines
 from fetchd import cli as fetchd_cli
 from jobs import cli, submit
@@ -214,3 +214,31 @@ def test_output_paths_blocked_by_a_file_are_refused(tmp_path):
     assert layout.check_output_file(str(tmp_path / "new" / "r.html"), "report file")
     assert layout.check_local_folder("s3://bucket/x", "storage root") == "s3://bucket/x"
     assert os.path.isdir(tmp_path) and not (tmp_path / "new").exists()  # a check writes nothing
+
+
+def test_backpressure_is_one_line_and_exit_75(capsys):
+    """Generate's refusal is not the user's mistake and not a bug: its own exit code, which the DAG skips on."""
+    def refuse(_args):
+        raise Backpressure("no new segment: segment seg-1 finished fetching but is not merged")
+
+    parser = commandline.Parser(prog="crawl")
+    parser.add_argument("command")
+    assert commandline.run(parser, ["generate"], refuse) == EXIT_BACKPRESSURE == 75
+    line = "crawl generate: no new segment: segment seg-1 finished fetching but is not merged\n"
+    assert capsys.readouterr().err == line
+
+
+@pytest.mark.parametrize(("unmerged", "expected"), [
+    ({}, None),
+    ({"seg-a": False, "seg-b": False}, None),  # still fetching, within the limit of 2
+    ({"seg-a": False, "seg-b": False, "seg-c": False}, "3 earlier segments are not merged yet (seg-a, seg-b, seg-c)"),
+    ({"seg-b": True}, "segment seg-b finished fetching but is not merged: "),
+    ({"seg-c": True, "seg-a": False, "seg-b": True},
+     "segment seg-b finished fetching but is not merged (and 1 more: seg-c)"),
+])
+def test_backpressure_rule(unmerged, expected):
+    refusal = frontier.backpressure(unmerged, max_unmerged=2)
+    assert (refusal is None) if expected is None else expected in refusal
+    if refusal and "finished fetching" in refusal:
+        assert "crawl close-segment --segment seg-b" in refusal  # says what to do
+    assert frontier.backpressure({"seg-a": False}, max_unmerged=0) is not None

@@ -10,9 +10,11 @@ import pyarrow.parquet as pq
 import pytest
 
 from crawler import frontier, layout, urls
+from crawler.errors import Backpressure
 from crawler.records import FETCHLIST
 from delta_tables import tables
-from jobs import generate, inject
+from jobs import generate, inject, update
+from tests.support.tables import append_rows
 
 
 @pytest.fixture
@@ -188,7 +190,9 @@ def test_low_priority_url_is_fetched_within_bounded_cycles_under_constant_high_p
     must win a place as soon as its age boost lifts it above them (0.15 + 0.1/day * 9 days > 1.0), not never."""
     from delta.tables import DeltaTable
 
-    conf = base_conf.with_overrides({"generate.per_host_max_urls": 2, "generate.age_boost_per_day": 0.1})
+    # Segments are generated and never fetched or merged here: backpressure must not stop the ranking under test.
+    conf = base_conf.with_overrides({"generate.per_host_max_urls": 2, "generate.age_boost_per_day": 0.1,
+                                     "generate.max_unmerged_segments": 10})
     tables.create_all(spark, root)
     t0 = datetime(2026, 1, 1, tzinfo=UTC)
     step = timedelta(days=3)
@@ -220,3 +224,46 @@ def test_low_priority_url_is_fetched_within_bounded_cycles_under_constant_high_p
                                                 "next_fetch_at": "timestamp'2030-01-01 00:00:00'"})
     assert chosen_in == [False, False, False, True]
     assert frontier.score(0.15, t0, t0 + 3 * step, 0.1) > 1.0 >= frontier.score(0.15, t0, t0 + 2 * step, 0.1)
+
+
+def _open_segment(spark, root: str, segment_id: str, fetch_over: bool, buckets=(0, 1)) -> None:
+    """A segment as generate leaves it (rows `generated`, fetch lists), its fetch over or still running."""
+    append_rows(spark, root, "segments", [{"segment_id": segment_id, "bucket": b, "state": "generated",
+                                           "url_count": 1, "host_count": 1, "epoch": 0} for b in buckets])
+    for bucket in buckets:
+        os.makedirs(layout.fetchlist_dir(root, segment_id, bucket))
+        if fetch_over:
+            os.makedirs(layout.fetched_dir(root, segment_id, bucket))
+            with open(layout.done_manifest(root, segment_id, bucket), "w") as manifest:
+                manifest.write("{}")
+
+
+def test_generate_waits_for_a_stalled_segment_until_it_is_merged_or_given_up(spark, base_conf, root, seeded):
+    """Backpressure (crawler.frontier.backpressure): a segment whose fetch is over but which is not merged stops
+    generate with Backpressure (exit 75) and leases nothing; giving it up (`record_closed`, crawl close-segment)
+    or merging it (update, here of a segment with no results) lets generate go on."""
+    before = snapshot(spark, root)
+    _open_segment(spark, root, "seg-stalled", fetch_over=True)
+    _open_segment(spark, root, "seg-empty", fetch_over=True, buckets=(3,))
+    with pytest.raises(Backpressure, match="segment seg-empty finished fetching but is not merged .and 1 more"):
+        generate.run(spark, base_conf, root, "seg-next")
+    assert table_rows(spark, root, "urls") == before["urls"]  # nothing leased
+    assert not os.path.exists(layout.fetchlist_dir(root, "seg-next"))
+
+    assert update.record_closed(spark, root, "seg-stalled", datetime.now(UTC)) == 2
+    assert update.record_closed(spark, root, "seg-stalled", datetime.now(UTC)) == 0  # given up once
+    update.run(spark, base_conf, root, "seg-empty")  # fetched nothing: merged with nothing
+    states = {(r.segment_id, r.state) for r in tables.table_df(spark, root, "segments").collect()}
+    assert states == {("seg-stalled", "closed"), ("seg-empty", "merged")}
+    assert generate.run(spark, base_conf, root, "seg-next").url_count > 0
+
+
+def test_generate_lets_open_fetches_pile_up_to_max_unmerged_segments(spark, base_conf, root, seeded):
+    for number in range(3):
+        _open_segment(spark, root, f"seg-open-{number}", fetch_over=False)
+    with pytest.raises(Backpressure, match="3 earlier segments are not merged yet .*max_unmerged_segments = 2"):
+        generate.run(spark, base_conf, root, "seg-next")
+    roomier = base_conf.with_overrides({"generate.max_unmerged_segments": 3})
+    assert generate.run(spark, roomier, root, "seg-next").url_count > 0
+    # A re-run of that generate is not held back by itself, nor by the limit it passed.
+    assert generate.run(spark, roomier, root, "seg-next").url_count > 0

@@ -44,3 +44,16 @@ def test_the_latest_fetch_counts_whatever_the_input_order():
     assert leases.latest_result([early, same_time_later_file]) is same_time_later_file
     unknown_time = {**late, "fetched_at": None}
     assert leases.latest_result([unknown_time, early]) is early  # a missing time sorts last
+
+
+def test_a_segment_merged_after_its_leases_expired_completes_what_no_other_segment_took():
+    """Backpressure's other half: a late update still merges the results whose version is current, and counts
+    as stale those whose URL a later generate leased again after the expiry (the version it handed out is newer)."""
+    version = leases.leased_version(4, None, "s1")
+    assert leases.is_due(EARLIER, "s1", EARLIER, NOW, "s2")  # s1's lease expired: due again
+    # Nobody generated in between: s1's result is still current and completes its URL.
+    assert leases.completes(version, version, "s1", None, "s1")
+    # s2 leased the URL again: the row is at s2's version, s1's result is stale.
+    released = leases.leased_version(version, "s1", "s2")
+    assert released == version + 1 and not leases.is_current(version, released)
+    assert not leases.completes(version, released, "s2", None, "s1")
