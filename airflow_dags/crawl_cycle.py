@@ -1,7 +1,7 @@
 """Airflow 3 DAG `crawl_cycle`: one crawl cycle per run (DESIGN.md §5), with the fetch left to the daemons.
 
-    inject -> generate -> fetch -> {await_daemons | fetch_segment} -> parse -> dedup -> update -> validate
-           -> maintenance_due -> maintain
+    inject -> generate -> fetch -> {await_daemons | fetch_segment} -> parse -> dedup -> update
+           -> [index_enabled -> index] -> validate -> maintenance_due -> maintain
 
 Every Spark step is `crawl-submit [--master M] -- <crawl command>`, one spark-submit per step, so the same DAG
 drives `local[*]` on one machine and a cluster master; the scheduler's workers need the cyclecrawl package
@@ -236,9 +236,21 @@ through lease expiry, as with daemons).""",
         "update", 'update --segment "$SEGMENT"',
         "`crawl update`: results, discoveries and host state merged into the tables (idempotent MERGE).",
     )
+
+    @task.short_circuit(task_id="index_enabled", ignore_downstream_trigger_rules=False,
+                        doc_md="Lets index run when the config's `index.enabled` is on (skipped otherwise; validate "
+                               "runs either way).")
+    def index_enabled(params: dict[str, Any]) -> bool:
+        return bool(crawl_conf(params)["index.enabled"])
+
+    index = spark_step(
+        "index", 'index --segment "$SEGMENT"',
+        "`crawl index`: the segment's closed WARC files into the `records` table and one CDXJ file each.",
+    )
     validate = spark_step(
         "validate", 'validate ${VALIDATION_OUT:+--out "$VALIDATION_OUT"}',
         "`crawl validate`: Great Expectations suites over the tables; a failed expectation fails the run here.",
+        trigger_rule="none_failed_min_one_success",  # after update, and after index when it ran
     )
 
     @task.short_circuit(task_id="maintenance_due", trigger_rule="none_failed",
@@ -257,4 +269,5 @@ through lease expiry, as with daemons).""",
 
     fetch = choose_fetch()
     inject >> generate >> fetch >> [await_daemons, fetch_segment] >> parse >> dedup >> update >> validate
+    update >> index_enabled() >> index >> validate
     validate >> maintenance_due() >> maintain

@@ -2,7 +2,8 @@
 
 Layout (see docs/architecture.md): `urls` and `hosts` are partitioned by `bucket` so generate and update
 prune by bucket; `fetches` and `links` by `segment_id` (`records` by `warc_segment`) so a segment's rows are
-replaced or read alone; deletion vectors keep MERGE rewrites small. All timestamps are UTC.
+replaced or read alone; deletion vectors (the session default, `tables.deletion_vectors`) keep MERGE rewrites small.
+All timestamps are UTC.
 """
 
 from __future__ import annotations
@@ -44,8 +45,9 @@ class TableDef:
     doc: str = ""
 
 
+# Deletion vectors are not set here: the session's default (`tables.deletion_vectors`, jobs.base.spark_session)
+# decides them for a table when it is created.
 _COMMON_PROPS = {
-    "delta.enableDeletionVectors": "true",
     "delta.autoOptimize.optimizeWrite": "true",
 }
 

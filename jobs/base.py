@@ -78,6 +78,9 @@ def spark_session(conf: Config, app_name: str = "cyclecrawl") -> SparkSession:
         .config("spark.ui.enabled", "false")
         .config("spark.ui.showConsoleProgress", "false")
         .config("spark.databricks.delta.schema.autoMerge.enabled", "false")
+        # Tables created by this session (delta_tables.create_all) get deletion vectors or not (tables.*).
+        .config("spark.databricks.delta.properties.defaults.enableDeletionVectors",
+                str(conf["tables.deletion_vectors"]).lower())
         .config("spark.sql.sources.partitionOverwriteMode", "static")
     )
     if not submitted:

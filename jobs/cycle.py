@@ -1,4 +1,5 @@
-"""One crawl cycle on the embedded default: inject (if seeds) -> generate -> fetch -> parse -> dedup -> update.
+"""One crawl cycle on the embedded default: inject (if seeds) -> generate -> fetch -> parse -> dedup -> update
+(-> index, when index.enabled).
 
 The fetch step runs a daemon in this process; on a cluster the same steps run as separate Spark
 submissions and long-lived daemons (see airflow_dags/ and docs/architecture.md).
@@ -83,4 +84,8 @@ def run_cycle(spark: SparkSession, conf: Config, root: str, seeds: str | None = 
     # Before update: update copies pages.duplicate_of into index_events and takes a parent's (lowered) priority.
     timed("dedup", dedup.run, spark, conf, root, generated.segment_id)
     timed("update", update.run, spark, conf, root, generated.segment_id)
+    if conf["index.enabled"]:
+        from jobs import index
+
+        timed("index", index.run, spark, conf, root, generated.segment_id)
     return report

@@ -185,13 +185,18 @@ DECISIONS = """
         "maintain": {f"{m}@{h}": maintenance_due(params={"maintain": m}, dag_run=run_at(h))
                      for m in ("auto", "always", "never") for h in (3, 4)},
         "fetch_command": dag.task_dict["fetch_segment"].bash_command,
+        "index": [dag.task_dict["index_enabled"].python_callable(params={**params, "config": config})
+                  for config in ("", sys.argv[3] if len(sys.argv) > 3 else "")],
     }))
     """
 
 
 def test_dag_decisions_fetch_mode_nothing_due_and_maintenance_hour(airflow_env, tmp_path, root):
     make_buckets(root, "seg-20260301T043000Z", listed=[1], done=[])
-    found = run_airflow_script(airflow_env, tmp_path, DECISIONS, str(DAGS), root)
+    config = tmp_path / "indexing.yaml"
+    config.write_text("index:\n  enabled: true\n")
+    found = run_airflow_script(airflow_env, tmp_path, DECISIONS, str(DAGS), root, str(config))
+    assert found["index"] == [False, True]  # index.enabled: off by default, on from the run's config
     assert found["fetch"] == {"daemons": "await_daemons", "task": "fetch_segment"}
     assert found["fetch_nothing_due"] is None  # no fetch list for the 05:30 run's segment: skip the rest
     assert found["maintain"] == {"auto@3": True, "auto@4": False, "always@3": True, "always@4": True,
@@ -277,6 +282,7 @@ def test_one_cycle_through_airflow_with_a_fetch_daemon(spark, airflow_cycle):
     assert airflow_cycle.tasks == {
         "inject": "success", "generate": "success", "fetch": "success", "await_daemons": "success",
         "fetch_segment": "skipped", "parse": "success", "dedup": "success", "update": "success",
+        "index_enabled": "success", "index": "skipped",  # index.enabled is off by default
         "validate": "success", "maintenance_due": "success", "maintain": "skipped"}
 
     root, segment, seed_urls = str(airflow_cycle.root), airflow_cycle.segment, airflow_cycle.seed_urls

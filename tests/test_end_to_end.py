@@ -191,3 +191,46 @@ def test_incremental_dedup_finds_no_duplicate_among_distinct_pages(spark, shared
     assert pages["duplicate_of"].isna().all() and pages["near_duplicate_cluster"].isna().all()
     hashes = table_df(spark, str(shared_crawl.root), "dedup_hashes").toPandas()
     assert sorted(hashes["url_id"]) == sorted(current["url_id"])
+
+
+def test_with_deletion_vectors_off_an_independent_reader_opens_every_table(spark, shared_crawl, tmp_path):
+    """`tables.deletion_vectors: false`: tables created by `create_all` carry no deletionVectors reader feature, and
+    MERGEs and DELETEs into them write no vectors, so delta-rs reads every table, row for row as Spark counts. The
+    shared crawl's own tables (the default, on) are the ones it cannot read."""
+    from delta.tables import DeltaTable
+    from deltalake import DeltaTable as RustTable
+
+    from delta_tables import create_all, table_path
+    from jobs.base import session_settings
+
+    crawled = str(shared_crawl.root)
+    assert "deletionVectors" in (RustTable(table_path(crawled, "urls")).protocol().reader_features or [])
+    root = str(tmp_path / "root")
+    with session_settings(spark, {"spark.databricks.delta.properties.defaults.enableDeletionVectors": "false"}):
+        create_all(spark, root)
+    for name in TABLES:
+        table_df(spark, crawled, name).write.format("delta").mode("append").save(table_path(root, name))
+    # Row-level changes that write deletion vectors where the feature is on.
+    DeltaTable.forPath(spark, table_path(root, "urls")).delete("status = 'unfetched'")
+    DeltaTable.forPath(spark, table_path(root, "hosts")).update("bucket = 0", {"robots_body": "NULL"})
+    counts = {name: table_df(spark, root, name).count() for name in TABLES}
+    assert counts["urls"] and counts["pages"] and counts["links"]
+    assert not list(Path(root).rglob("deletion_vector_*.bin"))
+    read = {name: RustTable(table_path(root, name)).to_pyarrow_table().num_rows for name in TABLES}
+    assert read == counts
+
+
+def test_the_cycle_indexes_its_segment_when_index_is_enabled(spark, shared_crawl):
+    """index.enabled (on in the shared crawl's last cycle only): `crawl cycle` runs `crawl index` after update, so
+    the segment's closed WARC files are in `records` and each has its CDXJ file; earlier cycles indexed nothing."""
+    from crawler import layout
+    from jobs.index import closed_warc_files
+
+    root = str(shared_crawl.root)
+    assert ["index" in report.steps for report in shared_crawl.reports] == [False] * (CYCLES - 1) + [True]
+    last = shared_crawl.reports[-1].segment_id
+    indexed = {r["warc_segment"]: r["n"] for r in table_df(spark, root, "records").groupBy("warc_segment").agg(
+        {"*": "count"}).withColumnRenamed("count(1)", "n").collect()}
+    assert set(indexed) == {last} and indexed[last] > 0
+    files = closed_warc_files(root, last)
+    assert files and all(Path(layout.join(root, layout.cdxj_filename(name))).stat().st_size > 0 for name in files)

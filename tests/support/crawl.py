@@ -157,8 +157,10 @@ def run_shared_crawl(spark, base_conf: Config, base: Path) -> SharedCrawl:
                     snapshots[(number, step)] = shutil.copytree(root, snapshots_dir / f"cycle-{number}-{step}")
                     recorder.take()  # the copy is no step's work
 
-                reports.append(cycle.run_cycle(spark, conf, str(root), seeds=str(seeds) if number == 1 else None,
-                                               after_step=keep))
+                # The last cycle also indexes its segment (index.enabled), as the DAG and `crawl cycle` do when on.
+                cycle_conf = conf.with_overrides({"index.enabled": number == CYCLES})
+                reports.append(cycle.run_cycle(spark, cycle_conf, str(root),
+                                               seeds=str(seeds) if number == 1 else None, after_step=keep))
     finally:
         farm.stop()
     config_file = base / "crawl.yaml"
