@@ -135,6 +135,8 @@ _RULES: dict[str, tuple[Any, str]] = {
     "robots.max_bytes": (lambda v: v >= 512000, "must be >= 512000 (RFC 9309 asks for at least 500 KiB)"),
     "robots.cache_ttl_s": (lambda v: 0 < v <= 86400, "must be in (0, 86400] (RFC 9309: cache at most 24 h)"),
     "robots.max_redirects": (lambda v: 0 <= v <= 5, "must be between 0 and 5"),
+    "robots.unreachable_use_cached_days": (_non_negative, "must be >= 0 (0 = never use a cached copy)"),
+    "robots.unreachable_retry_s": (_positive, "must be > 0"),
     "revisit.default_interval_s": (_positive, "must be > 0"),
     "revisit.min_interval_s": (_positive, "must be > 0"),
     "revisit.max_interval_s": (_positive, "must be > 0"),

@@ -174,10 +174,59 @@ def policy_for_status(status_code: int | None, body: str | None, token: str, max
     """The policy implied by the final outcome of fetching robots.txt (after redirects), per RFC 9309 §2.3.1:
     2xx -> the parsed body; 3xx (redirect limit exceeded) and 4xx -> unavailable, allow all;
     429, 5xx, anything else, or None (network failure) -> unreachable, disallow all."""
-    if status_code is None:
+    if is_unreachable(status_code):
         return RobotsPolicy.disallow_all()
     if 200 <= status_code < 300:
         return RobotsPolicy.parse(body or "", token, max_bytes)
-    if 300 <= status_code < 500 and status_code != 429:
-        return RobotsPolicy.allow_all()
-    return RobotsPolicy.disallow_all()
+    return RobotsPolicy.allow_all()
+
+
+def is_unreachable(status_code: int | None) -> bool:
+    """The outcomes RFC 9309 §2.3.1.4 calls unreachable: no response (network failure, timeout, no address),
+    429, 5xx or any status outside 2xx-4xx."""
+    return status_code is None or status_code == 429 or not 200 <= status_code < 500
+
+
+@dataclass(frozen=True)
+class RobotsCacheRules:
+    """How long a daemon trusts what it learned of a host's robots.txt (`robots.*`)."""
+
+    ttl_s: float           # a reachable answer is trusted this long, then fetched again (RFC 9309 §2.4)
+    use_cached_s: float    # while unreachable, the last reachable answer stays in force while younger than this
+    retry_s: float         # first re-fetch after an unreachable answer; doubles per unreachable answer in a row
+
+    @classmethod
+    def from_config(cls, conf) -> RobotsCacheRules:
+        return cls(float(conf["robots.cache_ttl_s"]), float(conf["robots.unreachable_use_cached_days"]) * 86400.0,
+                   float(conf["robots.unreachable_retry_s"]))
+
+
+@dataclass(frozen=True)
+class CachedRobots:
+    """What a daemon remembers of one host's robots.txt: the policy in force until `expires` (then it fetches
+    again), the last reachable answer and when it was fetched, and the unreachable answers since, in a row.
+    Times are on one clock of the caller's (the daemon's monotonic clock)."""
+
+    policy: RobotsPolicy
+    expires: float
+    good: RobotsPolicy | None = None
+    good_at: float | None = None
+    unreachable: int = 0
+
+
+def remember(previous: CachedRobots | None, fetched: RobotsPolicy, status_code: int | None, now: float,
+             rules: RobotsCacheRules) -> CachedRobots:
+    """The cache entry after a robots.txt fetch at `now` (RFC 9309 §2.3.1.4 and §2.4).
+
+    A reachable answer (2xx rules, 3xx/4xx allow all) is in force for `ttl_s` and becomes the last good copy. An
+    unreachable one keeps the last good copy in force while that copy is younger than `use_cached_s`, and means
+    disallow all once it is older or when there is none; either way the next fetch comes after `retry_s`, doubled
+    for each unreachable answer in a row, never later than `ttl_s`."""
+    if not is_unreachable(status_code):
+        return CachedRobots(fetched, now + rules.ttl_s, fetched, now, 0)
+    streak = (previous.unreachable if previous is not None else 0) + 1
+    retry = min(rules.retry_s * 2.0 ** (streak - 1), rules.ttl_s)
+    good, good_at = (previous.good, previous.good_at) if previous is not None else (None, None)
+    if good is not None and good_at is not None and now - good_at < rules.use_cached_s:
+        return CachedRobots(good, now + retry, good, good_at, streak)
+    return CachedRobots(RobotsPolicy.disallow_all(), now + retry, None, None, streak)

@@ -3,8 +3,10 @@
 When a bucket run meets a host it takes over what earlier owners and runs left: the previous owner's last request
 delays the first one, and a robots.txt an earlier run of the bucket published is reused while in force. Before the
 host's first URL its address passes the SSRF guard and its robots.txt is fetched (through the same gate as its
-pages, `fetchd.exchange`), recorded as a robots row and applied (policy, Crawl-delay). Gates and the robots cache
-outlive a bucket run: they are the host memory of the thread that runs the daemons.
+pages, `fetchd.exchange`), recorded as a robots row and applied (policy, Crawl-delay); how long an answer holds,
+and which copy is in force while robots.txt is unreachable, is `crawler.robots.remember`. Gates and the robots
+cache outlive a bucket run: they are the host memory of the thread that runs the daemons (a daemon that restarts
+forgets its copies: an outage then means disallow all until robots.txt answers again).
 """
 
 from __future__ import annotations
@@ -19,7 +21,15 @@ from crawler import urls
 from crawler.clock import Clock
 from crawler.config import Config
 from crawler.politeness import HostGate
-from crawler.robots import ROBOTS_PATH, RobotsPolicy, RobotsState, policy_for_status
+from crawler.robots import (
+    ROBOTS_PATH,
+    CachedRobots,
+    RobotsCacheRules,
+    RobotsPolicy,
+    is_unreachable,
+    policy_for_status,
+    remember,
+)
 from crawler.scheduling import HostWork
 from fetchd.exchange import Exchange, utc
 from fetchd.fetcher import FetchResponse
@@ -36,7 +46,7 @@ class HostMemory:
     first request still waits out the delay after the previous segment's last) and the robots cache."""
 
     gates: dict[str, HostGate] = field(default_factory=dict)
-    robots: dict[str, tuple[RobotsPolicy, float]] = field(default_factory=dict)  # -> (policy, expiry, monotonic)
+    robots: dict[str, CachedRobots] = field(default_factory=dict)  # on the monotonic clock
 
 
 class _ThreadMemory(threading.local):
@@ -68,12 +78,13 @@ class HostPreparer:
     `previous_end` the wall time the bucket's previous owner's last request ended, at the latest."""
 
     def __init__(self, conf: Config, clock: Clock, resolver: GuardedResolver,
-                 robots_cache: dict[str, tuple[RobotsPolicy, float]], exchange: Exchange, out: BucketOutput,
+                 robots_cache: dict[str, CachedRobots], exchange: Exchange, out: BucketOutput,
                  previous_robots: dict[str, dict[str, Any]], previous_end: float | None):
         self.conf = conf
         self.clock = clock
         self.resolver = resolver
         self.robots_cache = robots_cache
+        self.cache_rules = RobotsCacheRules.from_config(conf)
         self.exchange = exchange
         self.out = out
         self.previous_robots = previous_robots
@@ -86,16 +97,17 @@ class HostPreparer:
         wall_now, mono_now = self.clock.wall(), self.clock.monotonic()
         row = self.previous_robots.pop(host.host_key, None)
         cached = self.robots_cache.get(host.host_key)
-        if row is not None and row["expires_at"].timestamp() > wall_now and (cached is None or cached[1] <= mono_now):
-            expires = row["expires_at"].timestamp()
+        if (row is not None and row["expires_at"].timestamp() > wall_now and not is_unreachable(row["status_code"])
+                and (cached is None or cached.expires <= mono_now)):
             policy = policy_for_status(row["status_code"], row["body"], self.conf["crawl.robots_token"],
                                        self.conf["robots.max_bytes"])
-            if policy.state is not RobotsState.DISALLOW_ALL:
-                self.robots_cache[host.host_key] = (policy, mono_now + expires - wall_now)
+            self.robots_cache[host.host_key] = CachedRobots(
+                policy, mono_now + row["expires_at"].timestamp() - wall_now, policy,
+                mono_now - (wall_now - row["fetched_at"].timestamp()))
         if self.previous_end is not None:
             cached = self.robots_cache.get(host.host_key)
             host.gate.ended_elsewhere(mono_now + self.previous_end - wall_now,
-                                      crawl_delay_known=cached is not None and cached[1] > mono_now)
+                                      crawl_delay_known=cached is not None and cached.expires > mono_now)
 
     async def prepare(self, host: HostWork) -> None:
         """Check the host's address, then learn its robots policy (cached, or fetched) and apply its Crawl-delay:
@@ -112,8 +124,8 @@ class HostPreparer:
             host.policy = RobotsPolicy.disallow_all()
             return
         cached = self.robots_cache.get(host.host_key)
-        if cached is not None and cached[1] > self.clock.monotonic():
-            host.policy = cached[0]
+        if cached is not None and cached.expires > self.clock.monotonic():
+            host.policy = cached.policy
         else:
             host.policy = await self._fetch_robots(host)
         if host.gate.set_crawl_delay(host.policy.crawl_delay_s):
@@ -142,10 +154,15 @@ class HostPreparer:
         body = response.decoded_body(max_bytes).decode("utf-8", "replace") if response.status is not None else None
         status = None if response.blocked else response.status
         policy = policy_for_status(status, body, token, max_bytes)
-        self._robots_row(host.host_key, status, body, policy, location, response.error)
-        if policy.state is not RobotsState.DISALLOW_ALL:  # an unreachable robots.txt is retried next time
-            self.robots_cache[host.host_key] = (policy, self.clock.monotonic() + self.conf["robots.cache_ttl_s"])
-        return policy
+        now = self.clock.monotonic()
+        entry = remember(self.robots_cache.get(host.host_key), policy, status, now, self.cache_rules)
+        self.robots_cache[host.host_key] = entry
+        error = response.error
+        if entry.good is not None and entry.unreachable:
+            kept = f"unreachable: the copy fetched {(now - entry.good_at) / 3600:.1f} h ago stays in force"
+            error = f"{error}; {kept}" if error else kept
+        self._robots_row(host.host_key, status, body, policy, location, error)
+        return entry.policy
 
     def _robots_row(self, host_key: str, status: int | None, body: str | None, policy: RobotsPolicy,
                     location: tuple[str, WrittenRecord] | None, error: str | None) -> None:

@@ -505,3 +505,54 @@ def test_a_dropped_connection_is_one_request_and_a_recorded_network_error(base_c
         assert rows[url]["outcome"] == "network_error" and "ServerDisconnected" in rows[url]["error"]
         assert rows[url]["warc_filename"] is None
     assert all(rows[url]["outcome"] == "success" and rows[url]["warc_filename"] for url in wanted[::2])
+
+
+class OutageServer(EdgeServer):
+    """outage.test: robots.txt answers with rules the first time, then 503 for good."""
+
+    def __init__(self) -> None:
+        self.robots_calls = 0
+        super().__init__()
+
+    def respond(self, host, request):
+        from aiohttp import web
+
+        if host == "outage.test" and request.path == "/robots.txt":
+            self.robots_calls += 1
+            if self.robots_calls > 1:
+                return web.Response(status=503, text="down")
+        return super().respond(host, request)
+
+
+def test_robots_is_fetched_again_after_its_ttl_and_an_outage_keeps_the_last_good_copy_for_a_while(base_conf, root):
+    """At the daemon, real clock and loopback server: robots.txt is fetched again once `robots.cache_ttl_s` is over;
+    the 503 it then gets keeps the rules fetched before in force (/secret denied, /two fetched) while the copy is
+    younger than `robots.unreachable_use_cached_days`; past that the host is disallowed (deferred)."""
+    server = OutageServer()
+    copy_s = 6.0
+    # The 503 backs the host off too (politeness): briefly here, so the page after it comes soon.
+    conf = edge_conf(base_conf, **{"fetch.static_hosts": {"outage.test": "127.0.0.1"}, "robots.cache_ttl_s": 1,
+                                   "robots.unreachable_retry_s": 0.2, "politeness.backoff_base_s": 0.2,
+                                   "robots.unreachable_use_cached_days": copy_s / 86400})
+    try:
+        segments = {"seg-a": ["/one"], "seg-b": ["/two", "/secret"], "seg-c": ["/three"]}
+        for segment, paths in segments.items():
+            items = [{"url": server.url("outage.test", p)} for p in paths]
+            write_fetchlist(root, segment, items, conf["crawl.buckets"])
+        fetch_segment(conf, root, "seg-a")
+        good_at = time.time()
+        time.sleep(1.1)  # past the TTL
+        fetch_segment(conf, root, "seg-b")
+        assert time.time() - good_at < copy_s, "too slow to judge the cached copy"
+        time.sleep(max(0.0, copy_s + 0.2 - (time.time() - good_at)))  # past the copy's age limit and the retry
+        fetch_segment(conf, root, "seg-c")
+    finally:
+        server.stop()
+    assert [r["path"] for r in sorted(server.requests("outage.test"), key=lambda r: r["start"])] == [
+        "/robots.txt", "/one", "/robots.txt", "/two", "/robots.txt"]
+    outcomes = {s: {u.rsplit("/", 1)[1]: r["outcome"] for u, r in by_url(read_results(root, s)).items()}
+                for s in segments}
+    assert outcomes == {"seg-a": {"one": "success"}, "seg-b": {"two": "success", "secret": "robots_denied"},
+                        "seg-c": {"three": "deferred"}}
+    kept = read_results(root, "seg-b", kind="robots")[0]
+    assert kept["status_code"] == 503 and "the copy fetched" in kept["error"]

@@ -4,7 +4,15 @@ from __future__ import annotations
 
 import pytest
 
-from crawler.robots import RobotsPolicy, RobotsState, is_allowed, policy_for_status
+from crawler.robots import (
+    RobotsCacheRules,
+    RobotsPolicy,
+    RobotsState,
+    is_allowed,
+    is_unreachable,
+    policy_for_status,
+    remember,
+)
 
 TOKEN = "cyclecrawl"
 BASE = "http://example.com"
@@ -320,3 +328,52 @@ def test_allowed_accepts_a_bare_path() -> None:
     policy = RobotsPolicy.parse("User-agent: *\nDisallow: /p\n", TOKEN)
     assert not policy.allowed("/p/x")
     assert policy.allowed("/q")
+
+
+DAY = 86400.0
+CACHE = RobotsCacheRules(ttl_s=DAY, use_cached_s=30 * DAY, retry_s=600.0)
+GOOD = RobotsPolicy.parse("User-agent: *\nDisallow: /private\n", "cyclecrawl")
+
+
+@pytest.mark.parametrize(("status", "unreachable"), [
+    (None, True), (429, True), (500, True), (503, True), (600, True), (199, True),
+    (200, False), (301, False), (404, False), (410, False),
+])
+def test_unreachable_is_no_answer_429_5xx_or_off_the_scale(status, unreachable):
+    assert is_unreachable(status) is unreachable
+    assert (policy_for_status(status, "", "cyclecrawl", 512000).state is RobotsState.DISALLOW_ALL) is unreachable
+
+
+def test_while_robots_is_unreachable_the_last_good_copy_holds_for_30_days_then_disallow_all():
+    """RFC 9309 §2.3.1.4/§2.4 on an injected clock: rules fetched, then 503s for days (re-fetched at 600 s, then
+    doubling up to the TTL), the copy kept while younger than 30 days, then disallow all until an answer comes."""
+    entry = remember(None, GOOD, 200, 0.0, CACHE)
+    assert (entry.policy, entry.expires, entry.good_at, entry.unreachable) == (GOOD, DAY, 0.0, 0)
+
+    now, retries = DAY, []
+    while now < 30 * DAY:
+        entry = remember(entry, RobotsPolicy.disallow_all(), 503, now, CACHE)
+        assert entry.policy == GOOD and not entry.policy.allowed("http://h.test/private/x")
+        assert entry.policy.allowed("http://h.test/open")
+        retries.append(entry.expires - now)
+        now = entry.expires
+    assert retries[:4] == [600.0, 1200.0, 2400.0, 4800.0] and max(retries) == DAY  # escalates, capped at the TTL
+
+    entry = remember(entry, RobotsPolicy.disallow_all(), None, now, CACHE)  # a timeout past the 30 days
+    assert entry.policy.state is RobotsState.DISALLOW_ALL and entry.good is None
+    assert not entry.policy.allowed("http://h.test/open")
+    entry = remember(entry, RobotsPolicy.disallow_all(), 503, entry.expires, CACHE)
+    assert entry.policy.state is RobotsState.DISALLOW_ALL  # the old copy never comes back
+
+    entry = remember(entry, GOOD, 200, entry.expires, CACHE)  # reachable again: a fresh copy, the streak over
+    assert (entry.policy, entry.unreachable, entry.expires - entry.good_at) == (GOOD, 0, DAY)
+
+
+def test_unreachable_with_no_copy_disallows_all_and_a_4xx_answer_is_a_copy_too():
+    entry = remember(None, RobotsPolicy.disallow_all(), 503, 0.0, CACHE)
+    assert entry.policy.state is RobotsState.DISALLOW_ALL and entry.expires == 600.0
+    missing = remember(None, RobotsPolicy.allow_all(), 404, 0.0, CACHE)  # "unavailable": allow all, RFC 9309
+    assert remember(missing, RobotsPolicy.disallow_all(), 500, 10.0, CACHE).policy.state is RobotsState.ALLOW_ALL
+    never = RobotsCacheRules(ttl_s=DAY, use_cached_s=0.0, retry_s=600.0)  # unreachable_use_cached_days: 0
+    kept = remember(None, GOOD, 200, 0.0, never)
+    assert remember(kept, GOOD, 503, 1.0, never).policy.state is RobotsState.DISALLOW_ALL
