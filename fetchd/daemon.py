@@ -196,8 +196,12 @@ class Daemon:
 
     def state(self) -> DaemonState:
         """What `fetchd.metrics` reports of this daemon, now."""
-        return DaemonState(daemon_id=self.daemon_id, segment_id=self.segment_id, now=self.clock.monotonic(),
-                           metrics=self.metrics, buckets=[run.state() for run in self.runs])
+        now = self.clock.monotonic()
+        live = [entry for entry in self.robots_cache.values() if entry.expires > now]
+        return DaemonState(daemon_id=self.daemon_id, segment_id=self.segment_id, now=now,
+                           metrics=self.metrics, buckets=[run.state() for run in self.runs],
+                           robots_ages=[now - e.good_at for e in live if e.good_at is not None],
+                           robots_unreachable=sum(1 for e in live if e.unreachable))
 
     async def fetch_buckets(self, segment_id: str, buckets: list[int]) -> list[dict[str, Any]]:
         """Fetch the given buckets of a segment (each must be owned: `acquire`) concurrently, resuming what an

@@ -120,6 +120,7 @@ class Exchange:
         server's Retry-After, if any."""
         if response.status is not None:
             self.metrics.response(len(response.body))
+        self.metrics.request(response.status, response.elapsed_ms / 1000)
         retry_after = self._retry_after(response)
         gate.finished(self.clock.monotonic(), response.status, retry_after, self.rng, response.elapsed_ms / 1000)
         return retry_after

@@ -112,8 +112,10 @@ class HostPreparer:
     async def prepare(self, host: HostWork) -> None:
         """Check the host's address, then learn its robots policy (cached, or fetched) and apply its Crawl-delay:
         sets `blocked` or `policy` on the host."""
+        started = self.clock.monotonic()
         try:
             await self.resolver.check_host(host.hostname)
+            self.exchange.metrics.resolve_seconds.observe(self.clock.monotonic() - started)
         except BlockedAddressError as exc:
             log.warning("blocked %s: %s", host.host_key, exc)
             host.blocked = str(exc)

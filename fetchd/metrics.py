@@ -36,6 +36,41 @@ log = logging.getLogger("fetchd")
 CONTENT_TYPE_0_0_4 = "text/plain; version=0.0.4; charset=utf-8"
 
 
+FETCH_SECONDS_BOUNDS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+RESOLVE_SECONDS_BOUNDS = (0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0)
+THROTTLE_CODES = (429, 503)  # reported on their own, beside their class: the servers asking us to slow down
+
+
+@dataclass
+class Histogram:
+    """A Prometheus histogram: observations counted under each upper bound (non-cumulative here; cumulative when
+    exposed), their sum and count."""
+
+    bounds: tuple[float, ...]
+    counts: list[int] = field(default_factory=list)
+    total: float = 0.0
+
+    def __post_init__(self) -> None:
+        self.counts = self.counts or [0] * (len(self.bounds) + 1)  # the last slot is +Inf
+
+    def observe(self, value: float) -> None:
+        self.counts[next((i for i, bound in enumerate(self.bounds) if value <= bound), len(self.bounds))] += 1
+        self.total += value
+
+    def cumulative(self) -> dict[str, int]:
+        """le label -> observations at or under it, +Inf last."""
+        running, out = 0, {}
+        for bound, count in zip([*map(repr, self.bounds), "+Inf"], self.counts, strict=True):
+            running += count
+            out[bound] = running
+        return out
+
+
+def status_class(status: int | None) -> str:
+    """"2xx" ... "5xx" for a status code, "none" for no response (network error, timeout)."""
+    return f"{status // 100}xx" if status is not None and 100 <= status < 600 else "none"
+
+
 @dataclass
 class Metrics:
     """Counters of one daemon since it started; updated from the event loop only."""
@@ -51,10 +86,21 @@ class Metrics:
     storage_errors: int = 0        # times a bucket paused because its files could not be written
     storage_paused: int = 0        # buckets paused now, waiting for storage to work again
     started: float = 0.0           # the daemon's clock (monotonic) when it started
+    by_class: Counter[str] = field(default_factory=Counter)   # requests by status class ("none": no response)
+    throttled: Counter[int] = field(default_factory=Counter)  # 429 and 503 responses, by code
+    fetch_seconds: Histogram = field(default_factory=lambda: Histogram(FETCH_SECONDS_BOUNDS))
+    resolve_seconds: Histogram = field(default_factory=lambda: Histogram(RESOLVE_SECONDS_BOUNDS))
 
     def response(self, body_bytes: int) -> None:
         self.responses += 1
         self.bytes_downloaded += body_bytes
+
+    def request(self, status: int | None, seconds: float) -> None:
+        """A request ended (answered or not): its class, whether it was a throttle, how long it took."""
+        self.by_class[status_class(status)] += 1
+        if status in THROTTLE_CODES:
+            self.throttled[status] += 1
+        self.fetch_seconds.observe(seconds)
 
     def warc_written(self, record_bytes: int) -> None:
         self.warc_bytes += record_bytes
@@ -87,6 +133,25 @@ class DaemonState:
     now: float              # the daemon's clock (monotonic)
     metrics: Metrics
     buckets: list[BucketState]
+    robots_ages: list[float] = field(default_factory=list)  # seconds since each cached robots copy in force was fetched
+    robots_unreachable: int = 0  # hosts whose last robots.txt fetch found it unreachable
+
+
+HOST_STATES = ("ok", "backing_off", "paused", "robots_unreachable", "blocked")
+
+
+def host_state(host: HostWork) -> str:
+    """What holds a host of a bucket being fetched: blocked by the SSRF guard, nothing allowed because its
+    robots.txt is unreachable, paused after repeated failures, backing off, or nothing (ok)."""
+    from crawler.robots import RobotsState
+
+    if host.blocked:
+        return "blocked"
+    if host.policy is not None and host.policy.state is RobotsState.DISALLOW_ALL:
+        return "robots_unreachable"
+    if host.gate.paused:
+        return "paused"
+    return "backing_off" if host.gate.backoff_s > 0 else "ok"
 
 
 @dataclass
@@ -153,6 +218,8 @@ def snapshot(state: DaemonState) -> dict[str, Any]:
         totals.add(figures)
     done = sum(m.outcomes.values())
     uptime = max(now - m.started, 1e-9)
+    hosts_by_state = Counter({state: 0 for state in HOST_STATES})
+    hosts_by_state.update(host_state(host) for run in state.buckets for host in run.hosts if host.left)
     return {
         "daemon_id": state.daemon_id,
         "segment_id": state.segment_id,
@@ -168,6 +235,12 @@ def snapshot(state: DaemonState) -> dict[str, Any]:
             "politeness_waits": m.politeness_waits,
             "politeness_wait_s": round(m.politeness_wait_s, 6),
             "storage_errors": m.storage_errors,
+            "responses_by_class": dict(sorted(m.by_class.items())),
+            "throttled": {str(code): m.throttled[code] for code in THROTTLE_CODES},
+        },
+        "histograms": {
+            "fetch_seconds": {"buckets": m.fetch_seconds.cumulative(), "sum": round(m.fetch_seconds.total, 6)},
+            "resolve_seconds": {"buckets": m.resolve_seconds.cumulative(), "sum": round(m.resolve_seconds.total, 6)},
         },
         "gauges": {
             "active_hosts": totals.active,
@@ -177,6 +250,10 @@ def snapshot(state: DaemonState) -> dict[str, Any]:
             "urls_queued": totals.queued,
             "storage_paused_buckets": m.storage_paused,
             "urls_per_s": round(done / uptime, 3),
+            "hosts_by_state": dict(hosts_by_state),
+            "robots_cached": len(state.robots_ages),
+            "robots_cache_age_max_s": round(max(state.robots_ages, default=0.0), 3),
+            "robots_unreachable_hosts": state.robots_unreachable,
         },
         "buckets": buckets,
     }
@@ -221,6 +298,25 @@ _FAMILIES: tuple[tuple[str, str, str, str], ...] = (
     ("fetchd_ready_lag_seconds_sum", "gauge", "Sum of now - gate opening time over ready hosts.",
      "gauges.ready_lag_sum_s"),
     ("fetchd_urls_queued", "gauge", "URLs queued in the buckets being fetched.", "gauges.urls_queued"),
+    ("fetchd_robots_cached_hosts", "gauge", "Hosts whose robots.txt copy is cached.", "gauges.robots_cached"),
+    ("fetchd_robots_cache_age_seconds_max", "gauge", "Age of the oldest robots.txt copy cached.",
+     "gauges.robots_cache_age_max_s"),
+    ("fetchd_robots_unreachable_hosts", "gauge", "Hosts whose last robots.txt fetch found it unreachable.",
+     "gauges.robots_unreachable_hosts"),
+)
+# name, help, labelled values: (label name, "counters.x" / "gauges.x" holding {label value: number})
+_LABELLED: tuple[tuple[str, str, str, str, str], ...] = (
+    ("fetchd_requests_total", "counter", "Requests ended, by status class (none: no response).", "class",
+     "counters.responses_by_class"),
+    ("fetchd_throttled_responses_total", "counter", "429 and 503 responses (servers asking to slow down).", "code",
+     "counters.throttled"),
+    ("fetchd_hosts", "gauge", "Hosts with URLs left in the buckets being fetched, by what holds them.", "state",
+     "gauges.hosts_by_state"),
+)
+_HISTOGRAMS: tuple[tuple[str, str, str], ...] = (
+    ("fetchd_fetch_seconds", "Seconds from a request's start to its response's end (or its failure).",
+     "fetch_seconds"),
+    ("fetchd_resolve_seconds", "Seconds a host name took to resolve (the static map included).", "resolve_seconds"),
 )
 
 
@@ -253,7 +349,26 @@ def render_prometheus(snap: dict[str, Any]) -> str:
         lines.append(f"# HELP {name} {help_text}")
         lines.append(f"# TYPE {name} {kind}")
         lines.append(f"{name}{{{daemon_label}}} {_number(snap[section][key])}")
+    for name, kind, help_text, label, source in _LABELLED:
+        section, key = source.split(".")
+        lines += [f"# HELP {name} {help_text}", f"# TYPE {name} {kind}"]
+        lines += [f'{name}{{{daemon_label},{label}="{_escape_label(value)}"}} {_number(count)}'
+                  for value, count in snap[section][key].items()]
+    for name, help_text, key in _HISTOGRAMS:
+        histogram = snap["histograms"][key]
+        lines += [f"# HELP {name} {help_text}", f"# TYPE {name} histogram"]
+        lines += [f'{name}_bucket{{{daemon_label},le="{le}"}} {count}' for le, count in histogram["buckets"].items()]
+        lines.append(f"{name}_sum{{{daemon_label}}} {_number(histogram['sum'])}")
+        lines.append(f"{name}_count{{{daemon_label}}} {histogram['buckets']['+Inf']}")
     return "\n".join(lines) + "\n"
+
+
+def exported_families() -> set[str]:
+    """Every metric family name `/metrics` exposes (histograms also as _bucket/_sum/_count series)."""
+    names = {"fetchd_fetches_total", *(f[0] for f in _FAMILIES), *(f[0] for f in _LABELLED)}
+    for name, _, _ in _HISTOGRAMS:
+        names |= {name, f"{name}_bucket", f"{name}_sum", f"{name}_count"}
+    return names
 
 
 class MetricsServer:

@@ -22,7 +22,7 @@ from fastwarc.warc import ArchiveIterator, WarcRecordType
 from crawler import layout
 from crawler.config import ConfigError
 from fetchd.daemon import fetch_segment, serve
-from fetchd.metrics import render_prometheus
+from fetchd.metrics import exported_families, render_prometheus
 from sitefarm.server import SiteFarm, read_request_log
 from sitefarm.sites import FarmSpec
 from tests.support.fetchlists import read_results, write_fetchlist
@@ -70,7 +70,10 @@ def parse_exposition(text: str) -> tuple[dict[str, str], dict[tuple[str, frozens
         match = _SAMPLE.match(line)
         assert match, f"bad sample line: {line!r}"
         name, value = match.group(1), match.group(match.re.groups)
-        assert name == current and name in types, f"sample {name} outside its family"
+        family = name
+        if current is not None and types.get(current) == "histogram" and name != current:
+            family = name.removesuffix("_bucket").removesuffix("_sum").removesuffix("_count")
+        assert family == current and family in types, f"sample {name} outside its family"
         assert _VALUE.match(value), f"bad value in {line!r}"
         labels = frozenset(re.findall(_LABEL, line[len(name):line.rindex(" ")]))
         assert len(labels) == len(dict(labels)), f"label repeated in {line!r}"
@@ -357,3 +360,34 @@ def test_metrics_keys_are_validated(base_conf):
         with pytest.raises(ConfigError) as info:
             base_conf.with_overrides({key: value})
         assert info.value.key == key
+
+
+def test_responses_by_class_timings_hosts_and_robots_cache(served):
+    """The on-call figures: requests by status class (the farm's own log says which), throttles, the fetch and
+    resolve time histograms, hosts by state (none left after the crawl) and the robots cache."""
+    log, samples = served["log"], served["after"]["samples"]
+    by_class = {dict(labels)["class"]: v for labels, v in values(samples, "fetchd_requests_total").items()}
+    assert by_class == Counter(f"{r['status'] // 100}xx" for r in log)
+    throttled = {dict(labels)["code"]: v for labels, v in values(samples, "fetchd_throttled_responses_total").items()}
+    assert throttled == {"429": 0, "503": 0}
+    for name, count in (("fetchd_fetch_seconds", len(log)), ("fetchd_resolve_seconds", len({r["host"] for r in log}))):
+        buckets = {dict(labels)["le"]: v for labels, v in values(samples, f"{name}_bucket").items()}
+        cumulative = list(buckets.values())
+        assert cumulative == sorted(cumulative) and buckets["+Inf"] == one(samples, f"{name}_count") == count
+        assert one(samples, f"{name}_sum") >= 0
+    assert served["after"]["types"]["fetchd_fetch_seconds"] == "histogram"
+    hosts = {dict(labels)["state"]: v for labels, v in values(samples, "fetchd_hosts").items()}
+    assert hosts == {"ok": 0, "backing_off": 0, "paused": 0, "robots_unreachable": 0, "blocked": 0}
+    assert one(samples, "fetchd_robots_cached_hosts") == len({r["host"] for r in log})
+    assert 0 < one(samples, "fetchd_robots_cache_age_seconds_max") < 120
+    assert one(samples, "fetchd_robots_unreachable_hosts") == 0
+
+
+def test_the_grafana_dashboard_queries_only_what_the_daemon_exports(served):
+    """docs/grafana-fetchd.json: every fetchd_* series a panel queries is in a real scrape of the daemon."""
+    dashboard = json.loads((Path(__file__).resolve().parents[1] / "docs" / "grafana-fetchd.json").read_text())
+    exprs = [target["expr"] for panel in dashboard["panels"] for target in panel.get("targets", [])]
+    queried = {name for expr in exprs for name in re.findall(r"\bfetchd_[a-z0-9_]+", expr)}
+    scraped = {name for name, _ in served["after"]["samples"]}
+    assert len(exprs) >= 10 and queried and queried <= scraped, sorted(queried - scraped)
+    assert exported_families() >= scraped

@@ -1,6 +1,8 @@
 """kill -9 of a Spark job's driver at a random point, then a re-run: nothing lost, nothing doubled (DESIGN §2.3).
 
-Every scenario starts from the shared crawl's root after the second cycle's dedup. Copy A is the job run once to
+Update and inject start from the shared crawl's root after the second cycle's dedup, generate from it after that
+cycle's update (as in a cycle: backpressure refuses a new segment while one is fetched and not merged). Copy A is
+the job run once to
 completion (for update, the shared crawl's own update of that segment); copy B runs the same `crawl` command in a
 child process that is killed with SIGKILL (its whole process group: the Python driver, its JVM and its Python
 workers) at a seeded random point inside the job's working window. Both happen in the background once the shared

@@ -64,6 +64,11 @@ class Prepared:
     now: str              # fixed --now for generate
     updated: Path         # read-only: the shared crawl's root after its update of `segment`
 
+    def start_for(self, job: str) -> Path:
+        """The snapshot a job's scenario starts from: update merges `segment`; generate runs after that update, as
+        in a cycle (on `root` backpressure would refuse it: `segment` is fetched and not merged); inject anywhere."""
+        return self.updated if job == "generate" else self.root
+
 
 @dataclass
 class Run:
@@ -230,7 +235,7 @@ def _kill(prepared: Prepared, reference_run: Run, job: str, dest: Path, seed: in
     for _ in range(KILL_ATTEMPTS):
         if dest.exists():
             shutil.rmtree(dest)
-        shutil.copytree(prepared.root, dest)
+        shutil.copytree(prepared.start_for(job), dest)
         point = _kill_point(reference_run, fraction)
         run = _run_killed(command(job, prepared, dest), dest.with_suffix(".killed.log"), kill_at=point)
         if run.killed:
@@ -245,7 +250,7 @@ def _reference(spark, prepared: Prepared, job: str) -> tuple[Path, Run]:
     """Copy A of generate or inject: the job run to completion on `spark` (this thread's session over the suite's
     SparkContext) with the command's config and arguments, its steps noted."""
     root = prepared.base / f"ref-{job}"
-    shutil.copytree(prepared.root, root)
+    shutil.copytree(prepared.start_for(job), root)
     conf = config_mod.load(prepared.config).with_overrides({"storage.root": str(root)})
     with recording_steps() as recorder:
         if job == "generate":
