@@ -22,7 +22,7 @@ from fastwarc.warc import ArchiveIterator, WarcRecordType
 from crawler import layout
 from crawler.config import ConfigError
 from fetchd.daemon import fetch_segment, serve
-from fetchd.metrics import exported_families, render_prometheus
+from fetchd.metrics import DaemonState, Metrics, exported_families, render_prometheus, snapshot
 from sitefarm.server import SiteFarm, read_request_log
 from sitefarm.sites import FarmSpec
 from tests.support.fetchlists import read_results, write_fetchlist
@@ -109,15 +109,14 @@ def test_parser_rejects_what_the_format_forbids():
 
 
 def test_exposition_escapes_label_values():
-    snap = {"daemon_id": 'a"b\\c\nd', "counters": {"outcomes": {"success": 2}, "urls_listed": 0, "responses": 0,
-            "bytes_downloaded": 0, "warc_bytes": 0, "robots_denials": 0, "politeness_waits": 0,
-            "politeness_wait_s": 0.5, "storage_errors": 0},
-            "gauges": {"active_hosts": 0, "ready_hosts": 0, "ready_lag_max_s": 0.0, "ready_lag_sum_s": 0.0,
-                       "urls_queued": 0, "storage_paused_buckets": 0}}
+    metrics = Metrics(outcomes=Counter(success=2), politeness_wait_s=0.5)
+    metrics.request(None, 0.2)
+    snap = snapshot(DaemonState(daemon_id='a"b\\c\nd', segment_id=None, now=1.0, metrics=metrics, buckets=[]))
     _, samples = parse_exposition(render_prometheus(snap))
     assert values(samples, "fetchd_fetches_total") == {
         frozenset({("daemon", r'a\"b\\c\nd'), ("outcome", "success")}): 2.0}
     assert one(samples, "fetchd_politeness_wait_seconds_total") == 0.5
+    assert values(samples, "fetchd_requests_total") == {frozenset({("daemon", r'a\"b\\c\nd'), ("class", "none")}): 1.0}
 
 
 # ---- helpers -------------------------------------------------------------------------------------------
