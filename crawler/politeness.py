@@ -33,7 +33,8 @@ from datetime import datetime, timedelta
 from email.utils import parsedate_to_datetime
 
 from crawler.config import Config
-from crawler.status import is_transient_status
+from crawler.robots import RobotsState
+from crawler.status import HostState, is_transient_status
 
 BACKOFF_JITTER = 0.25  # exponential backoff is stretched by a random factor in [1, 1 + this)
 THROTTLE_STATUSES = frozenset({429, 503})  # statuses whose Retry-After header directs our backoff
@@ -167,6 +168,24 @@ class PolitenessRules:
         if responded_ok > 0:
             return HostBackoff(0, previous.until)
         return previous
+
+
+def host_state(robots_state: str | None, backoff_until: datetime | None, now: datetime) -> str:
+    """A host's state across segments from its `hosts` row: backing off while its backoff lasts (generate leaves
+    it out), else robots_unreachable while its last robots.txt fetch found none (the daemon allows nothing), else
+    ok."""
+    if backoff_until is not None and backoff_until > now:
+        return HostState.BACKING_OFF.value
+    if robots_state == RobotsState.DISALLOW_ALL.value:
+        return HostState.ROBOTS_UNREACHABLE.value
+    return HostState.OK.value
+
+
+def host_state_sql(robots_state: str, backoff_until: str, now: str) -> str:
+    """`host_state` over the `hosts` columns and a timestamp expression for now."""
+    return (f"(case when {backoff_until} > {now} then '{HostState.BACKING_OFF.value}'"
+            f" when {robots_state} = '{RobotsState.DISALLOW_ALL.value}' then '{HostState.ROBOTS_UNREACHABLE.value}'"
+            f" else '{HostState.OK.value}' end)")
 
 
 @dataclass

@@ -53,6 +53,14 @@ class SegmentState(str, Enum):
     CLOSED = "closed"
 
 
+class HostState(str, Enum):
+    """What holds a host back across segments (`crawler.politeness.host_state`), as `crawl stats` shows it."""
+
+    OK = "ok"
+    BACKING_OFF = "backing_off"                 # hosts.backoff_until is still ahead: generate leaves it out
+    ROBOTS_UNREACHABLE = "robots_unreachable"   # its last robots.txt fetch found it unreachable (disallow all)
+
+
 class UrlSource(str, Enum):
     """`urls.source`: how a URL first became known."""
 

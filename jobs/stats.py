@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 from pyspark.sql import SparkSession
+from pyspark.sql import functions as F
 
+from crawler.politeness import host_state_sql
 from delta_tables import TABLES, table_df
 
-# The column each table is broken down by (None: total only).
+# The column each table is broken down by; `hosts` by its state now (crawler.politeness.host_state).
+HOST_STATE = host_state_sql("robots_state", "backoff_until", "current_timestamp()")
 BREAKDOWN = {
     "urls": "status",
-    "hosts": "robots_state",
+    "hosts": "state",
     "fetches": "outcome",
     "pages": "content_type",
     "links": "rel_nofollow",
@@ -28,6 +31,8 @@ def table_counts(spark: SparkSession, root: str) -> dict[str, tuple[int, list[tu
         column = BREAKDOWN[name]
         try:
             df = table_df(spark, root, name)
+            if name == "hosts":
+                df = df.withColumn("state", F.expr(HOST_STATE))
         except Exception:  # noqa: BLE001 - a missing table is shown as such, not a crash
             out[name] = (-1, [])
             continue

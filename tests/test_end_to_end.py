@@ -135,6 +135,9 @@ def test_stats_counts_every_table_by_status(spark, shared_crawl):
     total, by_status = counts["urls"]
     assert total == table_df(spark, root, "urls").count()
     assert dict(by_status)["fetched"] > 0
+    _, host_states = counts["hosts"]
+    assert {state for state, _ in host_states} <= {"ok", "backing_off", "robots_unreachable"}
+    assert sum(n for _, n in host_states) == table_df(spark, root, "hosts").count()
     text = render_stats(spark, root)
     for name in TABLES:
         assert name in text

@@ -22,9 +22,11 @@ from crawler.dedup import (
     representative_of,
     representative_of_sql,
 )
-from crawler.politeness import PolitenessRules
+from crawler.politeness import PolitenessRules, host_state, host_state_sql
+from crawler.robots import RobotsState
 from crawler.status import (
     FetchOutcome,
+    HostState,
     is_gone,
     is_gone_sql,
     is_transient,
@@ -154,3 +156,17 @@ def test_discovery_depth_and_priority_agree(spark):
         assert row.listed == frontier.listed_by_sitemap(row.source, row.origin)
         if not row.listed:  # listed pages take first_schedule of their entry (a UDF of the Python form)
             assert row.p == frontier.discovery_priority(row.source, row.origin, row.priority)
+
+
+def test_host_state_agrees(spark):
+    now = datetime(2026, 3, 1, 12, tzinfo=UTC)
+    cases = [(state, until) for state in (None, *(s.value for s in RobotsState))
+             for until in (None, now - timedelta(seconds=1), now, now + timedelta(hours=1))]
+    frame = spark.createDataFrame(cases, "robots_state string, backoff_until timestamp")
+    got = frame.selectExpr("robots_state", "backoff_until", host_state_sql(
+        "robots_state", "backoff_until", f"timestamp'{now.strftime('%Y-%m-%d %H:%M:%S')}'") + " as state").collect()
+    assert len(got) == len(cases)
+    for row in got:
+        until = row.backoff_until.replace(tzinfo=UTC) if row.backoff_until else None
+        assert row.state == host_state(row.robots_state, until, now), row
+    assert {row.state for row in got} == {s.value for s in HostState}
