@@ -198,14 +198,26 @@ def record_segment(spark: SparkSession, root: str, segment_id: str, per_bucket: 
     )
 
 
-def unmerged_segments(spark: SparkSession, conf: Config, root: str, segment_id: str) -> dict[str, bool]:
-    """Segments other than `segment_id` with a bucket neither merged nor closed -> whether their fetch is over
-    (every listed bucket done, or the segment closed: `fetchd.progress`, a folder listing per such segment)."""
+def segment_states(spark: SparkSession, root: str, segment_id: str) -> tuple[set[str], list[str]]:
+    """(this segment's bucket states, the other segments with a bucket neither merged nor closed): one small
+    read of `segments` for both of generate's checks."""
+    finished = [SegmentState.MERGED.value, SegmentState.CLOSED.value]
+    rows = tables.table_df(spark, root, "segments").where(
+        (F.col("segment_id") == segment_id) | ~F.col("state").isin(finished)).select("segment_id", "state").distinct()
+    own, others = set(), set()
+    for row in rows.collect():
+        if row["segment_id"] == segment_id:
+            own.add(row["state"])
+        else:
+            others.add(row["segment_id"])
+    return own, sorted(others)
+
+
+def unmerged_segments(conf: Config, root: str, open_ids: list[str]) -> dict[str, bool]:
+    """Each open segment -> whether its fetch is over (every listed bucket done, or the segment closed:
+    `fetchd.progress`, a folder listing per segment)."""
     from fetchd.progress import segment_progress
 
-    finished = [SegmentState.MERGED.value, SegmentState.CLOSED.value]
-    open_ids = sorted(row["segment_id"] for row in tables.table_df(spark, root, "segments").where(
-        ~F.col("state").isin(finished) & (F.col("segment_id") != segment_id)).select("segment_id").distinct().collect())
     progress = {open_id: segment_progress(root, open_id, conf) for open_id in open_ids}
     return {open_id: p.complete or p.closed for open_id, p in progress.items()}
 
@@ -216,15 +228,10 @@ def run(spark: SparkSession, conf: Config, root: str, segment_id: str | None = N
     now = as_utc(now or datetime.now(UTC))
     segment_id = layout.check_segment_id(segment_id or default_segment_id(now))
     tables.ensure_tables(spark, root)
-    progressed = (
-        tables.table_df(spark, root, "segments")
-        .where((F.col("segment_id") == segment_id) & (F.col("state") != SegmentState.GENERATED.value))
-        .limit(1)
-        .count()
-    )
-    if progressed:
+    own_states, open_ids = segment_states(spark, root, segment_id)
+    if own_states - {SegmentState.GENERATED.value}:
         raise UserError(f"segment {segment_id} is past the generated state; generate a new segment instead")
-    refusal = backpressure(unmerged_segments(spark, conf, root, segment_id), conf["generate.max_unmerged_segments"])
+    refusal = backpressure(unmerged_segments(conf, root, open_ids), conf["generate.max_unmerged_segments"])
     if refusal:
         log.warning("generate %s refused: %s", segment_id, refusal)
         raise Backpressure(f"no new segment: {refusal}")

@@ -10,7 +10,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from crawler import frontier, layout, urls
-from crawler.errors import Backpressure
+from crawler.errors import Backpressure, UserError
 from crawler.records import FETCHLIST
 from delta_tables import tables
 from jobs import generate, inject, update
@@ -238,10 +238,12 @@ def _open_segment(spark, root: str, segment_id: str, fetch_over: bool, buckets=(
                 manifest.write("{}")
 
 
-def test_generate_waits_for_a_stalled_segment_until_it_is_merged_or_given_up(spark, base_conf, root, seeded):
+def test_generate_waits_for_stalled_segments_and_lets_open_fetches_pile_up_to_the_limit(spark, base_conf, root,
+                                                                                         seeded):
     """Backpressure (crawler.frontier.backpressure): a segment whose fetch is over but which is not merged stops
     generate with Backpressure (exit 75) and leases nothing; giving it up (`record_closed`, crawl close-segment)
-    or merging it (update, here of a segment with no results) lets generate go on."""
+    or merging it (update, here of a segment with no results) lets generate go on. Segments still being fetched
+    may pile up to generate.max_unmerged_segments."""
     before = snapshot(spark, root)
     _open_segment(spark, root, "seg-stalled", fetch_over=True)
     _open_segment(spark, root, "seg-empty", fetch_over=True, buckets=(3,))
@@ -255,15 +257,14 @@ def test_generate_waits_for_a_stalled_segment_until_it_is_merged_or_given_up(spa
     update.run(spark, base_conf, root, "seg-empty")  # fetched nothing: merged with nothing
     states = {(r.segment_id, r.state) for r in tables.table_df(spark, root, "segments").collect()}
     assert states == {("seg-stalled", "closed"), ("seg-empty", "merged")}
-    assert generate.run(spark, base_conf, root, "seg-next").url_count > 0
 
-
-def test_generate_lets_open_fetches_pile_up_to_max_unmerged_segments(spark, base_conf, root, seeded):
     for number in range(3):
         _open_segment(spark, root, f"seg-open-{number}", fetch_over=False)
     with pytest.raises(Backpressure, match="3 earlier segments are not merged yet .*max_unmerged_segments = 2"):
         generate.run(spark, base_conf, root, "seg-next")
     roomier = base_conf.with_overrides({"generate.max_unmerged_segments": 3})
     assert generate.run(spark, roomier, root, "seg-next").url_count > 0
-    # A re-run of that generate is not held back by itself, nor by the limit it passed.
+    # A re-run of that generate is not held back by itself, nor by the limit it passed; a merged one is refused.
     assert generate.run(spark, roomier, root, "seg-next").url_count > 0
+    with pytest.raises(UserError, match="seg-empty is past the generated state"):
+        generate.run(spark, roomier, root, "seg-empty")
