@@ -249,8 +249,10 @@ def test_counters_equal_the_farm_log(served):
     for records in by_host.values():
         records.sort(key=lambda r: r["start"])
         gaps += sum(b["start"] - a["end"] for a, b in zip(records, records[1:], strict=False))
+    # At most one hold per request but each host's last; fewer when the loop came back to a host after its gate had
+    # opened already (a busy machine: that time is ready lag, not a hold), so the real clock gives a bound only.
     waits = one(samples, "fetchd_politeness_waits_total")
-    assert waits == len(log) - len(by_host)
+    assert 0 < waits <= len(log) - len(by_host)
     assert 0.5 * MIN_DELAY * waits <= one(samples, "fetchd_politeness_wait_seconds_total") <= gaps
 
 
