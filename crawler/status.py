@@ -53,6 +53,10 @@ class SegmentState(str, Enum):
     CLOSED = "closed"
 
 
+# The states a segment's bucket ends in: merged, or given up. Anything else is still open (generate's backpressure).
+FINISHED_SEGMENT_STATES = (SegmentState.MERGED.value, SegmentState.CLOSED.value)
+
+
 class HostState(str, Enum):
     """What holds a host back across segments (`crawler.politeness.host_state`), as `crawl stats` shows it."""
 

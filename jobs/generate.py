@@ -34,7 +34,7 @@ from crawler.frontier import backpressure, per_host_cap_sql, score_sql
 from crawler.leases import is_due_sql, leased_version_sql
 from crawler.politeness import PolitenessRules
 from crawler.robots import RobotsState, allowed_by_stored_rules
-from crawler.status import SegmentState
+from crawler.status import FINISHED_SEGMENT_STATES, SegmentState
 from delta_tables import tables
 from jobs.base import merge_counts, pinned_table, step
 
@@ -201,9 +201,9 @@ def record_segment(spark: SparkSession, root: str, segment_id: str, per_bucket: 
 def segment_states(spark: SparkSession, root: str, segment_id: str) -> tuple[set[str], list[str]]:
     """(this segment's bucket states, the other segments with a bucket neither merged nor closed): one small
     read of `segments` for both of generate's checks."""
-    finished = [SegmentState.MERGED.value, SegmentState.CLOSED.value]
     rows = tables.table_df(spark, root, "segments").where(
-        (F.col("segment_id") == segment_id) | ~F.col("state").isin(finished)).select("segment_id", "state").distinct()
+        (F.col("segment_id") == segment_id) | ~F.col("state").isin(*FINISHED_SEGMENT_STATES)
+    ).select("segment_id", "state").distinct()
     own, others = set(), set()
     for row in rows.collect():
         if row["segment_id"] == segment_id:

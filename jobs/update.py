@@ -43,7 +43,7 @@ from crawler.politeness import THROTTLE_STATUSES, HostBackoff, PolitenessRules
 from crawler.records import FETCHED, ROBOTS
 from crawler.revisit import PreviousState, RevisitPolicy
 from crawler.robots import RobotsState
-from crawler.status import FetchOutcome, SegmentState, is_transient_sql, made_request_sql
+from crawler.status import FINISHED_SEGMENT_STATES, FetchOutcome, SegmentState, is_transient_sql, made_request_sql
 from delta_tables import tables
 from jobs import discover
 from jobs.base import insert_if_absent, merge_counts, merge_into, pinned_table, read_segment_files, step
@@ -438,12 +438,12 @@ def merge_urls(spark: SparkSession, conf: Config, root: str, segment_id: str, co
 def record_closed(spark: SparkSession, root: str, segment_id: str, now: datetime) -> int:
     """`crawl close-segment`: the segment's buckets that are not merged -> state closed (given up: not merged,
     and no longer holding generate back); how many buckets changed."""
-    finished = [SegmentState.MERGED.value, SegmentState.CLOSED.value]
     targets = tables.table_df(spark, root, "segments").where(
-        (F.col("segment_id") == segment_id) & ~F.col("state").isin(finished)).select("segment_id", "bucket")
+        (F.col("segment_id") == segment_id) & ~F.col("state").isin(*FINISHED_SEGMENT_STATES)
+    ).select("segment_id", "bucket")
     metrics = (
         merge_into(spark, root, "segments", targets, "t.segment_id = s.segment_id AND t.bucket = s.bucket")
-        .whenMatchedUpdate(condition=~F.col("t.state").isin(finished),
+        .whenMatchedUpdate(condition=~F.col("t.state").isin(*FINISHED_SEGMENT_STATES),
                            set={"state": F.lit(SegmentState.CLOSED.value), "updated_at": F.lit(now)})
         .execute()
     )
