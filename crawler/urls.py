@@ -80,9 +80,9 @@ def _canonical_or_reason(url: object) -> tuple[str | None, str]:
         serialised = ada_url.normalize_url(text)  # one call into C; most URLs need nothing more than the fragment cut
     except ValueError:
         return None, _why_unparsable(url)
-    cut = serialised.partition("#")[0]
-    if already_canonical(cut):
-        return cut, ""
+    canonical = _canonical_as_serialised(serialised)
+    if canonical is not None:
+        return canonical, ""
     parsed = ada_url.URL(text)
     scheme = parsed.protocol[:-1]
     if scheme not in HTTP_SCHEMES:
@@ -151,10 +151,15 @@ def _canonical_of_joined(joined: str) -> str | None:
     """Canonical form of a URL ada has just serialised (`join_url`'s result). Most links need nothing more than
     the fragment cut (`already_canonical`); the rest go through the full rule, memoised, since a site's navigation
     resolves to the same URLs on every page and each ada component access is a call into C."""
-    cut = joined.partition("#")[0]  # in a serialised URL the first "#" starts the fragment
-    if already_canonical(cut):
-        return cut
-    return _canonical_of_unusual(joined)
+    canonical = _canonical_as_serialised(joined)
+    return canonical if canonical is not None else _canonical_of_unusual(joined)
+
+
+def _canonical_as_serialised(serialised: str) -> str | None:
+    """A URL ada serialised, without its fragment, when that is canonical as it stands (`already_canonical`);
+    None when it needs the full rule."""
+    cut = serialised.partition("#")[0]  # in a serialised URL the first "#" starts the fragment
+    return cut if already_canonical(cut) else None
 
 
 @functools.lru_cache(maxsize=1 << 16)
