@@ -28,6 +28,8 @@ from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
+from crawler.politeness import THROTTLE_STATUSES
+
 if TYPE_CHECKING:
     from crawler.scheduling import HostWork
 
@@ -38,7 +40,8 @@ CONTENT_TYPE_0_0_4 = "text/plain; version=0.0.4; charset=utf-8"
 
 FETCH_SECONDS_BOUNDS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 RESOLVE_SECONDS_BOUNDS = (0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0)
-THROTTLE_CODES = (429, 503)  # reported on their own, beside their class: the servers asking us to slow down
+# Reported on their own, beside their class: the servers asking us to slow down (crawler.politeness's statuses).
+THROTTLE_CODES = tuple(sorted(THROTTLE_STATUSES))
 
 
 @dataclass
