@@ -87,17 +87,22 @@ def score_sql(priority: str, next_fetch_at: str, now: str, age_boost_per_day: fl
     return f"({priority} + {float(age_boost_per_day)!r} * {overdue})"
 
 
-def per_host_cap(per_host_max_urls: int, segment_seconds: float, delay_s: float) -> int:
-    """URLs of one host in one segment: the configured cap, and no more than the segment's time allows."""
+def per_host_cap(per_host_max_urls: int, segment_seconds: float, delay_s: float, dead: bool = False) -> int:
+    """URLs of one host in one segment: the configured cap, and no more than the segment's time allows; a dead
+    host (crawler.politeness: nothing but failures for a while) gets one, a probe, so its backlog takes no
+    fetch-list slots."""
+    if dead:
+        return min(1, per_host_max_urls)
     if delay_s <= 0:
         return per_host_max_urls
     return max(0, min(per_host_max_urls, math.floor(segment_seconds / delay_s)))
 
 
-def per_host_cap_sql(per_host_max_urls: int, segment_seconds: float, delay: str) -> str:
+def per_host_cap_sql(per_host_max_urls: int, segment_seconds: float, delay: str, dead: str = "false") -> str:
     by_time = f"cast(floor({float(segment_seconds)!r} / ({delay})) as bigint)"
     return (
-        f"(case when ({delay}) <= 0D then {int(per_host_max_urls)}L"
+        f"(case when {dead} then {min(1, int(per_host_max_urls))}L"
+        f" when ({delay}) <= 0D then {int(per_host_max_urls)}L"
         f" else greatest(0L, least({int(per_host_max_urls)}L, {by_time})) end)"
     )
 

@@ -20,8 +20,11 @@ concurrency as a cap when a bucket run first sees the host (`PolitenessRules.lim
 host's gate stricter.
 
 Across segments (`host_backoff`, applied by update): a segment whose requests to a host met failures — the same
-transient failures the gate counts, `crawler.status.is_transient` — keeps the host out of generate for a
-backoff that grows per consecutive failing segment.
+transient failures the gate counts, `crawler.status.is_transient`, and a robots.txt found unreachable (DNS,
+refused, TLS, timeout, 5xx: the host's URLs then wait, deferred, without a request) — keeps the host out of
+generate for a backoff that grows per consecutive failing segment. A host whose segments met nothing but
+failures for `politeness.dead_after_days` is dead (`host_state`): generate gives it one probe URL per segment
+(`crawler.frontier.per_host_cap`), and one answer revives it.
 """
 
 from __future__ import annotations
@@ -88,10 +91,12 @@ def backoff_seconds(
 
 @dataclass(frozen=True)
 class HostBackoff:
-    """A host's backoff across segments (`hosts.backoff_level`, `hosts.backoff_until`)."""
+    """A host's backoff across segments (`hosts.backoff_level`, `hosts.backoff_until`) and since when its
+    segments have met nothing but failures (`hosts.failing_since`; None: it answered when last tried)."""
 
     level: int
     until: datetime | None
+    failing_since: datetime | None = None
 
 
 @dataclass(frozen=True)
@@ -108,6 +113,7 @@ class PolitenessRules:
     backoff_recovery_factor: float
     response_time_factor: float
     max_response_time_delay_s: float
+    dead_after_days: float
 
     @classmethod
     def from_config(cls, conf: Config) -> PolitenessRules:
@@ -155,37 +161,51 @@ class PolitenessRules:
         if gate.last_end_at is not None:  # a kept gate: a higher floor already holds after the last request
             gate.next_allowed_at = max(gate.next_allowed_at, gate.last_end_at + gate.delay_s())
 
-    def host_backoff(self, previous: HostBackoff, failed: int, responded_ok: int, last_fetch_at: datetime | None,
+    def host_backoff(self, previous: HostBackoff, failed: int, answered: int, failed_at: datetime | None,
                      retry_after_s: float | None, seed: str) -> HostBackoff:
-        """A host's backoff after a segment: each segment whose requests met transient failures (network
-        errors, 429, 5xx) raises the level and keeps the host out of generate for Retry-After (or base *
-        2^(level-1) with seeded jitter, so a re-run agrees), capped; a segment with successful answers and no
-        failure resets the level."""
-        if failed > 0 and last_fetch_at is not None:
+        """A host's backoff after a segment. `failed`: its transient failures (network errors, 429, 5xx, and an
+        unreachable robots.txt), the last at `failed_at`; `answered`: the answers that were no failure (pages and
+        robots.txt). Each segment with failures raises the level and keeps the host out of generate for
+        Retry-After (or base * 2^(level-1) with seeded jitter, so a re-run agrees), capped; a segment with answers
+        and no failure resets the level. Any answer ends a failing streak; a segment of failures alone starts one
+        (or continues it)."""
+        if failed > 0 and failed_at is not None:
             level = previous.level + 1
             wait = backoff_seconds(level, self.backoff_base_s, self.max_backoff_s, retry_after_s, random.Random(seed))
-            return HostBackoff(level, last_fetch_at + timedelta(seconds=wait))
-        if responded_ok > 0:
-            return HostBackoff(0, previous.until)
+            return HostBackoff(level, failed_at + timedelta(seconds=wait),
+                               None if answered > 0 else previous.failing_since or failed_at)
+        if answered > 0:
+            return HostBackoff(0, previous.until, None)
         return previous
 
+    def is_dead(self, failing_since: datetime | None, now: datetime) -> bool:
+        """A host whose segments have met nothing but failures for `dead_after_days`."""
+        return failing_since is not None and now - failing_since >= timedelta(days=self.dead_after_days)
 
-def host_state(robots_state: str | None, backoff_until: datetime | None, now: datetime) -> str:
-    """A host's state across segments from its `hosts` row: backing off while its backoff lasts (generate leaves
-    it out), else robots_unreachable while its last robots.txt fetch found none (the daemon allows nothing), else
-    ok."""
-    if backoff_until is not None and backoff_until > now:
-        return HostState.BACKING_OFF.value
-    if robots_state == RobotsState.DISALLOW_ALL.value:
-        return HostState.ROBOTS_UNREACHABLE.value
-    return HostState.OK.value
+    def is_dead_sql(self, failing_since: str, now: str) -> str:
+        """`is_dead` over a `hosts.failing_since` column and a timestamp expression for now."""
+        span_us = round(self.dead_after_days * 86400 * 1_000_000)
+        return (f"coalesce(unix_micros({now}) - unix_micros({failing_since}) >= {span_us}L, false)")
 
+    def host_state(self, robots_state: str | None, backoff_until: datetime | None, failing_since: datetime | None,
+                   now: datetime) -> str:
+        """A host's state across segments from its `hosts` row: dead (`is_dead`: generate gives it a probe URL
+        per segment at most), else backing off while its backoff lasts (generate leaves it out), else
+        robots_unreachable while its last robots.txt fetch found none (the daemon allows nothing), else ok."""
+        if self.is_dead(failing_since, now):
+            return HostState.DEAD.value
+        if backoff_until is not None and backoff_until > now:
+            return HostState.BACKING_OFF.value
+        if robots_state == RobotsState.DISALLOW_ALL.value:
+            return HostState.ROBOTS_UNREACHABLE.value
+        return HostState.OK.value
 
-def host_state_sql(robots_state: str, backoff_until: str, now: str) -> str:
-    """`host_state` over the `hosts` columns and a timestamp expression for now."""
-    return (f"(case when {backoff_until} > {now} then '{HostState.BACKING_OFF.value}'"
-            f" when {robots_state} = '{RobotsState.DISALLOW_ALL.value}' then '{HostState.ROBOTS_UNREACHABLE.value}'"
-            f" else '{HostState.OK.value}' end)")
+    def host_state_sql(self, robots_state: str, backoff_until: str, failing_since: str, now: str) -> str:
+        """`host_state` over the `hosts` columns and a timestamp expression for now."""
+        return (f"(case when {self.is_dead_sql(failing_since, now)} then '{HostState.DEAD.value}'"
+                f" when {backoff_until} > {now} then '{HostState.BACKING_OFF.value}'"
+                f" when {robots_state} = '{RobotsState.DISALLOW_ALL.value}'"
+                f" then '{HostState.ROBOTS_UNREACHABLE.value}' else '{HostState.OK.value}' end)")
 
 
 @dataclass

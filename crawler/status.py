@@ -63,6 +63,7 @@ class HostState(str, Enum):
     OK = "ok"
     BACKING_OFF = "backing_off"                 # hosts.backoff_until is still ahead: generate leaves it out
     ROBOTS_UNREACHABLE = "robots_unreachable"   # its last robots.txt fetch found it unreachable (disallow all)
+    DEAD = "dead"                               # nothing but failures for politeness.dead_after_days: probed only
 
 
 class UrlSource(str, Enum):

@@ -123,6 +123,8 @@ HOSTS = TableDef(
             _f("trap_rejections", MapType(S, L)),  # discovered URLs rejected: crawler.traps/scope reason -> count
             _f("trap_sample", ArrayType(S)),  # up to 5 rejected URLs, to see what a trap looks like
             _f("discovery_segment", S),       # last segment folded into known_urls/trap_* (idempotence marker)
+            _f("failing_since", T),           # first failure of the streak of segments that met nothing but
+                                              # failures (null: it answered when last tried); crawler.politeness
         ]
     ),
     partition_by=("bucket",),

@@ -204,7 +204,7 @@ def _command(args: argparse.Namespace) -> int:
     elif args.command == "stats":
         from jobs.stats import render_stats
 
-        print(render_stats(spark, root))
+        print(render_stats(spark, conf, root))
     elif args.command == "report":
         from crawler.report import terminal_summary
         from jobs import report

@@ -4,7 +4,8 @@ Due = next_fetch_at <= now, no live lease (or a lease by this very segment: a re
 not denied by the robots.txt rules stored for its host while they are in force (an expired, missing or
 unreachable robots.txt is the daemon's to fetch and decide).
 Rank per host by score (priority + age boost), cut per host at min(per_host_max_urls, segment_seconds /
-delay), then keep the lowest ranks across hosts up to the segment budget (round-robin over hosts).
+delay) — one probe URL for a dead host (crawler.politeness.is_dead) — then keep the lowest ranks across hosts up
+to the segment budget (round-robin over hosts).
 The fetch list goes to segments/<id>/fetchlist/bucket=NNNNN, each bucket's file sorted by rank then host, so
 hosts are interleaved: a daemon streaming the list (fetch.max_queued_urls) keeps many hosts busy.
 Leasing bumps state_version, so only a result carrying the new version can complete the URL.
@@ -71,13 +72,15 @@ def select_due(spark: SparkSession, conf: Config, root: str, segment_id: str, no
     urls = pinned_table(spark, root, "urls")
     now_col = F.lit(now)
     rules_in_force = (F.col("robots_state") == RobotsState.RULES.value) & (F.col("robots_expires_at") > now_col)
-    hosts = pinned_table(spark, root, "hosts").select(
+    politeness = PolitenessRules.from_config(conf)
+    hosts = pinned_table(spark, root, "hosts").withColumn("gen_now", now_col).select(
         "host_key",
         F.col("crawl_delay_s").alias("h_crawl_delay_s"),
         F.col("min_delay_s").alias("h_min_delay_s"),
         F.col("max_concurrency").alias("h_max_concurrency"),
         F.col("backoff_until").alias("h_backoff_until"),
         F.when(rules_in_force, F.col("robots_body")).alias("h_robots_rules"),
+        F.expr(politeness.is_dead_sql("failing_since", "gen_now")).alias("h_dead"),
     )
     token, max_bytes = conf["crawl.robots_token"], conf["robots.max_bytes"]
 
@@ -86,7 +89,7 @@ def select_due(spark: SparkSession, conf: Config, root: str, segment_id: str, no
         return allowed_by_stored_rules(robots_txt, token, max_bytes, url)
 
     due = urls.withColumn("gen_now", now_col).where(is_due_sql("gen_now", segment_id))
-    delay = PolitenessRules.from_config(conf).host_delay_sql("h_crawl_delay_s", "h_min_delay_s")
+    delay = politeness.host_delay_sql("h_crawl_delay_s", "h_min_delay_s")
     candidates = due.join(hosts, "host_key", "left").where(
         F.col("h_backoff_until").isNull() | (F.col("h_backoff_until") < now_col))
     # A Python UDF runs on every row it sees, whatever a surrounding condition says: only rows of hosts with
@@ -98,7 +101,8 @@ def select_due(spark: SparkSession, conf: Config, root: str, segment_id: str, no
         allowed
         .withColumn("delay_s", F.expr(delay))
         .withColumn("host_cap", F.expr(per_host_cap_sql(conf["generate.per_host_max_urls"],
-                                                        conf["generate.segment_seconds"], "delay_s")))
+                                                        conf["generate.segment_seconds"], "delay_s",
+                                                        "coalesce(h_dead, false)")))
         .withColumn("score", F.expr(score_sql("priority", "next_fetch_at", "gen_now",
                                               conf["generate.age_boost_per_day"])))
         .withColumn("rank", F.row_number().over(

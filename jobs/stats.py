@@ -5,11 +5,11 @@ from __future__ import annotations
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
-from crawler.politeness import host_state_sql
+from crawler.config import Config
+from crawler.politeness import PolitenessRules
 from delta_tables import TABLES, table_df
 
 # The column each table is broken down by; `hosts` by its state now (crawler.politeness.host_state).
-HOST_STATE = host_state_sql("robots_state", "backoff_until", "current_timestamp()")
 BREAKDOWN = {
     "urls": "status",
     "hosts": "state",
@@ -24,15 +24,17 @@ BREAKDOWN = {
 }
 
 
-def table_counts(spark: SparkSession, root: str) -> dict[str, tuple[int, list[tuple[str, int]]]]:
+def table_counts(spark: SparkSession, conf: Config, root: str) -> dict[str, tuple[int, list[tuple[str, int]]]]:
     """{table: (total rows, [(value, count), ...])}; small aggregates only, never rows."""
     out: dict[str, tuple[int, list[tuple[str, int]]]] = {}
+    host_state = PolitenessRules.from_config(conf).host_state_sql("robots_state", "backoff_until", "failing_since",
+                                                                 "current_timestamp()")
     for name in TABLES:
         column = BREAKDOWN[name]
         try:
             df = table_df(spark, root, name)
             if name == "hosts":
-                df = df.withColumn("state", F.expr(HOST_STATE))
+                df = df.withColumn("state", F.expr(host_state))
         except Exception:  # noqa: BLE001 - a missing table is shown as such, not a crash
             out[name] = (-1, [])
             continue
@@ -42,9 +44,9 @@ def table_counts(spark: SparkSession, root: str) -> dict[str, tuple[int, list[tu
     return out
 
 
-def render_stats(spark: SparkSession, root: str) -> str:
+def render_stats(spark: SparkSession, conf: Config, root: str) -> str:
     lines = [f"tables under {root}", f"{'table':<14}{'rows':>10}  breakdown"]
-    for name, (total, groups) in table_counts(spark, root).items():
+    for name, (total, groups) in table_counts(spark, conf, root).items():
         if total < 0:
             lines.append(f"{name:<14}{'missing':>10}")
             continue

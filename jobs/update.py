@@ -259,10 +259,12 @@ HOST_COUNTERS = ["fetches", "status_2xx", "status_3xx", "status_4xx", "status_5x
 def host_fetch_counts(conf: Config, segment_id: str, results: DataFrame, robots: DataFrame,
                       hosts_snap: DataFrame) -> DataFrame:
     """Per host of this segment's results or robots observations (`robots` = segment_robots): HOST_COUNTERS,
-    last_fetch_at, the robots columns (`has_robots` when observed) and the backoff decided from the stored
-    level (crawler.politeness.PolitenessRules.host_backoff: a failure is crawler.status.is_transient)."""
+    last_fetch_at, the robots columns (`has_robots` when observed) and the backoff and failing streak decided from
+    the stored ones (crawler.politeness.PolitenessRules.host_backoff: a failure is crawler.status.is_transient, or
+    a robots.txt observed unreachable; any other answer, page or robots.txt, counts as answered)."""
     code = F.col("status_code")
     requested = F.expr(made_request_sql("outcome"))
+    transient = F.expr(is_transient_sql("outcome", "status_code"))
     throttled = code.isin(sorted(THROTTLE_STATUSES))
 
     def count_if(condition: Column) -> Column:
@@ -279,32 +281,39 @@ def host_fetch_counts(conf: Config, segment_id: str, results: DataFrame, robots:
         count_if(F.col("outcome") == FetchOutcome.NETWORK_ERROR.value).alias("network_errors"),
         count_if(F.col("outcome") == FetchOutcome.ROBOTS_DENIED.value).alias("robots_denied"),
         F.max(F.when(requested, F.col("fetched_at"))).alias("last_fetch_at"),
-        count_if(F.expr(is_transient_sql("outcome", "status_code"))).alias("failed"),
-        count_if(requested & code.between(200, 399)).alias("responded_ok"),
+        count_if(transient).alias("failed"),
+        F.max(F.when(transient, F.col("fetched_at"))).alias("failed_at"),
+        count_if(requested & ~transient).alias("answered"),
         F.max(F.when(throttled, F.col("retry_after_s"))).alias("retry_after_s"),
     )
     robots = robots.withColumn("has_robots", F.lit(True))
-    counter_cols = [*HOST_COUNTERS, "failed", "responded_ok"]
+    robots_failed = F.col("has_robots") & (F.col("robots_state") == RobotsState.DISALLOW_ALL.value)
+    counter_cols = [*HOST_COUNTERS, "failed", "answered"]
     rules = PolitenessRules.from_config(conf)
 
-    @F.udf("struct<level:int, until_us:bigint>")
-    def backoff(host, level, until_us, failed, responded_ok, last_fetch_us, retry_after_s):
-        decided = rules.host_backoff(HostBackoff(level, _moment(until_us)), failed, responded_ok,
-                                     _moment(last_fetch_us), retry_after_s, f"{host}|{segment_id}")
-        return (decided.level, _micros(decided.until))
+    @F.udf("struct<level:int, until_us:bigint, since_us:bigint>")
+    def backoff(host, level, until_us, since_us, failed, answered, failed_at_us, retry_after_s):
+        decided = rules.host_backoff(HostBackoff(level, _moment(until_us), _moment(since_us)), failed, answered,
+                                     _moment(failed_at_us), retry_after_s, f"{host}|{segment_id}")
+        return (decided.level, _micros(decided.until), _micros(decided.failing_since))
 
     snap = hosts_snap.select("host_key", F.col("backoff_level").alias("h_level"),
-                             F.col("backoff_until").alias("h_until"))
+                             F.col("backoff_until").alias("h_until"), F.col("failing_since").alias("h_since"))
     return (
         counters.join(robots, "host_key", "full_outer")
         .withColumn("bucket", F.coalesce("bucket", "r_bucket"))
         .withColumn("has_robots", F.coalesce("has_robots", F.lit(False)))
         .fillna(0, subset=counter_cols)
+        .withColumn("failed", F.col("failed") + F.when(robots_failed, 1).otherwise(0))
+        .withColumn("failed_at", F.greatest("failed_at", F.when(robots_failed, F.col("robots_fetched_at"))))
+        .withColumn("answered", F.col("answered") + F.when(F.col("has_robots") & ~robots_failed, 1).otherwise(0))
         .join(snap, "host_key", "left")
         .withColumn("bo", backoff("host_key", F.coalesce("h_level", F.lit(0)), F.unix_micros("h_until"),
-                                  "failed", "responded_ok", F.unix_micros("last_fetch_at"), "retry_after_s"))
+                                  F.unix_micros("h_since"), "failed", "answered", F.unix_micros("failed_at"),
+                                  "retry_after_s"))
         .withColumn("backoff_level", F.col("bo.level"))
         .withColumn("backoff_until", F.timestamp_micros("bo.until_us"))
+        .withColumn("failing_since", F.timestamp_micros("bo.since_us"))
     )
 
 
@@ -341,6 +350,7 @@ def merge_hosts(spark: SparkSession, root: str, segment_id: str, fetch_counts: D
             0)),
         "backoff_level": when_fetch("backoff_level", F.col("s.backoff_level")),
         "backoff_until": when_fetch("backoff_until", F.col("s.backoff_until")),
+        "failing_since": when_fetch("failing_since", F.col("s.failing_since")),
         "last_segment": when_fetch("last_segment", seg),
         **found.set,
         "updated_at": F.lit(now),
@@ -356,6 +366,7 @@ def merge_hosts(spark: SparkSession, root: str, segment_id: str, fetch_counts: D
         "policy_version": F.when(new_body, 1).otherwise(0).cast("bigint"),
         "backoff_level": F.coalesce("s.backoff_level", F.lit(0)),
         "backoff_until": F.col("s.backoff_until"),
+        "failing_since": F.col("s.failing_since"),
         "last_segment": F.when(fetched, seg),
         "updated_at": F.lit(now),
         **found.values,

@@ -130,15 +130,15 @@ def test_stats_counts_every_table_by_status(spark, shared_crawl):
     from jobs.stats import render_stats, table_counts
 
     root = str(shared_crawl.root)
-    counts = table_counts(spark, root)
+    counts = table_counts(spark, shared_crawl.conf, root)
     assert set(counts) == set(TABLES)
     total, by_status = counts["urls"]
     assert total == table_df(spark, root, "urls").count()
     assert dict(by_status)["fetched"] > 0
     _, host_states = counts["hosts"]
-    assert {state for state, _ in host_states} <= {"ok", "backing_off", "robots_unreachable"}
+    assert {state for state, _ in host_states} <= {"ok", "backing_off", "robots_unreachable", "dead"}
     assert sum(n for _, n in host_states) == table_df(spark, root, "hosts").count()
-    text = render_stats(spark, root)
+    text = render_stats(spark, shared_crawl.conf, root)
     for name in TABLES:
         assert name in text
 

@@ -299,18 +299,35 @@ def test_static_host_on_private_address_is_blocked_before_connecting(edge, base_
     assert not [f for f in files_under(layout.warc_dir(root, SEGMENT)) if f.endswith(".warc.gz")]
 
 
-def test_robots_5xx_defers_the_host(edge, base_conf, root):
-    conf = edge_conf(base_conf)
+def _closed_port() -> int:
+    """A loopback port nothing listens on (bound, then released): connecting to it is refused."""
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def test_robots_5xx_or_a_refused_connection_defers_the_host(edge, base_conf, root):
+    """An unreachable robots.txt — a 503, or a host that refuses connections — defers the host's URLs without a
+    request and is recorded as a disallow_all robots row (update counts it as a host failure)."""
+    conf = edge_conf(base_conf, **{"fetch.static_hosts": {
+        **edge_conf(base_conf)["fetch.static_hosts"], "down.test": "127.0.0.1"}})
+    down = f"http://down.test:{_closed_port()}"
     write_fetchlist(root, SEGMENT, [{"url": edge.url("broken.test", p)} for p in ("/", "/a", "/b")]
-                    + [{"url": edge.url("edge.test", "/ok")}], conf["crawl.buckets"])
+                    + [{"url": edge.url("edge.test", "/ok")}, {"url": f"{down}/x"}], conf["crawl.buckets"])
     fetch_segment(conf, root, SEGMENT)
     rows = by_url(read_results(root, SEGMENT))
     assert {rows[edge.url("broken.test", p)]["outcome"] for p in ("/", "/a", "/b")} == {"deferred"}
+    assert rows[f"{down}/x"]["outcome"] == "deferred"
     assert rows[edge.url("edge.test", "/ok")]["outcome"] == "success"
     assert [r["path"] for r in edge.requests("broken.test")] == ["/robots.txt"]
     robots = {r["host_key"]: r for r in read_results(root, SEGMENT, kind="robots")}
     broken = robots[f"http://broken.test:{edge.port}"]
     assert broken["status_code"] == 503 and broken["state"] == "disallow_all"
+    refused = robots[down]
+    assert (refused["status_code"], refused["state"], refused["warc_filename"]) == (None, "disallow_all", None)
+    assert refused["error"]
     assert record_at(root, broken["warc_filename"], broken["warc_offset"]).http_headers.status_code == 503
 
 

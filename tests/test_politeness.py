@@ -228,7 +228,7 @@ def test_a_takeover_before_robots_is_known_waits_for_the_largest_crawl_delay():
 T0 = datetime(2024, 5, 1, 12, 0, tzinfo=timezone.utc)
 RULES = PolitenessRules(min_delay_s=1.0, max_crawl_delay_s=10.0, max_concurrency_per_host=2, backoff_base_s=30.0,
                         max_backoff_s=900.0, max_consecutive_failures=3, backoff_recovery_factor=0.5,
-                        response_time_factor=0.0, max_response_time_delay_s=60.0)
+                        response_time_factor=0.0, max_response_time_delay_s=60.0, dead_after_days=7.0)
 
 
 def test_rules_read_every_politeness_key_from_config(base_conf):
@@ -268,3 +268,22 @@ def test_host_backoff_rises_with_failing_segments_and_resets_on_success():
     assert RULES.host_backoff(HostBackoff(2, first.until), 0, 0, T0, None, "s") == HostBackoff(2, first.until)
     assert RULES.host_backoff(HostBackoff(2, first.until), 1, 0, None, None, "s") == HostBackoff(2, first.until)
 
+
+
+def test_a_streak_of_failing_segments_makes_a_host_dead_and_one_answer_revives_it():
+    day = timedelta(days=1)
+    state = HostBackoff(0, None)
+    for n in range(8):  # one failing segment a day, nothing answered: the streak starts at the first failure
+        state = RULES.host_backoff(state, 1, 0, T0 + n * day, None, f"s{n}")
+        assert state.failing_since == T0 and state.level == n + 1
+    assert not RULES.is_dead(state.failing_since, T0 + 7 * day - timedelta(seconds=1))
+    assert RULES.is_dead(state.failing_since, T0 + 7 * day)
+    assert RULES.host_state(None, None, state.failing_since, T0 + 8 * day) == "dead"
+    assert RULES.host_state(None, T0 + 9 * day, state.failing_since, T0 + 8 * day) == "dead"  # dead over backing off
+    assert RULES.host_backoff(state, 0, 0, None, None, "quiet") == state  # a segment that never tried it: no change
+    # Failures with an answer in the same segment back off but end the streak; answers alone reset everything.
+    mixed = RULES.host_backoff(state, 2, 1, T0 + 8 * day, None, "m")
+    assert mixed.level == state.level + 1 and mixed.failing_since is None
+    revived = RULES.host_backoff(state, 0, 1, None, None, "r")
+    assert (revived.level, revived.failing_since) == (0, None)
+    assert RULES.host_state(None, None, revived.failing_since, T0 + 9 * day) == "ok"

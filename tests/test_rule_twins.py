@@ -22,7 +22,7 @@ from crawler.dedup import (
     representative_of,
     representative_of_sql,
 )
-from crawler.politeness import PolitenessRules, host_state, host_state_sql
+from crawler.politeness import PolitenessRules
 from crawler.robots import RobotsState
 from crawler.status import (
     FetchOutcome,
@@ -42,7 +42,8 @@ T0 = datetime(2024, 5, 10, tzinfo=UTC)
 def _rules(min_delay_s: float, max_crawl_delay_s: float) -> PolitenessRules:
     return PolitenessRules(min_delay_s=min_delay_s, max_crawl_delay_s=max_crawl_delay_s, max_concurrency_per_host=1,
                            backoff_base_s=30.0, max_backoff_s=900.0, max_consecutive_failures=5,
-                           backoff_recovery_factor=0.5, response_time_factor=0.0, max_response_time_delay_s=60.0)
+                           backoff_recovery_factor=0.5, response_time_factor=0.0, max_response_time_delay_s=60.0,
+                           dead_after_days=7.0)
 
 
 def test_status_rules_agree(spark):
@@ -77,10 +78,12 @@ def test_politeness_delay_cap_and_score_agree(spark):
         rules = _rules(min_delay, max_crawl)
         sql_delay = rules.host_delay_sql("cd", "hm")
         sql_cap = frontier.per_host_cap_sql(1000, 3600, sql_delay)
-        row = frame.where(f"i = {i}").selectExpr(f"{sql_delay} as d", f"{sql_cap} as c").first()
+        sql_probe = frontier.per_host_cap_sql(1000, 3600, sql_delay, "i >= 0")
+        row = frame.where(f"i = {i}").selectExpr(f"{sql_delay} as d", f"{sql_cap} as c", f"{sql_probe} as p").first()
         delay = rules.host_delay(crawl, host_min)
         assert row.d == pytest.approx(delay)
         assert row.c == frontier.per_host_cap(1000, 3600, delay)
+        assert row.p == frontier.per_host_cap(1000, 3600, delay, dead=True) == 1
     due = datetime(2024, 5, 1, 6, tzinfo=UTC)
     times = spark.createDataFrame([(1.5, due, T0), (1.5, T0, due)], "p double, due timestamp, now timestamp")
     got = [r.s for r in times.selectExpr(f"{frontier.score_sql('p', 'due', 'now', 0.1)} as s").collect()]
@@ -160,13 +163,21 @@ def test_discovery_depth_and_priority_agree(spark):
 
 def test_host_state_agrees(spark):
     now = datetime(2026, 3, 1, 12, tzinfo=UTC)
-    cases = [(state, until) for state in (None, *(s.value for s in RobotsState))
-             for until in (None, now - timedelta(seconds=1), now, now + timedelta(hours=1))]
-    frame = spark.createDataFrame(cases, "robots_state string, backoff_until timestamp")
-    got = frame.selectExpr("robots_state", "backoff_until", host_state_sql(
-        "robots_state", "backoff_until", f"timestamp'{now.strftime('%Y-%m-%d %H:%M:%S')}'") + " as state").collect()
+    rules = _rules(1.0, 60.0)
+    span = timedelta(days=rules.dead_after_days)
+    moments = (None, now - timedelta(seconds=1), now, now + timedelta(hours=1))
+    cases = [(state, until, since) for state in (None, *(s.value for s in RobotsState)) for until in moments
+             for since in (None, now - span, now - span + timedelta(microseconds=1), now - 2 * span)]
+    frame = spark.createDataFrame(cases, "robots_state string, backoff_until timestamp, failing_since timestamp")
+    at = f"timestamp'{now.strftime('%Y-%m-%d %H:%M:%S')}'"
+    got = frame.selectExpr("robots_state", "backoff_until", "failing_since", rules.host_state_sql(
+        "robots_state", "backoff_until", "failing_since", at) + " as state").collect()
     assert len(got) == len(cases)
+
+    def aware(moment: datetime | None) -> datetime | None:
+        return moment.replace(tzinfo=UTC) if moment else None
+
     for row in got:
-        until = row.backoff_until.replace(tzinfo=UTC) if row.backoff_until else None
-        assert row.state == host_state(row.robots_state, until, now), row
+        assert row.state == rules.host_state(row.robots_state, aware(row.backoff_until), aware(row.failing_since),
+                                             now), row
     assert {row.state for row in got} == {s.value for s in HostState}

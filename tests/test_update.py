@@ -4,6 +4,7 @@ version, host counters and robots folded once, and a re-run that leaves every ta
 
 from __future__ import annotations
 
+from collections import Counter
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -174,48 +175,86 @@ def test_robots_denied_url_waits_for_the_hosts_robots_expiry(spark, base_conf, r
     assert rows["http://a.test/open"].status == "fetched"
 
 
-@pytest.mark.slow
-def test_unreachable_robots_keeps_the_last_good_copy(spark, base_conf, root, tmp_path):
-    seeds = tmp_path / "seeds.txt"
-    seeds.write_text("http://a.test/one\nhttp://a.test/two\n")
-    inject.run(spark, base_conf, root, str(seeds))
-    now = datetime.now(UTC).replace(microsecond=0) + timedelta(minutes=1)
-    b = bucket("http://a.test/")
-    good = "User-agent: *\nDisallow: /private\n"
-    for segment, url, state, code, body in (("seg-r1", "http://a.test/one", "rules", 200, good),
-                                            ("seg-r2", "http://a.test/two", "disallow_all", 503, "<h1>busy</h1>")):
-        generate.run(spark, base_conf.with_overrides({"generate.per_host_max_urls": 1}), root, segment, now)
-        row = {**fetched(url, now, "deferred", None), "segment_id": segment}
-        write_parquet(layout.fetched_dir(root, segment, b), [row], FETCHED)
-        write_parquet(layout.robots_dir(root, segment, b), [{
-            "segment_id": segment, "bucket": b, "host_key": "http://a.test", "fetched_at": now, "status_code": code,
-            "state": state, "body": body, "expires_at": now + timedelta(days=1)}], ROBOTS)
-        update.run(spark, base_conf, root, segment)
-        now += timedelta(minutes=1)
-    host = [r for r in tables.table_df(spark, root, "hosts").collect() if r.host_key == "http://a.test"][0]
-    assert (host.robots_state, host.robots_status_code, host.robots_body, host.policy_version) == (
-        "disallow_all", 503, good, 1)
-
-
-def test_network_errors_and_5xx_back_a_host_off_across_segments(spark, base_conf, root, tmp_path):
+def test_failures_back_hosts_off_across_segments_and_a_long_streak_makes_a_host_dead_until_it_answers(
+        spark, base_conf, root, tmp_path):
     """The failures that back a host off inside a segment (crawler.status.is_transient) carry over to the next
-    segments alike: a host with only network errors, and one with a 500, get a backoff level and time, as a
-    429/503 host does; a 404 is no failure. (Network errors used to carry no backoff across segments.)"""
+    segments alike — network errors, a 500, and a robots.txt that cannot be reached (the host's URLs come back
+    deferred, with no request) — a 404 is no failure. A host with nothing but failures for
+    politeness.dead_after_days is dead: generate gives it one probe URL (not its backlog), and the probe's answer
+    revives it. (Network errors and unreachable robots.txt used to carry no backoff across segments.) An
+    unreachable robots.txt keeps the host's last good copy stored (generate ignores it while disallow_all)."""
+    from crawler.politeness import PolitenessRules
+
     seeds = tmp_path / "seeds.txt"
-    seeds.write_text("http://n.test/1\nhttp://f.test/1\nhttp://g.test/1\n")
+    seeds.write_text("http://n.test/1\nhttp://f.test/1\nhttp://g.test/1\nhttp://r.test/1\nhttp://d.test/1\n"
+                     "http://d.test/2\nhttp://d.test/3\n")
     inject.run(spark, base_conf, root, str(seeds))
     now = datetime.now(UTC).replace(microsecond=0) + timedelta(minutes=1)
-    assert generate.run(spark, base_conf, root, SEG, now).url_count == 3
+    assert generate.run(spark, base_conf, root, SEG, now).url_count == 7
+    good = "User-agent: *\nDisallow: /private\n"
+
+    def write_segment(segment: str, results: list[dict], robots: dict[str, tuple[int | None, str, str | None]],
+                      at: datetime):
+        for b in {r["bucket"] for r in results} | {bucket(h) for h in robots}:
+            write_parquet(layout.fetched_dir(root, segment, b), [r for r in results if r["bucket"] == b], FETCHED)
+            write_parquet(layout.robots_dir(root, segment, b), [{
+                "segment_id": segment, "bucket": b, "host_key": host, "fetched_at": at, "status_code": code,
+                "state": state, "body": body, "expires_at": at + timedelta(days=1)}
+                for host, (code, state, body) in robots.items() if bucket(host) == b], ROBOTS)
+
+    def hosts() -> dict:
+        return {r["host_key"]: r for r in tables.table_df(spark, root, "hosts").collect()}
+
     at = now + timedelta(seconds=10)
-    results = [fetched("http://n.test/1", at, "network_error", None, error="connection refused"),
-               fetched("http://f.test/1", at, "http_error", 500), fetched("http://g.test/1", at, "http_error", 404)]
-    for b in {r["bucket"] for r in results}:
-        write_parquet(layout.fetched_dir(root, SEG, b), [r for r in results if r["bucket"] == b], FETCHED)
+    write_segment(SEG, [fetched("http://n.test/1", at, "network_error", None, error="connection refused"),
+                        fetched("http://f.test/1", at, "http_error", 500),
+                        fetched("http://g.test/1", at, "http_error", 404),
+                        fetched("http://r.test/1", at, "success", 200),
+                        *[fetched(f"http://d.test/{n}", at, "deferred", None) for n in (1, 2, 3)]],
+                  {"http://d.test": (None, "disallow_all", None), "http://r.test": (200, "rules", good)}, at)
     update.run(spark, base_conf, root, SEG)
-    hosts = {r["host_key"]: r for r in tables.table_df(spark, root, "hosts").collect()}
+    rows = hosts()
     base = timedelta(seconds=base_conf["politeness.backoff_base_s"])
-    for failing in ("http://n.test", "http://f.test"):
-        row = hosts[failing]
+    naive = at.replace(tzinfo=None)
+    for failing in ("http://n.test", "http://f.test", "http://d.test"):
+        row = rows[failing]
         assert row.backoff_level == 1, failing
-        assert at.replace(tzinfo=None) + base <= row.backoff_until <= at.replace(tzinfo=None) + 1.25 * base
-    assert (hosts["http://g.test"].backoff_level, hosts["http://g.test"].backoff_until) == (0, None)
+        assert naive + base <= row.backoff_until <= naive + 1.25 * base
+        assert row.failing_since == naive, failing
+    assert rows["http://d.test"].fetches == 0  # no request was made: the robots.txt fetch failed
+    assert (rows["http://g.test"].backoff_level, rows["http://g.test"].backoff_until) == (0, None)
+    assert rows["http://g.test"].failing_since is None
+    assert (rows["http://r.test"].robots_body, rows["http://r.test"].policy_version) == (good, 1)
+
+    # Eight days later: the three failing hosts are dead; the dead host with a backlog of 3 gets one probe URL.
+    later = now + timedelta(days=8)
+    rules = PolitenessRules.from_config(base_conf)
+    states = {key: rules.host_state(r.robots_state, r.backoff_until and r.backoff_until.replace(tzinfo=UTC),
+                                    r.failing_since and r.failing_since.replace(tzinfo=UTC), later)
+              for key, r in rows.items()}
+    assert states == {"http://n.test": "dead", "http://f.test": "dead", "http://d.test": "dead", "http://g.test": "ok",
+                      "http://r.test": "ok"}
+    probe_seg = "seg-u2"
+    generate.run(spark, base_conf, root, probe_seg, later)
+    listed = {r.url: r for r in spark.read.parquet(layout.fetchlist_dir(root, probe_seg)).collect()}
+    by_host = Counter(r.host_key for r in listed.values())
+    assert by_host == {"http://n.test": 1, "http://f.test": 1, "http://d.test": 1, "http://r.test": 1}
+    probe = next(r for r in listed.values() if r.host_key == "http://d.test")
+
+    # The probe is answered (and robots.txt is a 404: allow all): the host is alive again. r.test's robots.txt
+    # now answers 503: a failing streak starts, and its last good copy stays stored.
+    at2 = later + timedelta(seconds=10)
+    again = listed["http://r.test/1"]
+    write_segment(probe_seg, [result_row(probe_seg, probe.url, at2, "success", 200, probe.state_version, BUCKETS),
+                              result_row(probe_seg, again.url, at2, "deferred", None, again.state_version, BUCKETS)],
+                  {"http://d.test": (404, "allow_all", None), "http://r.test": (503, "disallow_all", "<h1>busy</h1>")},
+                  at2)
+    update.run(spark, base_conf, root, probe_seg)
+    rows = hosts()
+    assert (rows["http://d.test"].backoff_level, rows["http://d.test"].failing_since) == (0, None)
+    assert rows["http://n.test"].failing_since == naive  # untouched by a segment that got no result from it
+    r = rows["http://r.test"]
+    assert (r.robots_state, r.robots_status_code, r.robots_body, r.policy_version) == ("disallow_all", 503, good, 1)
+    assert (r.backoff_level, r.failing_since) == (1, at2.replace(tzinfo=None))
+
+
