@@ -2,6 +2,7 @@
 
     inject -> generate -> fetch -> {await_daemons | fetch_segment} -> parse -> dedup -> update
            -> [index_enabled -> index] -> validate -> maintenance_due -> maintain
+    update -> frontier (reads the segment's cycle_metrics; fails, as an alert, past alert_oldest_due_hours)
 
 Every Spark step is `crawl-submit [--master M] -- <crawl command>`, one spark-submit per step, so the same DAG
 drives `local[*]` on one machine and a cluster master; the scheduler's workers need the cyclecrawl package
@@ -19,7 +20,7 @@ from typing import Any
 
 from airflow.providers.standard.operators.bash import BashOperator
 from airflow.sdk import DAG, BaseSensorOperator, Param, PokeReturnValue, task
-from airflow.sdk.exceptions import AirflowSensorTimeout
+from airflow.sdk.exceptions import AirflowFailException, AirflowSensorTimeout
 
 log = logging.getLogger(__name__)
 
@@ -159,6 +160,10 @@ with DAG(
         "validation_out": Param("", type="string",
                                 description="local folder for crawl validate's report and Data Docs; "
                                             "empty = ROOT/validation (an s3:// root's too)"),
+        "alert_oldest_due_hours": Param(float(os.environ.get("CYCLECRAWL_ALERT_OLDEST_DUE_HOURS", "0")),
+                                        type="number", minimum=0,
+                                        description="the frontier task fails (an alert) when the oldest due URL "
+                                                    "had waited longer than this at generate; 0 = never"),
         "maintain": Param("auto", enum=["auto", "always", "never"],
                           description=f"auto: maintain in the run whose time is {MAINTAIN_HOUR_UTC}:00-59 UTC"),
     },
@@ -237,6 +242,29 @@ through lease expiry, as with daemons).""",
         "`crawl update`: results, discoveries and host state merged into the tables (idempotent MERGE).",
     )
 
+    @task(task_id="frontier", doc_md="""Reads the segment's frontier figures from `cycle_metrics` (written by generate
+and update; read with delta-rs, no JVM), logs them and returns them as its XCom: due backlog, oldest due URL, due
+high-priority URLs not leased, new URLs, change rate, stale results, unmerged segments, hosts by state. Fails when
+the oldest due URL had waited longer than `alert_oldest_due_hours` (0 = never): a leaf task, so the run shows failed
+(on-call's alert) while validate and maintain still run.""")
+    def frontier(params: dict[str, Any], dag_run: Any) -> dict[str, Any]:
+        from crawler.frontier import freshness_alert
+        from jobs.cycle_metrics import read_figures
+
+        segment = segment_id(dag_run)
+        figures = read_figures(crawl_conf(params), segment)
+        if "update" not in figures:
+            raise RuntimeError(f"cycle_metrics has no update row for {segment}: update did not record its figures")
+        for step, row in sorted(figures.items()):
+            log.info("%s %s: %s", segment, step, ", ".join(f"{k}={v}" for k, v in row.items()
+                                                           if v is not None and k not in ("segment_id", "step")))
+        alert = freshness_alert((figures.get("generate") or {}).get("oldest_due_age_s"),
+                                params["alert_oldest_due_hours"])
+        if alert:
+            raise AirflowFailException(f"{segment}: {alert}")  # an alert, not a flaky read: no retries
+        return {step: {k: v.isoformat() if isinstance(v, datetime) else v for k, v in row.items()}
+                for step, row in figures.items()}
+
     @task.short_circuit(task_id="index_enabled", ignore_downstream_trigger_rules=False,
                         doc_md="Lets index run when the config's `index.enabled` is on (skipped otherwise; validate "
                                "runs either way).")
@@ -270,4 +298,5 @@ through lease expiry, as with daemons).""",
     fetch = choose_fetch()
     inject >> generate >> fetch >> [await_daemons, fetch_segment] >> parse >> dedup >> update >> validate
     update >> index_enabled() >> index >> validate
+    update >> frontier()
     validate >> maintenance_due() >> maintain

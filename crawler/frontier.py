@@ -76,6 +76,15 @@ def backpressure(unmerged: Mapping[str, bool], max_unmerged: int) -> str | None:
     return None
 
 
+def freshness_alert(oldest_due_age_s: float | None, max_oldest_due_hours: float) -> str | None:
+    """Why on-call should look at the frontier (None: no reason): the oldest due URL had waited longer than
+    `max_oldest_due_hours` when the segment was generated (0 = never alert) — fetching falls behind the schedule."""
+    if not max_oldest_due_hours or oldest_due_age_s is None or oldest_due_age_s <= max_oldest_due_hours * 3600:
+        return None
+    return (f"the oldest due URL had waited {oldest_due_age_s / 3600:.1f} h when the segment was generated, more "
+            f"than {max_oldest_due_hours:g} h: fetching falls behind (see docs/deploy.md, On call)")
+
+
 def score(priority: float, next_fetch_at: datetime, now: datetime, age_boost_per_day: float) -> float:
     """Generate's ranking score: priority plus a boost per day overdue, so low priorities never starve."""
     days_overdue = max(0.0, (now - next_fetch_at).total_seconds() / SECONDS_PER_DAY)

@@ -31,7 +31,7 @@ from collections.abc import Iterable
 from crawler.errors import BadName, UnknownSegment, UserError
 
 TABLES = ("urls", "hosts", "fetches", "pages", "links", "index_events", "segments", "records", "dedup_hashes",
-          "dedup_bands")
+          "dedup_bands", "cycle_metrics")
 BUCKET_DIR = re.compile(r"^bucket=(\d{5})$")
 DONE_MANIFEST = "_DONE.json"
 CLOSED_MARKER = "_CLOSED.json"

@@ -73,6 +73,13 @@ class ReportData:
     robots_denied_hosts: list[tuple[str, int]]
     trap_hosts: list[tuple[str, dict[str, int]]]        # cumulative maps of hosts this segment touched
     trap_reasons: dict[str, int]                        # those maps summed
+    host_states: dict[str, int] = field(default_factory=dict)  # crawler.politeness.host_state -> hosts, now
+    frontier: list[dict[str, object]] = field(default_factory=list)  # recent `cycle_metrics` rows, oldest first
+
+    def figures(self, step: str) -> dict[str, object] | None:
+        """This segment's `cycle_metrics` row of `step` (generate, update), if any."""
+        return next((row for row in self.frontier if row["segment_id"] == self.segment_id and row["step"] == step),
+                    None)
 
 
 def bin_index(value: float, edges: Sequence[float]) -> int:
@@ -102,6 +109,32 @@ def _pairs(counts: dict[str, int]) -> str:
     return ", ".join(f"{k}={v}" for k, v in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))) or "-"
 
 
+def _age(seconds: object) -> str:
+    if seconds is None:
+        return "-"
+    hours = float(seconds) / 3600
+    return f"{hours / 24:.1f} d" if hours >= 48 else f"{hours:.1f} h"
+
+
+def _rate(value: object) -> str:
+    return "-" if value is None else f"{100 * float(value):.0f}%"
+
+
+def _frontier_lines(data: ReportData) -> list[tuple[str, str]]:
+    chosen, merged = data.figures("generate"), data.figures("update")
+    lines = []
+    if chosen:
+        lines.append(("frontier", f"{chosen['due_urls']} due when generated, oldest due "
+                                  f"{_age(chosen['oldest_due_age_s'])}; {chosen['due_high_priority']} high-priority "
+                                  f"due, {chosen['high_priority_not_leased']} of them not leased; "
+                                  f"{chosen['unmerged_segments']} other segments not merged"))
+    if merged:
+        lines.append(("change", f"{merged['new_urls']} new URLs; {merged['changed']} of {merged['refetched']} "
+                                f"refetched pages changed ({_rate(merged['change_rate'])})"))
+    lines.append(("host states", _pairs(data.host_states)))
+    return lines
+
+
 def terminal_summary(data: ReportData) -> str:
     """A few aligned lines read at a glance after a cycle."""
     duplicates = data.exact_duplicates + data.near_duplicates
@@ -124,6 +157,7 @@ def terminal_summary(data: ReportData) -> str:
         ("robots denied", f"{data.outcomes.get('robots_denied', 0)} on {len(data.robots_denied_hosts)} hosts"),
         ("trap rejections", f"{sum(data.trap_reasons.values())} on {len(data.trap_hosts)} hosts "
                             f"(cumulative) ({_pairs(data.trap_reasons)})"),
+        *_frontier_lines(data),
     ]
     return "\n".join(f"{label + ':':<{LABEL_WIDTH + 1}} {text}" for label, text in rows)
 
@@ -213,6 +247,38 @@ def _gap(value: float | None) -> str:
     return "-" if value is None else f"{value:.3f}"
 
 
+FRONTIER_COLUMNS = (("segment", "segment_id"), ("step", "step"), ("due", "due_urls"),
+                    ("oldest due", "oldest_due_age_s"), ("high-priority due", "due_high_priority"),
+                    ("not leased", "high_priority_not_leased"), ("leased", "leased_urls"), ("results", "results"),
+                    ("stale", "stale"), ("new URLs", "new_urls"), ("change rate", "change_rate"),
+                    ("unmerged", "unmerged_segments"))
+
+
+def _frontier_cell(key: str, value: object) -> object:
+    if key == "oldest_due_age_s":
+        return _age(value)
+    if key == "change_rate":
+        return _rate(value)
+    return "-" if value is None else value
+
+
+def _frontier_html(data: ReportData) -> list[str]:
+    """Hosts by state now, and the recent frontier figures (`cycle_metrics`), with the due backlog per segment."""
+    backlog = [(str(row["segment_id"]), int(row["due_urls"] or 0)) for row in data.frontier
+               if row["step"] == "generate"]
+    return [
+        "<h2>Hosts by state</h2>",
+        '<p class="note">ok, backing off (backoff_until ahead), robots unreachable (last robots.txt fetch found '
+        "none), dead (nothing but failures for politeness.dead_after_days: one probe URL per segment).</p>",
+        bar_chart_svg("hosts by state", _counts_rows(data.host_states)),
+        table_html(("state", "hosts"), _counts_rows(data.host_states)),
+        "<h2>Frontier figures (cycle_metrics, recent runs)</h2>",
+        bar_chart_svg("due URLs when each segment was generated", backlog),
+        table_html([label for label, _ in FRONTIER_COLUMNS],
+                   [[_frontier_cell(key, row.get(key)) for _, key in FRONTIER_COLUMNS] for row in data.frontier]),
+    ]
+
+
 def render_html(data: ReportData) -> str:
     """The whole report page."""
     gap_labels = bin_labels(GAP_EDGES_S, " s")
@@ -273,6 +339,7 @@ def render_html(data: ReportData) -> str:
                     for b in data.buckets]),
         "<h3>Counters</h3>",
         table_html(("counter", "value"), sorted(data.counters.items())),
+        *_frontier_html(data),
     ]
     return ('<!DOCTYPE html><html lang="en"><head><meta charset="utf-8">'
             f"<title>cyclecrawl report {e(data.segment_id)}</title><style>{_CSS}</style></head><body>"

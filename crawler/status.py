@@ -66,6 +66,13 @@ class HostState(str, Enum):
     DEAD = "dead"                               # nothing but failures for politeness.dead_after_days: probed only
 
 
+class MetricsStep(str, Enum):
+    """`cycle_metrics.step`: the step run whose frontier figures a row holds."""
+
+    GENERATE = "generate"
+    UPDATE = "update"
+
+
 class UrlSource(str, Enum):
     """`urls.source`: how a URL first became known."""
 

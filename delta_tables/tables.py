@@ -313,8 +313,37 @@ DEDUP_BANDS = TableDef(
     doc="Dedup index: SimHash bands -> (url_id, SimHash, cluster), max_hamming + 1 rows per current page (dedup).",
 )
 
+CYCLE_METRICS = TableDef(
+    "cycle_metrics",
+    StructType(
+        [
+            _f("segment_id", S, False),
+            _f("step", S, False),             # crawler.status.MetricsStep: the step run that wrote the row
+            _f("run_at", T, False),           # the step's `now`
+            _f("due_urls", L),                # generate: URLs due and not leased elsewhere, in any host state
+            _f("oldest_due_age_s", D),        # generate: now - the earliest next_fetch_at among them
+            _f("due_high_priority", L),       # generate: of the due, priority >= generate.high_priority
+            _f("high_priority_not_leased", L),  # generate: of those, not taken into this segment
+            _f("leased_urls", L),             # generate: URLs in this segment's fetch list
+            _f("results", L),                 # update: results read
+            _f("applied", L),                 # update: results that completed their URL
+            _f("stale", L),                   # update: results not current for their (url_id, state_version)
+            _f("new_urls", L),                # update: discovered URLs accepted into `urls`
+            _f("refetched", L),               # update: known pages fetched again, with content (changed + unchanged)
+            _f("changed", L),                 # update: of those, content changed
+            _f("change_rate", D),             # update: changed / refetched (null: none refetched)
+            _f("unmerged_segments", INT),     # other segments neither merged nor closed, when the step ran
+            _f("hosts_by_state", MapType(S, L)),  # crawler.politeness.host_state -> hosts, when the step ran
+        ]
+    ),
+    # Insert-only (never updated): no deletion vectors, so every reader (delta-rs in the DAG too) opens it.
+    properties={**_COMMON_PROPS, "delta.enableDeletionVectors": "false"},
+    doc="Frontier figures: one row per generate or update run of a segment, for the report, the DAG and on-call.",
+)
+
 TABLES: dict[str, TableDef] = {
-    t.name: t for t in (URLS, HOSTS, FETCHES, PAGES, LINKS, INDEX_EVENTS, SEGMENTS, RECORDS, DEDUP_HASHES, DEDUP_BANDS)
+    t.name: t for t in (URLS, HOSTS, FETCHES, PAGES, LINKS, INDEX_EVENTS, SEGMENTS, RECORDS, DEDUP_HASHES, DEDUP_BANDS,
+                        CYCLE_METRICS)
 }
 assert set(TABLES) == set(layout.TABLES)
 

@@ -8,7 +8,8 @@ delay) — one probe URL for a dead host (crawler.politeness.is_dead) — then k
 to the segment budget (round-robin over hosts).
 The fetch list goes to segments/<id>/fetchlist/bucket=NNNNN, each bucket's file sorted by rank then host, so
 hosts are interleaved: a daemon streaming the list (fetch.max_queued_urls) keeps many hosts busy.
-Leasing bumps state_version, so only a result carrying the new version can complete the URL.
+Leasing bumps state_version, so only a result carrying the new version can complete the URL. The frontier's
+figures at this moment (backlog, oldest due URL, high-priority URLs left out) go to `cycle_metrics`.
 
 Before any of that, backpressure (crawler.frontier.backpressure): no new segment while an earlier one has
 finished fetching without being merged, or while more than generate.max_unmerged_segments are still open; the
@@ -37,6 +38,7 @@ from crawler.politeness import PolitenessRules
 from crawler.robots import RobotsState, allowed_by_stored_rules
 from crawler.status import FINISHED_SEGMENT_STATES, SegmentState
 from delta_tables import tables
+from jobs import cycle_metrics
 from jobs.base import merge_counts, pinned_table, step
 
 log = logging.getLogger("jobs.generate")
@@ -255,10 +257,13 @@ def run(spark: SparkSession, conf: Config, root: str, segment_id: str | None = N
         return result
     with step(f"generate {segment_id}: write fetch list"):
         write_fetchlist(selected, layout.fetchlist_dir(root, segment_id))
+    with step(f"generate {segment_id}: frontier figures"):
+        figures = cycle_metrics.generate_figures(spark, conf, root, segment_id, now, selected)
     with step(f"generate {segment_id}: lease"):
         leased = lease(spark, root, selected, segment_id, now, conf["generate.lease_seconds"])
     selected.unpersist()
     record_segment(spark, root, segment_id, per_bucket, now)
+    cycle_metrics.record(spark, root, figures)
     result.url_count = sum(r["url_count"] for r in per_bucket)
     result.host_count = sum(r["host_count"] for r in per_bucket)
     result.buckets = [r["bucket"] for r in per_bucket]

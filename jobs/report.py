@@ -1,10 +1,14 @@
 """`crawl report --segment S`: aggregate one segment's tables and write ROOT/reports/<segment>.html.
 
 Only aggregates reach the driver (counts per outcome, histogram bins, the top hosts); the inter-request gaps
-are computed with a window per host over the segment's fetches. The drawing is crawler/report.py's.
+are computed with a window per host over the segment's fetches. Hosts by state are counted now, and the frontier
+figures are the last FRONTIER_ROWS rows of `cycle_metrics` (jobs/cycle_metrics.py). The drawing is
+crawler/report.py's.
 """
 
 from __future__ import annotations
+
+from datetime import UTC, datetime
 
 from pyspark.sql import Column, DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
@@ -23,9 +27,11 @@ from crawler.report import (
 )
 from crawler.status import FetchOutcome, made_request_sql
 from delta_tables import tables
+from jobs import cycle_metrics
 from jobs.storage import LOCAL, Storage
 
 TOP_HOSTS = 20
+FRONTIER_ROWS = 16  # cycle_metrics rows the report shows: the last eight cycles (generate and update each)
 
 
 def report_path(root: str, segment_id: str) -> str:
@@ -137,6 +143,7 @@ def build(spark: SparkSession, conf: Config, root: str, segment_id: str, top: in
     new_urls = {r["source"]: int(r["count"]) for r in tables.table_df(spark, root, "urls")
                 .where(F.col("discovered_in") == segment_id).groupBy("source").count().collect()}
     traps = _traps(tables.table_df(spark, root, "hosts"), segment_id, top)
+    frontier = cycle_metrics.recent(spark, root, FRONTIER_ROWS)
     return ReportData(
         segment_id=segment_id,
         min_delay_s=float(conf["politeness.min_delay_s"]),
@@ -162,6 +169,8 @@ def build(spark: SparkSession, conf: Config, root: str, segment_id: str, top: in
         robots_denied_hosts=[(r["host_key"], int(r["denied"])) for r in denied_rows],
         trap_hosts=traps[0],
         trap_reasons=traps[1],
+        host_states=cycle_metrics.hosts_by_state(spark, conf, root, datetime.now(UTC)),
+        frontier=frontier,
         **pages,
     )
 

@@ -21,6 +21,7 @@ BREAKDOWN = {
     "records": "warc_record_type",
     "dedup_hashes": "marked_duplicate",
     "dedup_bands": "band",
+    "cycle_metrics": "step",
 }
 
 

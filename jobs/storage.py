@@ -55,6 +55,18 @@ class Storage:
                            force_virtual_addressing=not self.path_style_access)
         return pafs.S3FileSystem(**options), uri.split("://", 1)[1]
 
+    def delta_rs(self, uri: str) -> tuple[str, dict[str, str]]:
+        """`uri` and the storage options delta-rs (the `deltalake` package) opens a table there with: readers that
+        run without a JVM, such as the DAG's frontier task. Credentials come from the AWS default chain."""
+        if not layout.is_s3(uri):
+            return os.path.abspath(uri), {}
+        options = {"AWS_REGION": self.region}
+        if self.endpoint_url:
+            options["AWS_ENDPOINT_URL"] = self.endpoint_url
+            options["AWS_ALLOW_HTTP"] = str(self.endpoint_url.startswith("http://")).lower()
+        options["AWS_VIRTUAL_HOSTED_STYLE_REQUEST"] = str(not self.path_style_access).lower()
+        return "s3://" + uri.split("://", 1)[1], options
+
     def open_input(self, uri: str) -> BinaryIO:
         """A seekable, buffered binary stream of the file."""
         filesystem, path = self.filesystem(uri)

@@ -3,7 +3,7 @@
 update completes the URLs the segment fetched, writes their index events and the hosts' counters, robots and
 backoff; what the segment discovered (outlinks, redirect targets, sitemap entries, robots `Sitemap:` lines) is
 jobs/discover.py's part of the same `urls` and `hosts` MERGEs. Every write is a Delta MERGE and idempotent, so
-re-running update for a segment changes no table. Five commits:
+re-running update for a segment changes no table. Six commits:
 1. `fetches`       insert-if-absent on (segment_id, url_id, state_version)
 2. `index_events`  insert-if-absent on (url_id, state_version), from the pre-completion `urls` row
 3. `urls`          one MERGE: completion, only where (url_id, url, state_version) match and the lease is this
@@ -13,6 +13,7 @@ re-running update for a segment changes no table. Five commits:
                    accepted and rejected discoveries -> `known_urls` / `trap_rejections` (guarded by
                    hosts.discovery_segment), hosts of new URLs inserted
 5. `segments`      per bucket -> merged with counts (new URLs per bucket from discover), only if not merged yet
+6. `cycle_metrics` insert-if-absent: the update's frontier figures (jobs/cycle_metrics.py)
 
 All reads of `urls`, `hosts`, `pages` and `links` are pinned to the Delta version at the start of the job (and
 handed to discover), so every step sees the same pre-update state however often Spark evaluates a plan; the
@@ -45,7 +46,7 @@ from crawler.revisit import PreviousState, RevisitPolicy
 from crawler.robots import RobotsState
 from crawler.status import FINISHED_SEGMENT_STATES, FetchOutcome, SegmentState, is_transient_sql, made_request_sql
 from delta_tables import tables
-from jobs import discover
+from jobs import cycle_metrics, discover
 from jobs.base import insert_if_absent, merge_counts, merge_into, pinned_table, read_segment_files, step
 
 log = logging.getLogger("jobs.update")
@@ -128,19 +129,23 @@ def run(spark: SparkSession, conf: Config, root: str, segment_id: str) -> Update
     tables.ensure_tables(spark, root)
     result = UpdateResult(segment_id)
     fetched = read_segment_files(spark, layout.fetched_dir(root, segment_id), FETCHED)
+    now = datetime.now(UTC)
     if fetched is None:
         log.info("update %s: no fetched results; nothing to merge", segment_id)
-        record_merged(spark, root, segment_id, {}, {}, datetime.now(UTC))
-        return result
-    now = datetime.now(UTC)
-    seg = F.lit(segment_id)
-    # Every later step reads the results: one read, one dedup of repeated results, kept for the job.
-    results = (fetched.withColumn("segment_id", seg).withColumn("_n", F.expr(latest_result_rank_sql()))
-               .where("_n = 1").drop("_n")).persist(StorageLevel.MEMORY_AND_DISK)
-    try:
-        return _fold(spark, conf, root, segment_id, results, now, result)
-    finally:
-        results.unpersist()
+        record_merged(spark, root, segment_id, {}, {}, now)
+    else:
+        seg = F.lit(segment_id)
+        # Every later step reads the results: one read, one dedup of repeated results, kept for the job.
+        results = (fetched.withColumn("segment_id", seg).withColumn("_n", F.expr(latest_result_rank_sql()))
+                   .where("_n = 1").drop("_n")).persist(StorageLevel.MEMORY_AND_DISK)
+        try:
+            _fold(spark, conf, root, segment_id, results, now, result)
+        finally:
+            results.unpersist()
+    with step(f"update {segment_id}: frontier figures"):
+        cycle_metrics.record(spark, root, cycle_metrics.update_figures(
+            spark, conf, root, segment_id, now, result.results, result.applied, result.stale, result.discovered))
+    return result
 
 
 def _fold(spark: SparkSession, conf: Config, root: str, segment_id: str, results: DataFrame, now: datetime,

@@ -9,6 +9,7 @@ import json
 import os
 import subprocess
 import sys
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
@@ -203,6 +204,50 @@ def test_dag_decisions_fetch_mode_nothing_due_and_maintenance_hour(airflow_env, 
                                  "never@3": False, "never@4": False}
 
 
+FRONTIER = """
+    import json, sys
+    from datetime import datetime, timezone
+    from types import SimpleNamespace
+    from airflow.dag_processing.dagbag import DagBag
+    from airflow.exceptions import AirflowFailException
+
+    frontier = DagBag(dag_folder=sys.argv[1]).dags["crawl_cycle"].task_dict["frontier"].python_callable
+    found = {}
+    for hour, limit in ((4, 0), (4, 3), (4, 1), (5, 0)):
+        params = {"root": sys.argv[2], "config": "", "alert_oldest_due_hours": limit}
+        run = SimpleNamespace(logical_date=None, run_after=datetime(2026, 3, 1, hour, 30, tzinfo=timezone.utc))
+        try:
+            found[f"{hour}/{limit}"] = frontier(params=params, dag_run=run)
+        except AirflowFailException as exc:
+            found[f"{hour}/{limit}"] = f"alert: {exc}"
+        except RuntimeError as exc:
+            found[f"{hour}/{limit}"] = f"failed: {exc}"
+    print(json.dumps(found))
+    """
+
+
+def test_frontier_task_reads_the_segments_figures_without_spark_and_alerts_past_the_limit(airflow_env, tmp_path,
+                                                                                         root):
+    """The DAG's frontier task reads its run's `cycle_metrics` rows with delta-rs (here a table delta-rs wrote; the
+    whole-cycle test reads Spark's): it returns them, fails as an alert (no retry) when the oldest due URL waited
+    longer than alert_oldest_due_hours, and fails when update recorded nothing."""
+    import pyarrow as pa
+    from deltalake import write_deltalake
+
+    segment, other = "seg-20260301T043000Z", "seg-20260301T053000Z"
+    at = datetime(2026, 3, 1, 4, 30, tzinfo=UTC)
+    write_deltalake(layout.table_path(root, "cycle_metrics"), pa.table({
+        "segment_id": [segment, segment, other], "step": ["generate", "update", "generate"],
+        "run_at": pa.array([at, at, at], pa.timestamp("us", "UTC")), "due_urls": [40, None, 9],
+        "oldest_due_age_s": [7200.0, None, 10.0], "stale": [None, 2, None]}))
+    found = run_airflow_script(airflow_env, tmp_path, FRONTIER, str(DAGS), root)
+    assert found["4/0"]["generate"]["due_urls"] == 40 and found["4/0"]["update"]["stale"] == 2
+    assert found["4/0"]["generate"]["run_at"].startswith("2026-03-01T04:30:00")
+    assert found["4/3"] == found["4/0"]  # waited 2 h: under a 3 h limit
+    assert found["4/1"].startswith(f"alert: {segment}: the oldest due URL had waited 2.0 h")
+    assert found["5/0"].startswith(f"failed: cycle_metrics has no update row for {other}")
+
+
 GENERATE_EXIT = """
     import json, os, sys
     from airflow.dag_processing.dagbag import DagBag
@@ -283,6 +328,7 @@ def test_one_cycle_through_airflow_with_a_fetch_daemon(spark, airflow_cycle):
         "inject": "success", "generate": "success", "fetch": "success", "await_daemons": "success",
         "fetch_segment": "skipped", "parse": "success", "dedup": "success", "update": "success",
         "index_enabled": "success", "index": "skipped",  # index.enabled is off by default
+        "frontier": "success",  # it read the segment's cycle_metrics rows that generate and update wrote
         "validate": "success", "maintenance_due": "success", "maintain": "skipped"}
 
     root, segment, seed_urls = str(airflow_cycle.root), airflow_cycle.segment, airflow_cycle.seed_urls

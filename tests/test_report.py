@@ -23,7 +23,8 @@ from tests.support.tables import append_rows
 SEG, OTHER = "seg-r1", "seg-r0"
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 A, B, EVIL = "http://a.test", "http://b.test", "http://<script>alert(1)</script>.test"
-CHARTS_PER_REPORT = 6  # outcomes, top hosts, all-host gaps, response times, sizes, new URLs (+ one per top host)
+CHARTS_PER_REPORT = 8  # outcomes, top hosts, all-host gaps, response times, sizes, new URLs, host states, due backlog
+#                        (+ one per top host)
 
 # (host, seconds after T0, elapsed_ms, outcome, status_code, content_length)
 FETCHES = [
@@ -66,6 +67,17 @@ def crawled(spark, tmp_path_factory) -> str:
         {"host_key": A, "crawl_delay_s": 1.0, "discovery_segment": SEG, "trap_rejections": {"depth": 4, "path": 2}},
         {"host_key": B, "discovery_segment": SEG, "trap_rejections": {"depth": 1}},
         {"host_key": "http://old.test", "discovery_segment": OTHER, "trap_rejections": {"depth": 9}},
+        # One host per other state (crawler.politeness.host_state), counted when the report is built.
+        {"host_key": "http://dead.test", "failing_since": datetime(2020, 1, 1, tzinfo=UTC)},
+        {"host_key": "http://slow.test", "backoff_until": datetime(2999, 1, 1, tzinfo=UTC)},
+        {"host_key": "http://norobots.test", "robots_state": "disallow_all"},
+    ])
+    append_rows(spark, root, "cycle_metrics", [
+        {"segment_id": OTHER, "step": "generate", "run_at": T0 - timedelta(hours=1), "due_urls": 40},
+        {"segment_id": SEG, "step": "generate", "run_at": T0, "due_urls": 30, "oldest_due_age_s": 7200.0,
+         "due_high_priority": 12, "high_priority_not_leased": 2, "leased_urls": 11, "unmerged_segments": 1},
+        {"segment_id": SEG, "step": "update", "run_at": T0 + timedelta(minutes=5), "results": 11, "applied": 8,
+         "stale": 3, "new_urls": 5, "refetched": 4, "changed": 1, "change_rate": 0.25, "unmerged_segments": 0},
     ])
     append_rows(spark, root, "segments", [
         {"segment_id": SEG, "bucket": 0, "state": "merged", "results": 5, "applied": 4, "stale": 1,
@@ -121,6 +133,18 @@ def test_outcomes_times_sizes_and_other_tables(data):
     assert (data.sitemaps, data.sitemap_urls, data.sitemap_refused) == (1, 7, {"off_host": 2})
     assert data.trap_hosts == [(A, {"depth": 4, "path": 2}), (B, {"depth": 1})]
     assert data.trap_reasons == {"depth": 5, "path": 2}
+
+
+def test_host_states_now_and_the_recent_frontier_figures(data):
+    assert data.host_states == {"ok": 3, "dead": 1, "backing_off": 1, "robots_unreachable": 1}
+    assert [(row["segment_id"], row["step"]) for row in data.frontier] == [
+        (OTHER, "generate"), (SEG, "generate"), (SEG, "update")]
+    assert data.figures("generate")["high_priority_not_leased"] == 2 and data.figures("update")["stale"] == 3
+    summary = render.terminal_summary(data)
+    assert ("frontier:        30 due when generated, oldest due 2.0 h; 12 high-priority due, 2 of them not leased; "
+            "1 other segments not merged") in summary
+    assert "change:          5 new URLs; 1 of 4 refetched pages changed (25%)" in summary
+    assert "host states:     ok=3, backing_off=1, dead=1, robots_unreachable=1" in summary
 
 
 class _Page(HTMLParser):
@@ -220,6 +244,7 @@ def test_terminal_summary_reads_at_a_glance():
         "pages:           3, 1 duplicates (1 exact, 0 near), 0 sitemaps, 0 parse errors",
         "robots denied:   1 on 1 hosts",
         "trap rejections: 2 on 1 hosts (cumulative) (depth=2)",
+        "host states:     -",
     ]
 
 
@@ -229,7 +254,8 @@ def test_every_crawl_string_is_escaped():
     page = render.render_html(sample(
         segment_id="seg-x", top_hosts=[host], under_delay_hosts=[host], outcomes={hostile: 1},
         robots_denied_hosts=[(hostile, 1)], trap_hosts=[(hostile, {hostile: 1})], trap_reasons={hostile: 1},
-        new_urls={hostile: 1}, sitemap_refused={hostile: 1}, counters={hostile: 1}))
+        new_urls={hostile: 1}, sitemap_refused={hostile: 1}, counters={hostile: 1}, host_states={hostile: 1},
+        frontier=[{"segment_id": hostile, "step": "generate", "due_urls": 3}]))
     parsed = _parse(page)
     assert "script" not in parsed.tags
     assert hostile in "".join(parsed.text)

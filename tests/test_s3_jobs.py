@@ -116,7 +116,7 @@ def _stats(output: str) -> dict[str, int]:
 
 
 @pytest.mark.slow
-def test_a_whole_cycle_on_an_s3_root(s3_cycle):
+def test_a_whole_cycle_on_an_s3_root(s3_cycle, monkeypatch):
     """inject, generate, fetch (the daemon through boto3), parse, dedup, update, index, report, validate and stats,
     all with --root s3://... (tests/support/s3_cycle.py): every file of the crawl lives in the bucket, and the
     tables read back."""
@@ -152,3 +152,11 @@ def test_a_whole_cycle_on_an_s3_root(s3_cycle):
     assert any(key.endswith("/report.md") for key in validation)
     assert any(key.endswith("/data_docs/index.html") for key in validation)
     assert not list(s3_cycle.staging.rglob("*.warc.gz"))  # closed WARC files left staging once uploaded
+    # The DAG's frontier task reads the cycle's figures from the bucket with delta-rs (no JVM), as Spark wrote them.
+    from jobs.cycle_metrics import read_figures
+
+    for key, value in s3.client_env().items():
+        monkeypatch.setenv(key, value)
+    figures = read_figures(s3_cycle.conf, SEGMENT)
+    assert set(figures) == {"generate", "update"}
+    assert figures["generate"]["leased_urls"] >= len(s3_cycle.seed_urls) and figures["update"]["results"] == results

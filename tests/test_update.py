@@ -257,4 +257,16 @@ def test_failures_back_hosts_off_across_segments_and_a_long_streak_makes_a_host_
     assert (r.robots_state, r.robots_status_code, r.robots_body, r.policy_version) == ("disallow_all", 503, good, 1)
     assert (r.backoff_level, r.failing_since) == (1, at2.replace(tzinfo=None))
 
+    # The frontier figures of both steps (jobs/cycle_metrics.py), from the tables as each step saw them.
+    figures = {(m.segment_id, m.step): m for m in tables.table_df(spark, root, "cycle_metrics").collect()}
+    chosen = figures[(probe_seg, "generate")]
+    # Due: n/1 and f/1 (retries), d/1-3 (deferred), r/1 (its interval passed); g/1 is gone. All seeds: priority 1.
+    assert (chosen.due_urls, chosen.leased_urls, chosen.due_high_priority, chosen.high_priority_not_leased) == (
+        6, 4, 6, 2)
+    assert chosen.oldest_due_age_s == pytest.approx((later - at).total_seconds())  # d's deferred URLs, due since `at`
+    assert chosen.hosts_by_state == {"dead": 3, "ok": 2} and chosen.unmerged_segments == 0
+    merged = figures[(probe_seg, "update")]
+    assert (merged.results, merged.applied, merged.stale, merged.new_urls, merged.refetched) == (2, 2, 0, 0, 0)
+    assert merged.change_rate is None and sum(merged.hosts_by_state.values()) == 5
+
 

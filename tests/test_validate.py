@@ -39,6 +39,7 @@ ENUMS = {
     ("index_events", "kind"): status.values(status.IndexEventKind),
     ("segments", "state"): status.values(status.SegmentState),
     ("hosts", "robots_state"): [s.value for s in RobotsState],
+    ("cycle_metrics", "step"): status.values(status.MetricsStep),
 }
 
 
@@ -71,6 +72,11 @@ VALID: dict[str, list[dict]] = {
                       "marked_duplicate": False, "near_members": False, "segment_id": SEG}],
     "dedup_bands": [{"band": band, "band_key": band, "url_id": U1, "simhash": 7, "seen": NOW, "cluster": U1,
                      "cluster_seen": NOW, "segment_id": SEG} for band in range(4)],
+    "cycle_metrics": [{"segment_id": SEG, "step": "generate", "run_at": NOW, "due_urls": 2, "oldest_due_age_s": 60.0,
+                       "due_high_priority": 1, "high_priority_not_leased": 0, "leased_urls": 2,
+                       "unmerged_segments": 0, "hosts_by_state": {"ok": 1}},
+                      {"segment_id": SEG, "step": "update", "run_at": NOW, "results": 2, "applied": 2, "stale": 0,
+                       "new_urls": 1, "refetched": 1, "changed": 1, "change_rate": 1.0, "unmerged_segments": 0}],
 }
 
 # (case, table, expectation type, column, the defect's row, a value the report must show as unexpected or None)
@@ -104,6 +110,10 @@ DEFECTS = [
      {**VALID["dedup_hashes"][0], "content_hash": "sha1:B"}, repr(U1)),
     ("SimHash 0 in the band index", "dedup_bands", "expect_column_values_to_not_be_in_set", "simhash",
      {**VALID["dedup_bands"][0], "url_id": U2, "simhash": 0}, "0"),
+    ("a change rate above 1", "cycle_metrics", "expect_column_values_to_be_between", "change_rate",
+     {**VALID["cycle_metrics"][1], "segment_id": "seg-v2", "changed": 1, "change_rate": 2.0}, "2.0"),
+    ("a negative backlog", "cycle_metrics", "expect_column_values_to_be_between", "due_urls",
+     {**VALID["cycle_metrics"][0], "segment_id": "seg-v3", "due_urls": -4}, "-4"),
 ]
 
 

@@ -1,0 +1,129 @@
+"""Frontier figures into `cycle_metrics`: one row per generate or update run of a segment, for the cycle report,
+the DAG and on-call (docs/deploy.md "On call").
+
+Generate records the frontier it chose the segment from: URLs due (not leased elsewhere, in any host state), the
+oldest due URL's age, due high-priority URLs (priority >= generate.high_priority) and how many of them this
+segment did not take, the URLs it leased, the other segments not merged yet, and hosts by state
+(crawler.politeness.host_state). Update records what the segment brought: results, applied and stale, new URLs,
+the change rate of refetched pages — read from the segment's index events, changed / (changed + not_modified); a
+changed page that dedup marked as a duplicate counts as neither — the segments still not merged after it, and
+hosts by state after the merge.
+
+Rows are insert-if-absent on (segment_id, step): a re-run of a step keeps the first run's figures, and changes no
+table. Every figure is a small aggregate; generate's due figures are one more pass over `urls` at its pinned
+version (the price of a backlog figure), the others read `hosts`, `segments` and one segment's index events.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+
+from crawler import layout
+from crawler.config import Config
+from crawler.leases import is_due_sql
+from crawler.politeness import PolitenessRules
+from crawler.status import FINISHED_SEGMENT_STATES, IndexEventKind, MetricsStep
+from delta_tables import tables
+from jobs.base import insert_if_absent, pinned_table
+
+
+def hosts_by_state(spark: SparkSession, conf: Config, root: str, now: datetime) -> dict[str, int]:
+    """crawler.politeness.host_state -> hosts, at `now`."""
+    state = PolitenessRules.from_config(conf).host_state_sql("robots_state", "backoff_until", "failing_since", "t_now")
+    rows = (tables.table_df(spark, root, "hosts").withColumn("t_now", F.lit(now))
+            .groupBy(F.expr(state).alias("state")).count().collect())
+    return {row["state"]: int(row["count"]) for row in rows}
+
+
+def unmerged_segments(spark: SparkSession, root: str, segment_id: str) -> int:
+    """Segments other than `segment_id` with a bucket neither merged nor closed."""
+    return (tables.table_df(spark, root, "segments")
+            .where((F.col("segment_id") != segment_id) & ~F.col("state").isin(*FINISHED_SEGMENT_STATES))
+            .select("segment_id").distinct().count())
+
+
+def generate_figures(spark: SparkSession, conf: Config, root: str, segment_id: str, now: datetime,
+                     selected: DataFrame) -> dict[str, Any]:
+    """Generate's row: the due backlog at the pinned `urls` version and what `selected` (the fetch list) took."""
+    high = float(conf["generate.high_priority"])
+    due = pinned_table(spark, root, "urls").withColumn("gen_now", F.lit(now)).where(is_due_sql("gen_now", segment_id))
+    backlog = due.agg(
+        F.count("*").alias("due_urls"),
+        F.min("next_fetch_at").alias("oldest"),
+        F.count(F.when(F.col("priority") >= high, 1)).alias("due_high_priority"),
+    ).first()
+    taken = selected.agg(F.count("*").alias("leased"),
+                         F.count(F.when(F.col("priority") >= high, 1)).alias("high")).first()
+    oldest = backlog["oldest"]
+    return {
+        "segment_id": segment_id,
+        "step": MetricsStep.GENERATE.value,
+        "run_at": now,
+        "due_urls": backlog["due_urls"],
+        "oldest_due_age_s": None if oldest is None else max(0.0, (now - _aware(oldest, now)).total_seconds()),
+        "due_high_priority": backlog["due_high_priority"],
+        "high_priority_not_leased": max(0, backlog["due_high_priority"] - taken["high"]),
+        "leased_urls": taken["leased"],
+        "unmerged_segments": unmerged_segments(spark, root, segment_id),
+        "hosts_by_state": hosts_by_state(spark, conf, root, now),
+    }
+
+
+def update_figures(spark: SparkSession, conf: Config, root: str, segment_id: str, now: datetime, results: int,
+                   applied: int, stale: int, new_urls: int) -> dict[str, Any]:
+    """Update's row: its counts, the change rate of refetched pages, and the crawl's state after the merge."""
+    kinds = {row["kind"]: int(row["count"]) for row in tables.table_df(spark, root, "index_events")
+             .where(F.col("segment_id") == segment_id).groupBy("kind").count().collect()}
+    changed = kinds.get(IndexEventKind.CHANGED.value, 0)
+    refetched = changed + kinds.get(IndexEventKind.NOT_MODIFIED.value, 0)
+    return {
+        "segment_id": segment_id,
+        "step": MetricsStep.UPDATE.value,
+        "run_at": now,
+        "results": results,
+        "applied": applied,
+        "stale": stale,
+        "new_urls": new_urls,
+        "refetched": refetched,
+        "changed": changed,
+        "change_rate": changed / refetched if refetched else None,
+        "unmerged_segments": unmerged_segments(spark, root, segment_id),
+        "hosts_by_state": hosts_by_state(spark, conf, root, now),
+    }
+
+
+def record(spark: SparkSession, root: str, figures: dict[str, Any]) -> int:
+    """Insert a step run's row unless one for its (segment_id, step) exists; returns rows inserted (0 or 1)."""
+    schema = tables.TABLES["cycle_metrics"].schema
+    row = spark.createDataFrame([tuple(figures.get(name) for name in schema.names)], schema)
+    return insert_if_absent(spark, root, "cycle_metrics", row, "t.segment_id = s.segment_id AND t.step = s.step")
+
+
+def recent(spark: SparkSession, root: str, limit: int) -> list[dict[str, Any]]:
+    """The last `limit` rows by run time (newest last): the history the report draws."""
+    rows = tables.table_df(spark, root, "cycle_metrics").orderBy(F.desc("run_at"), F.desc("step")).limit(limit)
+    return [row.asDict() for row in reversed(rows.collect())]
+
+
+def read_figures(conf: Config, segment_id: str) -> dict[str, dict[str, Any]]:
+    """This segment's rows by step, read with delta-rs, without Spark: what the DAG's frontier task reads (the table
+    is insert-only and has no deletion vectors, so delta-rs opens it)."""
+    import pyarrow.compute as pc
+    from deltalake import DeltaTable
+
+    from jobs.storage import Storage
+
+    uri, options = Storage.from_conf(conf).delta_rs(
+        layout.table_path(layout.normalize_root(conf["storage.root"]), "cycle_metrics"))
+    rows = DeltaTable(uri, storage_options=options).to_pyarrow_dataset().to_table(
+        filter=pc.field("segment_id") == segment_id).to_pylist()
+    return {row["step"]: row for row in rows}
+
+
+def _aware(moment: datetime, like: datetime) -> datetime:
+    """Spark returns naive UTC timestamps: give `moment` the time zone of `like`."""
+    return moment.replace(tzinfo=like.tzinfo) if moment.tzinfo is None and like.tzinfo is not None else moment
