@@ -38,6 +38,7 @@ class HostWork:
     policy: RobotsPolicy | None = None
     heap_at: float | None = None  # ready time of the host's live heap entry (older entries are stale)
     left: int = 0               # URLs not reported yet: queued or in flight (an active host for the metrics)
+    listed: int = 0             # URLs ever queued in this bucket run (the host's size class in the metrics)
     head_allowed: bool = False  # robots.txt already said yes to the head of the queue (checked once per URL)
 
     def wants_dispatch(self) -> bool:
@@ -95,6 +96,7 @@ class HostScheduler:
             self.hosts[row["host_key"]] = host
         host.queue.append(row)
         host.left += 1
+        host.listed += 1
         self.queued += 1
         self._schedule(host)
 

@@ -23,7 +23,7 @@ from crawler.status import FetchOutcome, made_request
 from fetchd.exchange import STOP_POLL_S, Exchange, utc
 from fetchd.fetchlist import FetchList, KeySet, result_key
 from fetchd.hostprep import HostPreparer
-from fetchd.metrics import BucketState
+from fetchd.metrics import BucketState, host_class
 from fetchd.output import BucketOutput, Fenced, ResumeState, bucket_totals, write_json_atomic
 from fetchd.ownership import Lease
 
@@ -72,7 +72,7 @@ class BucketRun:
                                  daemon.slots, daemon.metrics, daemon.rng, self.out, listed,
                                  should_stop=self.should_stop, fenced=lease.fenced)
         self.preparer = HostPreparer(self.conf, self.clock, daemon.resolver, daemon.robots_cache, self.exchange,
-                                     self.out, resume.robots, lease.previous_end)
+                                     self.out, resume.robots, lease.previous_end, daemon.owns_host)
 
     def state(self) -> BucketState:
         """What `fetchd.metrics` reports of this run, now."""
@@ -276,7 +276,7 @@ class BucketRun:
             response = await self.exchange.first_request(item)
         finally:
             self._release_slot()
-        retry_after = self.exchange.request_finished(host.gate, response)
+        retry_after = self.exchange.request_finished(host.gate, response, host_class(host.listed))
         try:
             self._emit(await self.exchange.follow_redirects(host, item, response, retry_after))
         finally:

@@ -26,7 +26,7 @@ from collections import Counter
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from crawler import layout
+from crawler import layout, urls
 from crawler.clock import SYSTEM_CLOCK, Clock
 from crawler.config import Config
 from crawler.politeness import HostGate, PolitenessRules
@@ -148,6 +148,22 @@ class Daemon:
                     continue
                 if not renewed:
                     self.leases.pop(bucket, None)
+
+    def owns_host(self, host_key: str) -> bool:
+        """Whether this daemon may send `host_key` a request that no fetch list asked for (a robots.txt redirect to
+        another host): it owns the host's bucket, or takes it now because no other daemon holds it. A bucket taken
+        now carries its previous owner's last request end onto the host's gate, as every takeover does."""
+        bucket = urls.bucket_of(host_key, self.conf["crawl.buckets"])
+        held = self.leases.get(bucket)
+        if held is not None and not held.fenced():
+            return True
+        if not self.acquire(bucket):
+            return False
+        previous_end = self.leases[bucket].previous_end
+        if previous_end is not None:
+            self.gate_for(host_key).ended_elsewhere(self.clock.monotonic() + previous_end - self.clock.wall(),
+                                                    crawl_delay_known=False)
+        return True
 
     def gate_for(self, host_key: str) -> HostGate:
         """The host's politeness gate, shared by all buckets and segments this daemon fetches."""

@@ -26,7 +26,7 @@ from crawler.scheduling import HostWork
 from crawler.status import FetchOutcome, outcome_for_status
 from fetchd.fetcher import FetchResponse
 from fetchd.fetchlist import KeySet
-from fetchd.metrics import Metrics
+from fetchd.metrics import Metrics, host_class
 from fetchd.output import BucketOutput, Fenced
 from fetchd.resolver import GuardedResolver
 from fetchd.warc import WrittenRecord, http_request_headers, http_response_headers, new_record_id
@@ -99,15 +99,15 @@ class Exchange:
             await asyncio.sleep(min(max(gate.next_allowed_at - now, 0.01), STOP_POLL_S))
         return False
 
-    async def gated_get(self, url: str, max_bytes: int | None = None,
-                        headers: dict[str, str] | None = None) -> FetchResponse:
-        """One request taking the politeness gate of the URL's host and a global slot."""
+    async def gated_get(self, url: str, host_size_class: str, max_bytes: int | None = None) -> FetchResponse:
+        """One request taking the politeness gate of the URL's host and a global slot, counted under the size class
+        of the host it was made for (`fetchd.metrics.host_class`)."""
         gate = self.gate_for(urls.host_key(url))
         if not await self._take_gate(gate, stoppable=False):  # a paused host's robots.txt: unreachable this time
             return FetchResponse(url=url, started_at=self.clock.wall(), error="host paused")
         async with self.slots:
-            response = await self.transport.get(url, headers, max_bytes)
-        self.request_finished(gate, response)
+            response = await self.transport.get(url, None, max_bytes)
+        self.request_finished(gate, response, host_size_class)
         return response
 
     def _retry_after(self, response: FetchResponse) -> float | None:
@@ -115,12 +115,12 @@ class Exchange:
             return None
         return parse_retry_after(response.header("Retry-After"), self.clock.wall())
 
-    def request_finished(self, gate: HostGate, response: FetchResponse) -> float | None:
-        """Close any request on its host's gate (the delay counts from now) and count the response; the
-        server's Retry-After, if any."""
+    def request_finished(self, gate: HostGate, response: FetchResponse, host_size_class: str) -> float | None:
+        """Close any request on its host's gate (the delay counts from now) and count the response (under the
+        host's size class); the server's Retry-After, if any."""
         if response.status is not None:
             self.metrics.response(len(response.body))
-        self.metrics.request(response.status, response.elapsed_ms / 1000)
+        self.metrics.request(response.status, response.elapsed_ms / 1000, host_size_class)
         retry_after = self._retry_after(response)
         gate.finished(self.clock.monotonic(), response.status, retry_after, self.rng, response.elapsed_ms / 1000)
         return retry_after
@@ -156,7 +156,7 @@ class Exchange:
             chain.append(target)
             async with self.slots:
                 response = await self._page_get(target, sitemap=sitemap)
-            retry_after = self.request_finished(host.gate, response)
+            retry_after = self.request_finished(host.gate, response, host_class(host.listed))
         if response.status is None or not 300 <= response.status < 400:
             target = response.url if len(chain) > 1 else None
         return await self._page_row(host, item, response, retry_after, target, note)

@@ -3,7 +3,11 @@
 When a bucket run meets a host it takes over what earlier owners and runs left: the previous owner's last request
 delays the first one, and a robots.txt an earlier run of the bucket published is reused while in force. Before the
 host's first URL its address passes the SSRF guard and its robots.txt is fetched (through the same gate as its
-pages, `fetchd.exchange`), recorded as a robots row and applied (policy, Crawl-delay); how long an answer holds,
+pages, `fetchd.exchange`; a redirect to another host goes through that host's gate, and only where this daemon
+owns that host's bucket: RFC 9309 asks crawlers to follow robots.txt redirects, and politeness asks that one
+daemon alone sends a host requests, so a redirect into a bucket another daemon holds is not followed and the
+robots.txt counts as unreachable this time), recorded as a robots row and applied (policy, Crawl-delay); how long
+an answer holds,
 and which copy is in force while robots.txt is unreachable, is `crawler.robots.remember`. Gates and the robots
 cache outlive a bucket run: they are the host memory of the thread that runs the daemons (a daemon that restarts
 forgets its copies: an outage then means disallow all until robots.txt answers again).
@@ -13,6 +17,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
@@ -33,6 +38,7 @@ from crawler.robots import (
 from crawler.scheduling import HostWork
 from fetchd.exchange import Exchange, utc
 from fetchd.fetcher import FetchResponse
+from fetchd.metrics import host_class
 from fetchd.output import BucketOutput
 from fetchd.resolver import BlockedAddressError, GuardedResolver
 from fetchd.warc import WrittenRecord
@@ -75,11 +81,13 @@ def forget_hosts() -> None:
 class HostPreparer:
     """Readies the hosts of one bucket run. `robots_cache` is the daemon's (host memory); `previous_robots` the
     robots rows earlier runs of the bucket published (host_key -> row, taken as each host first appears);
-    `previous_end` the wall time the bucket's previous owner's last request ended, at the latest."""
+    `previous_end` the wall time the bucket's previous owner's last request ended, at the latest; `owns_host`
+    whether this daemon may send a host outside the bucket a request (`Daemon.owns_host`)."""
 
     def __init__(self, conf: Config, clock: Clock, resolver: GuardedResolver,
                  robots_cache: dict[str, CachedRobots], exchange: Exchange, out: BucketOutput,
-                 previous_robots: dict[str, dict[str, Any]], previous_end: float | None):
+                 previous_robots: dict[str, dict[str, Any]], previous_end: float | None,
+                 owns_host: Callable[[str], bool]):
         self.conf = conf
         self.clock = clock
         self.resolver = resolver
@@ -89,6 +97,7 @@ class HostPreparer:
         self.out = out
         self.previous_robots = previous_robots
         self.previous_end = previous_end
+        self.owns_host = owns_host
 
     def take_over(self, host: HostWork) -> None:
         """Carry politeness and robots.txt across owners and runs, for a host this run just met: its next request
@@ -135,13 +144,15 @@ class HostPreparer:
                         host.host_key, host.policy.crawl_delay_s, host.gate.max_crawl_delay_s)
 
     async def _fetch_robots(self, host: HostWork) -> RobotsPolicy:
-        """GET /robots.txt through the politeness gate of every host on the way, following redirects."""
+        """GET /robots.txt through the politeness gate of every host on the way, following redirects (to another
+        host only where this daemon owns it: `owns_host`)."""
         token, max_bytes = self.conf["crawl.robots_token"], self.conf["robots.max_bytes"]
         url = host.host_key + ROBOTS_PATH
         response: FetchResponse | None = None
         location: tuple[str, WrittenRecord] | None = None
+        not_followed: str | None = None
         for hop in range(self.conf["robots.max_redirects"] + 1):
-            response = await self.exchange.gated_get(url, max_bytes)
+            response = await self.exchange.gated_get(url, host_class(host.listed), max_bytes)
             location = await self.exchange.write_exchange(response) if response.status is not None else None
             target = response.header("Location") if response.status and 300 <= response.status < 400 else None
             if target is None or hop == self.conf["robots.max_redirects"]:
@@ -149,17 +160,24 @@ class HostPreparer:
             next_url = urls.resolve(url, target)
             if next_url is None:
                 break
+            next_host = urls.host_key(next_url)
+            if next_host != urls.host_key(url) and not self.owns_host(next_host):
+                not_followed = (f"robots.txt redirects to {next_host}, whose bucket another daemon owns: not "
+                                f"followed (that daemon alone sends the host requests); unreachable this time")
+                log.warning("%s: %s", host.host_key, not_followed)
+                break
             url = next_url
         assert response is not None
         if response.blocked and urls.host_key(url) == host.host_key:
             host.blocked = response.error  # the name now resolves to a refused address: nothing goes to this host
-        body = response.decoded_body(max_bytes).decode("utf-8", "replace") if response.status is not None else None
-        status = None if response.blocked else response.status
+        answered = response.status is not None and not_followed is None
+        body = response.decoded_body(max_bytes).decode("utf-8", "replace") if answered else None
+        status = None if response.blocked or not answered else response.status
         policy = policy_for_status(status, body, token, max_bytes)
         now = self.clock.monotonic()
         entry = remember(self.robots_cache.get(host.host_key), policy, status, now, self.cache_rules)
         self.robots_cache[host.host_key] = entry
-        error = response.error
+        error = not_followed or response.error
         if entry.good is not None and entry.unreachable:
             kept = f"unreachable: the copy fetched {(now - entry.good_at) / 3600:.1f} h ago stays in force"
             error = f"{error}; {kept}" if error else kept

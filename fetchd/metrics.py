@@ -69,6 +69,21 @@ class Histogram:
         return out
 
 
+# A host's size class, from the URLs a bucket run has listed for it: the bounds of "1", "2-10", "11-100", "101-1000"
+# and ">1000". Throttling by class tells on-call whether the giant hosts or the long tail push back.
+HOST_CLASS_BOUNDS = (1, 10, 100, 1000)
+
+
+def host_class(listed: int) -> str:
+    """The size class of a host with `listed` fetch-list URLs in its bucket run (robots.txt first: 0 or more)."""
+    lower = 1
+    for bound in HOST_CLASS_BOUNDS:
+        if listed <= bound:
+            return str(bound) if lower == bound else f"{lower}-{bound}"
+        lower = bound + 1
+    return f">{HOST_CLASS_BOUNDS[-1]}"
+
+
 def status_class(status: int | None) -> str:
     """"2xx" ... "5xx" for a status code, "none" for no response (network error, timeout)."""
     return f"{status // 100}xx" if status is not None and 100 <= status < 600 else "none"
@@ -91,6 +106,8 @@ class Metrics:
     started: float = 0.0           # the daemon's clock (monotonic) when it started
     by_class: Counter[str] = field(default_factory=Counter)   # requests by status class ("none": no response)
     throttled: Counter[int] = field(default_factory=Counter)  # 429 and 503 responses, by code
+    by_host_class: Counter[str] = field(default_factory=Counter)         # requests, by host size class
+    throttled_by_host_class: Counter[str] = field(default_factory=Counter)  # 429/503 responses, by host size class
     fetch_seconds: Histogram = field(default_factory=lambda: Histogram(FETCH_SECONDS_BOUNDS))
     resolve_seconds: Histogram = field(default_factory=lambda: Histogram(RESOLVE_SECONDS_BOUNDS))
 
@@ -98,11 +115,15 @@ class Metrics:
         self.responses += 1
         self.bytes_downloaded += body_bytes
 
-    def request(self, status: int | None, seconds: float) -> None:
-        """A request ended (answered or not): its class, whether it was a throttle, how long it took."""
+    def request(self, status: int | None, seconds: float, host_size_class: str) -> None:
+        """A request ended (answered or not): its class, whether it was a throttle (by code, and by the size class
+        of the host it went to), how long it took."""
         self.by_class[status_class(status)] += 1
+        self.by_host_class[host_size_class] += 1
+        self.throttled_by_host_class[host_size_class] += 0  # every class with requests has a series, 0 or more
         if status in THROTTLE_CODES:
             self.throttled[status] += 1
+            self.throttled_by_host_class[host_size_class] += 1
         self.fetch_seconds.observe(seconds)
 
     def warc_written(self, record_bytes: int) -> None:
@@ -240,6 +261,8 @@ def snapshot(state: DaemonState) -> dict[str, Any]:
             "storage_errors": m.storage_errors,
             "responses_by_class": dict(sorted(m.by_class.items())),
             "throttled": {str(code): m.throttled[code] for code in THROTTLE_CODES},
+            "requests_by_host_class": dict(sorted(m.by_host_class.items())),
+            "throttled_by_host_class": dict(sorted(m.throttled_by_host_class.items())),
         },
         "histograms": {
             "fetch_seconds": {"buckets": m.fetch_seconds.cumulative(), "sum": round(m.fetch_seconds.total, 6)},
@@ -315,6 +338,11 @@ _LABELLED: tuple[tuple[str, str, str, str, str], ...] = (
      "counters.throttled"),
     ("fetchd_hosts", "gauge", "Hosts with URLs left in the buckets being fetched, by what holds them.", "state",
      "gauges.hosts_by_state"),
+    ("fetchd_host_class_requests_total", "counter", "Requests ended, by the size class of the host (fetch-list URLs "
+     "in its bucket run).", "host_class", "counters.requests_by_host_class"),
+    ("fetchd_host_class_throttled_total", "counter", "429 and 503 responses, by the size class of the host: over "
+     "fetchd_host_class_requests_total, the throttle ratio per class.", "host_class",
+     "counters.throttled_by_host_class"),
 )
 _HISTOGRAMS: tuple[tuple[str, str, str], ...] = (
     ("fetchd_fetch_seconds", "Seconds from a request's start to its response's end (or its failure).",

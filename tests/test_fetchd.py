@@ -442,6 +442,47 @@ def test_robots_redirect_is_followed_and_gzip_body_decoded(edge, base_conf, root
     assert robots["state"] == "rules" and "Disallow: /no" in robots["body"]
 
 
+def test_a_cross_host_robots_redirect_goes_through_the_target_hosts_gate(edge, base_conf, root):
+    """elsewhere.test's robots.txt redirects to edge.test, whose pages are in the segment too: the robots.txt
+    request to edge.test takes edge.test's gate, so the farm's log shows every edge.test request a delay apart."""
+    conf = edge_conf(base_conf, **{"politeness.min_delay_s": 0.2})
+    write_fetchlist(root, SEGMENT, [{"url": edge.url("elsewhere.test", p)} for p in ("/yes", "/no")]
+                    + [{"url": edge.url("edge.test", p)} for p in ("/a", "/b")], conf["crawl.buckets"])
+    fetch_segment(conf, root, SEGMENT)
+    outcomes = {row["url"]: row["outcome"] for row in read_results(root, SEGMENT)}
+    assert outcomes[edge.url("elsewhere.test", "/yes")] == "success"
+    assert outcomes[edge.url("elsewhere.test", "/no")] == "robots_denied"  # the rules edge.test served
+    served = sorted(edge.requests("edge.test"), key=lambda r: r["start"])
+    assert "/shared-robots" in [r["path"] for r in served]
+    assert min(gaps(served)) >= 0.2
+
+
+def test_a_robots_redirect_into_a_bucket_another_daemon_owns_is_not_followed(edge, base_conf, root):
+    """The same redirect while another daemon holds edge.test's bucket: this daemon sends edge.test nothing (only
+    the owner may), and elsewhere.test's robots.txt counts as unreachable: its URLs wait, deferred."""
+    from fetchd.ownership import LeaseStore
+
+    conf = edge_conf(base_conf)
+    target, source = f"http://edge.test:{edge.port}", f"http://elsewhere.test:{edge.port}"
+    buckets = next(n for n in range(conf["crawl.buckets"], 64) if urls.bucket_of(target, n) != urls.bucket_of(
+        source, n))  # the two hosts in different buckets, whatever the port
+    conf = conf.with_overrides({"crawl.buckets": buckets})
+    rival = LeaseStore(conf, root, "rival-daemon")
+    held = rival.try_acquire(urls.bucket_of(target, buckets))
+    assert held is not None
+    try:
+        write_fetchlist(root, SEGMENT, [{"url": edge.url("elsewhere.test", "/yes")}], buckets)
+        fetch_segment(conf, root, SEGMENT)
+    finally:
+        rival.release(held, time.time())
+    assert edge.requests("edge.test") == []
+    assert [r["path"] for r in edge.requests("elsewhere.test")] == ["/robots.txt"]
+    assert {row["outcome"] for row in read_results(root, SEGMENT)} == {"deferred"}
+    [robots] = read_results(root, SEGMENT, kind="robots")
+    assert (robots["state"], robots["status_code"]) == ("disallow_all", None)
+    assert "another daemon owns" in robots["error"]
+
+
 def test_repeated_kill_9_loses_nothing_and_repeats_only_in_flight_fetches(edge, base_conf, root):
     """`kill -9` of the daemon three times at seeded moments, then a clean run: one result per URL, every
     published row points at a readable record, no `*.open` left, and each kill repeated at most the one request

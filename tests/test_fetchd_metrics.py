@@ -22,7 +22,7 @@ from fastwarc.warc import ArchiveIterator, WarcRecordType
 from crawler import layout
 from crawler.config import ConfigError
 from fetchd.daemon import fetch_segment, serve
-from fetchd.metrics import DaemonState, Metrics, exported_families, render_prometheus, snapshot
+from fetchd.metrics import DaemonState, Metrics, exported_families, host_class, render_prometheus, snapshot
 from sitefarm.server import SiteFarm, read_request_log
 from sitefarm.sites import FarmSpec
 from tests.support.fetchlists import read_results, write_fetchlist
@@ -110,13 +110,28 @@ def test_parser_rejects_what_the_format_forbids():
 
 def test_exposition_escapes_label_values():
     metrics = Metrics(outcomes=Counter(success=2), politeness_wait_s=0.5)
-    metrics.request(None, 0.2)
+    metrics.request(None, 0.2, "1")
     snap = snapshot(DaemonState(daemon_id='a"b\\c\nd', segment_id=None, now=1.0, metrics=metrics, buckets=[]))
     _, samples = parse_exposition(render_prometheus(snap))
     assert values(samples, "fetchd_fetches_total") == {
         frozenset({("daemon", r'a\"b\\c\nd'), ("outcome", "success")}): 2.0}
     assert one(samples, "fetchd_politeness_wait_seconds_total") == 0.5
     assert values(samples, "fetchd_requests_total") == {frozenset({("daemon", r'a\"b\\c\nd'), ("class", "none")}): 1.0}
+
+
+def test_throttles_are_counted_per_host_size_class():
+    """The 429/503 ratio per host class is throttled / requests of each class; every class with requests has both
+    series, so the ratio exists (0) before the first throttle."""
+    assert [host_class(n) for n in (0, 1, 2, 10, 11, 100, 101, 1000, 1001, 10**6)] == [
+        "1", "1", "2-10", "2-10", "11-100", "11-100", "101-1000", "101-1000", ">1000", ">1000"]
+    metrics = Metrics()
+    for status, size in ((200, "1"), (429, "101-1000"), (503, "101-1000"), (200, "101-1000"), (None, "1"), (500, "1")):
+        metrics.request(status, 0.1, size)
+    snap = snapshot(DaemonState(daemon_id="d", segment_id=None, now=1.0, metrics=metrics, buckets=[]))
+    _, samples = parse_exposition(render_prometheus(snap))
+    requests = {dict(k)["host_class"]: v for k, v in values(samples, "fetchd_host_class_requests_total").items()}
+    throttled = {dict(k)["host_class"]: v for k, v in values(samples, "fetchd_host_class_throttled_total").items()}
+    assert requests == {"1": 3, "101-1000": 3} and throttled == {"1": 0, "101-1000": 2}
 
 
 # ---- helpers -------------------------------------------------------------------------------------------
@@ -371,6 +386,12 @@ def test_responses_by_class_timings_hosts_and_robots_cache(served):
     assert by_class == Counter(f"{r['status'] // 100}xx" for r in log)
     throttled = {dict(labels)["code"]: v for labels, v in values(samples, "fetchd_throttled_responses_total").items()}
     assert throttled == {"429": 0, "503": 0}
+    # Every host had its 12 pages listed: all its requests (robots.txt too) count in class 11-100.
+    by_host_class = {dict(labels)["host_class"]: v
+                     for labels, v in values(samples, "fetchd_host_class_requests_total").items()}
+    assert by_host_class == {"11-100": len(log)}
+    assert {dict(labels)["host_class"]: v for labels, v in values(
+        samples, "fetchd_host_class_throttled_total").items()} == {"11-100": 0}
     for name, count in (("fetchd_fetch_seconds", len(log)), ("fetchd_resolve_seconds", len({r["host"] for r in log}))):
         buckets = {dict(labels)["le"]: v for labels, v in values(samples, f"{name}_bucket").items()}
         cumulative = list(buckets.values())

@@ -107,10 +107,10 @@ class ScriptedServer(LoopbackServer):
 
 
 class EdgeServer(ScriptedServer):
-    """The cases the farm does not cover, by Host name and path: robots.txt answering 503 (broken.test) or
-    redirected to a gzip body (moved.test), a host answering 500 (flaky.test), ETag/304 (/etag), a 429 with
-    Retry-After the first time (/busy), a 50 KB body (/big) and a redirect (/moved). Subclasses add paths by
-    overriding `respond`."""
+    """The cases the farm does not cover, by Host name and path: robots.txt answering 503 (broken.test),
+    redirected to a gzip body (moved.test) or to another host (elsewhere.test -> edge.test), a host answering 500
+    (flaky.test), ETag/304 (/etag), a 429 with Retry-After the first time (/busy), a 50 KB body (/big) and a
+    redirect (/moved). Subclasses add paths by overriding `respond`."""
 
     def __init__(self) -> None:
         self.busy_calls = 0
@@ -128,6 +128,10 @@ class EdgeServer(ScriptedServer):
         if host == "moved.test" and path == "/real-robots.txt":
             body = gzip.compress(b"User-agent: *\nDisallow: /no\n")
             return web.Response(body=body, headers={"Content-Encoding": "gzip", "Content-Type": "text/plain"})
+        if host == "elsewhere.test" and path == "/robots.txt":  # served by another host
+            return web.Response(status=301, headers={"Location": f"http://edge.test:{request.url.port}/shared-robots"})
+        if host == "edge.test" and path == "/shared-robots":
+            return web.Response(text="User-agent: *\nDisallow: /no\n")
         if path == "/robots.txt":
             return web.Response(text="User-agent: *\nDisallow: /secret\n")
         if host == "flaky.test":
@@ -147,7 +151,7 @@ class EdgeServer(ScriptedServer):
         return web.Response(text=f"<html><title>{path}</title></html>", content_type="text/html")
 
 
-EDGE_HOSTS = ("edge.test", "broken.test", "flaky.test", "moved.test")
+EDGE_HOSTS = ("edge.test", "broken.test", "flaky.test", "moved.test", "elsewhere.test")
 
 
 def edge_conf(base_conf, **overrides):
