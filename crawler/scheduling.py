@@ -19,7 +19,7 @@ from typing import Any
 from crawler import urls
 from crawler.politeness import HostGate, PolitenessRules
 from crawler.robots import RobotsPolicy, RobotsState
-from crawler.status import FetchOutcome
+from crawler.status import FetchOutcome, LiveHostState
 
 RECHECK_S = 0.5  # a host whose gate is full is looked at again this soon (a request we do not own may hold it)
 
@@ -43,6 +43,17 @@ class HostWork:
 
     def wants_dispatch(self) -> bool:
         return not self.preparing and (not self.prepared or bool(self.queue))
+
+    def state(self) -> str:
+        """What holds the host now (`LiveHostState`): blocked by the SSRF guard, nothing allowed because its
+        robots.txt is unreachable, paused after repeated failures, backing off, or nothing (ok)."""
+        if self.blocked:
+            return LiveHostState.BLOCKED.value
+        if self.policy is not None and self.policy.state is RobotsState.DISALLOW_ALL:
+            return LiveHostState.ROBOTS_UNREACHABLE.value
+        if self.gate.paused:
+            return LiveHostState.PAUSED.value
+        return (LiveHostState.BACKING_OFF if self.gate.backoff_s > 0 else LiveHostState.OK).value
 
 
 @dataclass(frozen=True)

@@ -66,6 +66,17 @@ class HostState(str, Enum):
     DEAD = "dead"                               # nothing but failures for politeness.dead_after_days: probed only
 
 
+class LiveHostState(str, Enum):
+    """What holds a host of a bucket a daemon is fetching now (`crawler.scheduling.HostWork.state`, the daemon's
+    `fetchd_hosts` metric); across segments the `hosts` table has `HostState`."""
+
+    OK = "ok"
+    BACKING_OFF = "backing_off"                 # its gate holds a backoff after failures
+    PAUSED = "paused"                           # politeness.max_consecutive_failures reached: nothing more this run
+    ROBOTS_UNREACHABLE = "robots_unreachable"   # no robots.txt (and no good copy in force): nothing allowed
+    BLOCKED = "blocked"                         # the SSRF guard refused its address
+
+
 class MetricsStep(str, Enum):
     """`cycle_metrics.step`: the step run whose frontier figures a row holds."""
 

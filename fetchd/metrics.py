@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 from aiohttp import web
 
 from crawler.politeness import THROTTLE_STATUSES
+from crawler.status import LiveHostState
 
 if TYPE_CHECKING:
     from crawler.scheduling import HostWork
@@ -161,23 +162,6 @@ class DaemonState:
     robots_unreachable: int = 0  # hosts whose last robots.txt fetch found it unreachable
 
 
-HOST_STATES = ("ok", "backing_off", "paused", "robots_unreachable", "blocked")
-
-
-def host_state(host: HostWork) -> str:
-    """What holds a host of a bucket being fetched: blocked by the SSRF guard, nothing allowed because its
-    robots.txt is unreachable, paused after repeated failures, backing off, or nothing (ok)."""
-    from crawler.robots import RobotsState
-
-    if host.blocked:
-        return "blocked"
-    if host.policy is not None and host.policy.state is RobotsState.DISALLOW_ALL:
-        return "robots_unreachable"
-    if host.gate.paused:
-        return "paused"
-    return "backing_off" if host.gate.backoff_s > 0 else "ok"
-
-
 @dataclass
 class HostFigures:
     """Scheduler gauges over a set of hosts at one instant."""
@@ -242,8 +226,8 @@ def snapshot(state: DaemonState) -> dict[str, Any]:
         totals.add(figures)
     done = sum(m.outcomes.values())
     uptime = max(now - m.started, 1e-9)
-    hosts_by_state = Counter({state: 0 for state in HOST_STATES})
-    hosts_by_state.update(host_state(host) for run in state.buckets for host in run.hosts if host.left)
+    hosts_by_state = Counter({state.value: 0 for state in LiveHostState})
+    hosts_by_state.update(host.state() for run in state.buckets for host in run.hosts if host.left)
     return {
         "daemon_id": state.daemon_id,
         "segment_id": state.segment_id,
