@@ -9,9 +9,11 @@ the change rate of refetched pages — read from the segment's index events, cha
 changed page that dedup marked as a duplicate counts as neither — the segments still not merged after it, and
 hosts by state after the merge.
 
-Rows are insert-if-absent on (segment_id, step): a re-run of a step keeps the first run's figures, and changes no
-table. Every figure is a small aggregate; generate's due figures are one more pass over `urls` at its pinned
-version (the price of a backlog figure), the others read `hosts`, `segments` and one segment's index events.
+A row is an idempotent Delta append (writer options txnAppId = cycle_metrics:<segment>:<step>, txnVersion 0): a
+re-run of a step writes nothing, keeps the first run's figures and changes no table, and a first run costs one
+commit, no MERGE. Every figure is a small aggregate; generate's due figures are one more pass over `urls` at its
+pinned version (the price of a backlog figure), the others read `hosts`, `segments` and one segment's index
+events.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ from crawler.leases import is_due_sql
 from crawler.politeness import PolitenessRules
 from crawler.status import FINISHED_SEGMENT_STATES, IndexEventKind, MetricsStep
 from delta_tables import tables
-from jobs.base import insert_if_absent, pinned_table
+from jobs.base import pinned_table
 
 
 def hosts_by_state(spark: SparkSession, conf: Config, root: str, now: datetime) -> dict[str, int]:
@@ -47,8 +49,9 @@ def unmerged_segments(spark: SparkSession, root: str, segment_id: str) -> int:
 
 
 def generate_figures(spark: SparkSession, conf: Config, root: str, segment_id: str, now: datetime,
-                     selected: DataFrame) -> dict[str, Any]:
-    """Generate's row: the due backlog at the pinned `urls` version and what `selected` (the fetch list) took."""
+                     selected: DataFrame, unmerged: int) -> dict[str, Any]:
+    """Generate's row: the due backlog at the pinned `urls` version, what `selected` (the fetch list) took, and the
+    `unmerged` other segments generate found open."""
     high = float(conf["generate.high_priority"])
     due = pinned_table(spark, root, "urls").withColumn("gen_now", F.lit(now)).where(is_due_sql("gen_now", segment_id))
     backlog = due.agg(
@@ -68,7 +71,7 @@ def generate_figures(spark: SparkSession, conf: Config, root: str, segment_id: s
         "due_high_priority": backlog["due_high_priority"],
         "high_priority_not_leased": max(0, backlog["due_high_priority"] - taken["high"]),
         "leased_urls": taken["leased"],
-        "unmerged_segments": unmerged_segments(spark, root, segment_id),
+        "unmerged_segments": unmerged,
         "hosts_by_state": hosts_by_state(spark, conf, root, now),
     }
 
@@ -96,11 +99,13 @@ def update_figures(spark: SparkSession, conf: Config, root: str, segment_id: str
     }
 
 
-def record(spark: SparkSession, root: str, figures: dict[str, Any]) -> int:
-    """Insert a step run's row unless one for its (segment_id, step) exists; returns rows inserted (0 or 1)."""
+def record(spark: SparkSession, root: str, figures: dict[str, Any]) -> None:
+    """Append a step run's row unless its (segment_id, step) was written before (an idempotent Delta write)."""
     schema = tables.TABLES["cycle_metrics"].schema
     row = spark.createDataFrame([tuple(figures.get(name) for name in schema.names)], schema)
-    return insert_if_absent(spark, root, "cycle_metrics", row, "t.segment_id = s.segment_id AND t.step = s.step")
+    (row.write.format("delta").mode("append")
+     .option("txnAppId", f"cycle_metrics:{figures['segment_id']}:{figures['step']}").option("txnVersion", 0)
+     .save(tables.table_path(root, "cycle_metrics")))
 
 
 def recent(spark: SparkSession, root: str, limit: int) -> list[dict[str, Any]]:

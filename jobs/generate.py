@@ -258,7 +258,7 @@ def run(spark: SparkSession, conf: Config, root: str, segment_id: str | None = N
     with step(f"generate {segment_id}: write fetch list"):
         write_fetchlist(selected, layout.fetchlist_dir(root, segment_id))
     with step(f"generate {segment_id}: frontier figures"):
-        figures = cycle_metrics.generate_figures(spark, conf, root, segment_id, now, selected)
+        figures = cycle_metrics.generate_figures(spark, conf, root, segment_id, now, selected, len(open_ids))
     with step(f"generate {segment_id}: lease"):
         leased = lease(spark, root, selected, segment_id, now, conf["generate.lease_seconds"])
     selected.unpersist()

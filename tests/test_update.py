@@ -93,9 +93,10 @@ def test_update_completes_discovers_and_reruns_idempotently(spark, base_conf, ro
     result = update.run(spark, base_conf, root, SEG)
     assert (result.results, result.applied, result.stale, result.discovered, result.index_events) == (6, 5, 1, 2, 3)
     # One commit each to fetches, index_events, urls (completion and discoveries), hosts (counters, tallies and new
-    # hosts) and segments; nothing else written.
+    # hosts), segments and cycle_metrics; nothing else written.
     commits = {name: version - versions[name] for name, version in table_versions(root).items()}
-    assert commits == {name: int(name in {"fetches", "index_events", "urls", "hosts", "segments"}) for name in commits}
+    assert commits == {name: int(name in {"fetches", "index_events", "urls", "hosts", "segments", "cycle_metrics"})
+                       for name in commits}
     assert result.hosts_updated == 3  # a and b (results), c (host of a new URL)
 
     rows = {r["url"]: r for r in tables.table_df(spark, root, "urls").collect()}
@@ -145,6 +146,33 @@ def test_update_completes_discovers_and_reruns_idempotently(spark, base_conf, ro
     # but changes nothing.
     assert (again.results, again.applied, again.stale, again.discovered, again.index_events) == (6, 5, 1, 2, 0)
     assert snapshot(spark, root) == before
+
+
+def test_a_segment_merged_after_its_leases_expired_applies_what_is_current_and_counts_the_rest_stale(
+        spark, base_conf, root, tmp_path):
+    """s1's update runs after its leases expired and s2 re-leased one of its URLs: s1's result for that URL is stale
+    (s2 holds a newer version), its other results are still current and complete their URLs; the segment's rows
+    and its cycle_metrics row show both counts (the report draws them)."""
+    seeds = tmp_path / "seeds.txt"
+    seeds.write_text("http://a.test/1\tpriority=2\nhttp://a.test/2\nhttp://a.test/3\n")
+    inject.run(spark, base_conf, root, str(seeds))
+    now = datetime.now(UTC).replace(microsecond=0) + timedelta(minutes=1)
+    assert generate.run(spark, base_conf, root, "seg-s1", now).url_count == 3
+    expired = now + timedelta(seconds=base_conf["generate.lease_seconds"] + 60)
+    one = base_conf.with_overrides({"generate.per_host_max_urls": 1})
+    assert generate.run(spark, one, root, "seg-s2", expired).url_count == 1  # a.test/1, the highest priority
+    at = now + timedelta(seconds=30)
+    write_parquet(layout.fetched_dir(root, "seg-s1", bucket("http://a.test/")), [
+        {**result_row("seg-s1", f"http://a.test/{n}", at, "success", 200, 1, BUCKETS)} for n in (1, 2, 3)], FETCHED)
+    result = update.run(spark, base_conf, root, "seg-s1")
+    assert (result.results, result.applied, result.stale) == (3, 2, 1)
+    rows = {r.url: r for r in tables.table_df(spark, root, "urls").collect()}
+    assert (rows["http://a.test/1"].status, rows["http://a.test/1"].lease_segment) == ("unfetched", "seg-s2")
+    assert {rows[f"http://a.test/{n}"].status for n in (2, 3)} == {"fetched"}
+    [segment] = tables.table_df(spark, root, "segments").where("segment_id = 'seg-s1'").collect()
+    [figures] = tables.table_df(spark, root, "cycle_metrics").where(
+        "segment_id = 'seg-s1' and step = 'update'").collect()
+    assert (segment.applied, segment.stale) == (figures.applied, figures.stale) == (2, 1)
 
 
 def test_update_without_fetched_results_does_nothing(spark, base_conf, root):
