@@ -244,7 +244,7 @@ through lease expiry, as with daemons).""",
 
     @task(task_id="frontier", doc_md="""Reads the segment's frontier figures from `cycle_metrics` (written by generate
 and update; read with delta-rs, no JVM), logs them and returns them as its XCom: due backlog, oldest due URL, due
-high-priority URLs not leased, new URLs, change rate, stale results, unmerged segments, hosts by state. Fails when
+high-priority URLs not leased, new URLs, change rate, stale results, unmerged segments. Fails when
 the oldest due URL had waited longer than `alert_oldest_due_hours` (0 = never): a leaf task, so the run shows failed
 (on-call's alert) while validate and maintain still run.""")
     def frontier(params: dict[str, Any], dag_run: Any) -> dict[str, Any]:

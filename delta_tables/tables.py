@@ -332,8 +332,7 @@ CYCLE_METRICS = TableDef(
             _f("refetched", L),               # update: known pages fetched again, with content (changed + unchanged)
             _f("changed", L),                 # update: of those, content changed
             _f("change_rate", D),             # update: changed / refetched (null: none refetched)
-            _f("unmerged_segments", INT),     # other segments neither merged nor closed, when the step ran
-            _f("hosts_by_state", MapType(S, L)),  # crawler.politeness.host_state -> hosts, when the step ran
+            _f("unmerged_segments", INT),     # generate: other segments neither merged nor closed
         ]
     ),
     # Insert-only (never updated): no deletion vectors, so every reader (delta-rs in the DAG too) opens it.

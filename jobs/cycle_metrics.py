@@ -3,21 +3,22 @@ the DAG and on-call (docs/deploy.md "On call").
 
 Generate records the frontier it chose the segment from: URLs due (not leased elsewhere, in any host state), the
 oldest due URL's age, due high-priority URLs (priority >= generate.high_priority) and how many of them this
-segment did not take, the URLs it leased, the other segments not merged yet, and hosts by state
-(crawler.politeness.host_state). Update records what the segment brought: results, applied and stale, new URLs,
-the change rate of refetched pages — read from the segment's index events, changed / (changed + not_modified); a
-changed page that dedup marked as a duplicate counts as neither — the segments still not merged after it, and
-hosts by state after the merge.
+segment did not take, the URLs it leased and the other segments not merged yet. Update records what the segment
+brought: results, applied and stale, new URLs, the change rate of refetched pages — read from the segment's
+index events, changed / (changed + not_modified); a changed page that dedup marked as a duplicate counts as
+neither — and the segments still not merged after it (those two in one Spark job). Hosts by state
+(`hosts_by_state`, crawler.politeness.host_state) are counted where they are shown, by the report and
+`crawl stats`, at that moment.
 
 A row is an idempotent Delta append (writer options txnAppId = cycle_metrics:<segment>:<step>, txnVersion 0): a
 re-run of a step writes nothing, keeps the first run's figures and changes no table, and a first run costs one
 commit, no MERGE. Every figure is a small aggregate; generate's due figures are one more pass over `urls` at its
-pinned version (the price of a backlog figure), the others read `hosts`, `segments` and one segment's index
-events.
+pinned version (the price of a backlog figure); update's read one segment's index events.
 """
 
 from __future__ import annotations
 
+from collections import Counter
 from datetime import datetime
 from typing import Any
 
@@ -28,24 +29,17 @@ from crawler import layout
 from crawler.config import Config
 from crawler.leases import is_due_sql
 from crawler.politeness import PolitenessRules
-from crawler.status import FINISHED_SEGMENT_STATES, IndexEventKind, MetricsStep
+from crawler.status import IndexEventKind, MetricsStep
 from delta_tables import tables
 from jobs.base import pinned_table
 
 
 def hosts_by_state(spark: SparkSession, conf: Config, root: str, now: datetime) -> dict[str, int]:
-    """crawler.politeness.host_state -> hosts, at `now`."""
+    """crawler.politeness.host_state -> hosts, at `now` (what the report shows)."""
     state = PolitenessRules.from_config(conf).host_state_sql("robots_state", "backoff_until", "failing_since", "t_now")
     rows = (tables.table_df(spark, root, "hosts").withColumn("t_now", F.lit(now))
             .groupBy(F.expr(state).alias("state")).count().collect())
     return {row["state"]: int(row["count"]) for row in rows}
-
-
-def unmerged_segments(spark: SparkSession, root: str, segment_id: str) -> int:
-    """Segments other than `segment_id` with a bucket neither merged nor closed."""
-    return (tables.table_df(spark, root, "segments")
-            .where((F.col("segment_id") != segment_id) & ~F.col("state").isin(*FINISHED_SEGMENT_STATES))
-            .select("segment_id").distinct().count())
 
 
 def generate_figures(spark: SparkSession, conf: Config, root: str, segment_id: str, now: datetime,
@@ -72,17 +66,17 @@ def generate_figures(spark: SparkSession, conf: Config, root: str, segment_id: s
         "high_priority_not_leased": max(0, backlog["due_high_priority"] - taken["high"]),
         "leased_urls": taken["leased"],
         "unmerged_segments": unmerged,
-        "hosts_by_state": hosts_by_state(spark, conf, root, now),
     }
 
 
 def update_figures(spark: SparkSession, conf: Config, root: str, segment_id: str, now: datetime, results: int,
                    applied: int, stale: int, new_urls: int) -> dict[str, Any]:
-    """Update's row: its counts, the change rate of refetched pages, and the crawl's state after the merge."""
-    kinds = {row["kind"]: int(row["count"]) for row in tables.table_df(spark, root, "index_events")
-             .where(F.col("segment_id") == segment_id).groupBy("kind").count().collect()}
-    changed = kinds.get(IndexEventKind.CHANGED.value, 0)
-    refetched = changed + kinds.get(IndexEventKind.NOT_MODIFIED.value, 0)
+    """Update's row: its counts and the change rate of refetched pages (one read of the segment's index events,
+    which a re-run after a crash finds as the first run wrote them)."""
+    kinds = Counter({row["kind"]: int(row["count"]) for row in tables.table_df(spark, root, "index_events")
+                     .where(F.col("segment_id") == segment_id).groupBy("kind").count().collect()})
+    changed = kinds[IndexEventKind.CHANGED.value]
+    refetched = changed + kinds[IndexEventKind.NOT_MODIFIED.value]
     return {
         "segment_id": segment_id,
         "step": MetricsStep.UPDATE.value,
@@ -94,8 +88,6 @@ def update_figures(spark: SparkSession, conf: Config, root: str, segment_id: str
         "refetched": refetched,
         "changed": changed,
         "change_rate": changed / refetched if refetched else None,
-        "unmerged_segments": unmerged_segments(spark, root, segment_id),
-        "hosts_by_state": hosts_by_state(spark, conf, root, now),
     }
 
 

@@ -138,16 +138,14 @@ def test_cycle_metrics_hold_one_row_per_step_run_agreeing_with_the_segments(spar
         F.sum("url_count").alias("urls"), F.sum("results").alias("results"), F.sum("applied").alias("applied"),
         F.sum("stale").alias("stale")).collect()}
     assert set(figures) == {(segment, step) for segment in segments for step in ("generate", "update")}
-    hosts = table_df(spark, root, "hosts").count()
     for segment, seg in segments.items():
         chosen, merged = figures[(segment, "generate")], figures[(segment, "update")]
         assert chosen.leased_urls == seg.urls <= chosen.due_urls
         assert 0 <= chosen.high_priority_not_leased <= chosen.due_high_priority <= chosen.due_urls
-        assert chosen.oldest_due_age_s >= 0 and chosen.unmerged_segments == 0
+        assert chosen.oldest_due_age_s >= 0 and chosen.unmerged_segments == 0 and merged.unmerged_segments is None
         assert (merged.results, merged.applied, merged.stale) == (seg.results, seg.applied, seg.stale)
         assert merged.changed <= merged.refetched and merged.run_at > chosen.run_at
-    last = figures[(shared_crawl.segment(CYCLES), "update")]
-    assert sum(last.hosts_by_state.values()) == hosts and figures[(shared_crawl.segment(1), "update")].new_urls > 0
+    assert figures[(shared_crawl.segment(1), "update")].new_urls > 0
 
 
 def test_stats_counts_every_table_by_status(spark, shared_crawl):

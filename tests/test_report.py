@@ -77,7 +77,7 @@ def crawled(spark, tmp_path_factory) -> str:
         {"segment_id": SEG, "step": "generate", "run_at": T0, "due_urls": 30, "oldest_due_age_s": 7200.0,
          "due_high_priority": 12, "high_priority_not_leased": 2, "leased_urls": 11, "unmerged_segments": 1},
         {"segment_id": SEG, "step": "update", "run_at": T0 + timedelta(minutes=5), "results": 11, "applied": 8,
-         "stale": 3, "new_urls": 5, "refetched": 4, "changed": 1, "change_rate": 0.25, "unmerged_segments": 0},
+         "stale": 3, "new_urls": 5, "refetched": 4, "changed": 1, "change_rate": 0.25},
     ])
     append_rows(spark, root, "segments", [
         {"segment_id": SEG, "bucket": 0, "state": "merged", "results": 5, "applied": 4, "stale": 1,

@@ -74,9 +74,9 @@ VALID: dict[str, list[dict]] = {
                      "cluster_seen": NOW, "segment_id": SEG} for band in range(4)],
     "cycle_metrics": [{"segment_id": SEG, "step": "generate", "run_at": NOW, "due_urls": 2, "oldest_due_age_s": 60.0,
                        "due_high_priority": 1, "high_priority_not_leased": 0, "leased_urls": 2,
-                       "unmerged_segments": 0, "hosts_by_state": {"ok": 1}},
+                       "unmerged_segments": 0},
                       {"segment_id": SEG, "step": "update", "run_at": NOW, "results": 2, "applied": 2, "stale": 0,
-                       "new_urls": 1, "refetched": 1, "changed": 1, "change_rate": 1.0, "unmerged_segments": 0}],
+                       "new_urls": 1, "refetched": 1, "changed": 1, "change_rate": 1.0}],
 }
 
 # (case, table, expectation type, column, the defect's row, a value the report must show as unexpected or None)
