@@ -7,7 +7,7 @@ ROOT ?= ./demo-crawl
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-fast lint bench-frontier bench-fetchd bench-parse bench-cycle install clean
+.PHONY: demo test test-fast lint bench-frontier bench-fetchd bench-parse bench-cycle sim install clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -45,6 +45,11 @@ bench-parse: $(STAMP)
 # URLs; per step wall, whole-machine CPU, CPU ms/page, peak driver memory, Delta commits.
 bench-cycle: $(STAMP)
 	$(PY) -m bench.cycle $(BENCH_ARGS)
+
+# On-demand fleet simulation (not a test): hosts, daemons, cycles and kills on a virtual clock; prints one line of
+# figures judged from the simulated servers' log (SIM_ARGS, e.g. --hosts 1000 --urls 100000 --daemons 4 --hours 4).
+sim: $(STAMP)
+	$(PY) -m bench.sim $(SIM_ARGS)
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
