@@ -8,7 +8,7 @@ renewed + ttl - fence_margin), a successor's gates by `HostGate.ended_elsewhere`
 `crawler.leases.is_due`, per-host caps by `crawler.frontier.per_host_cap` and revisits by
 `crawler.revisit.RevisitPolicy`. What this module adds is the driving: a discrete-event loop (the work
 `fetchd.bucketrun.BucketRun` does with asyncio), the cycle (generate -> fetch -> results applied as they arrive),
-and faults (kill -9 and restart of a daemon).
+and faults (kill -9 and restart of a daemon, a daemon frozen for minutes).
 
 Simplifications, each named so a figure is read with it: results are published the moment a response ends (the
 daemon publishes in batches after a WARC sync, so a real kill repeats a few more fetches); robots.txt answers are
@@ -190,6 +190,7 @@ class SimDaemon:
     in_flight: int = 0
     open_requests: list[dict] = field(default_factory=list)    # server log records of its requests in flight
     wake_at: float = math.inf                                  # the pending wake-up of its pump
+    frozen_until: float = -math.inf                            # a stalled process (SIGSTOP, a long GC) does nothing
     last_end: dict[int, float] = field(default_factory=dict)  # bucket -> end of this daemon's last request there
 
     def gate_for(self, host_key: str) -> HostGate:
@@ -218,10 +219,12 @@ class Fleet:
         self.pending: dict[int, int] = {}                 # bucket -> its rows not reported yet
         self.segment: str | None = None
         self.reported: set[tuple[int, int]] = set()
-        self.in_flight_at_kills = 0
+        self.in_flight_at_faults = 0
+        self.takeovers = 0
         self.starts: dict[tuple[int, int], int] = Counter()  # (url, version) -> page requests sent
         self.fetches: list[tuple[int, float, float]] = []   # (url, due, fetched at) of page requests answered
-        self.max_buckets = max(1, math.ceil(buckets / max(1, daemons)))
+        # ownership.max_buckets_per_daemon: a fair share and two more, so a survivor can take over a stalled peer's
+        self.max_buckets = math.ceil(buckets / max(1, daemons)) + 2
 
     def _new_daemon(self, number: int) -> SimDaemon:
         return SimDaemon(f"d{number}-{self.rng.randrange(1 << 30):x}", self.rules, self.gate_factory,
@@ -242,9 +245,14 @@ class Fleet:
                 self.loop.at(self.loop.now + period, tick)
         self.loop.at(self.loop.now + offset, tick)
 
+    def _frozen(self, daemon: SimDaemon) -> bool:
+        return self.loop.now < daemon.frozen_until
+
     def _renew(self, daemon: SimDaemon) -> bool:
         if not daemon.alive:
             return False
+        if self._frozen(daemon):
+            return True
         now, ttl = self.loop.now, self.conf["ownership.lease_ttl_s"]
         for bucket, lease in daemon.leases.items():
             record = lease.record
@@ -262,6 +270,8 @@ class Fleet:
         record = LeaseRecord(bucket, (previous.epoch if previous else 0) + 1, daemon.name, "sim", 0, now, now + ttl)
         self.store[bucket] = record
         lease = daemon.leases[bucket] = Lease(record, now + ttl - self.conf["ownership.fence_margin_s"])
+        if previous is not None and not previous.released and previous.owner != daemon.name:
+            self.takeovers += 1  # after a kill or a freeze: the lapsed lease of another daemon
         end = previous_last_end(previous, now, holder_is_dead=False)
         if end is not None:  # carried onto every gate of the bucket's hosts as the daemon meets them
             daemon.last_end[bucket] = max(daemon.last_end.get(bucket, -math.inf), end - EPOCH)
@@ -277,6 +287,8 @@ class Fleet:
     def _look_for_work(self, daemon: SimDaemon) -> bool:
         if not daemon.alive:
             return False
+        if self._frozen(daemon):
+            return True
         for bucket in [b for b, run in daemon.runs.items() if run.stopped and not run.in_flight]:
             del daemon.runs[bucket]
         for bucket in [b for b in daemon.leases if b not in daemon.runs and not self.pending.get(b)]:
@@ -286,8 +298,8 @@ class Fleet:
                 continue
             rows = self.pending_rows(bucket)
             lease = daemon.leases.get(bucket)
-            if lease is None or self.store.get(bucket) is not lease.record:
-                daemon.leases.pop(bucket, None)
+            if lease is None or self.store.get(bucket) is not lease.record or self.loop.now >= lease.fence_at:
+                daemon.leases.pop(bucket, None)  # lost, or past its fence unrenewed: taken again like anyone
                 lease = self._take(daemon, bucket)
             if lease is not None:
                 self._start_run(daemon, bucket, lease, rows)
@@ -318,6 +330,9 @@ class Fleet:
     def _pump(self, daemon: SimDaemon) -> None:
         """Start everything the daemon's bucket runs have ready now; wake up when the next gate opens."""
         if not daemon.alive:
+            return
+        if self._frozen(daemon):
+            self.loop.at(daemon.frozen_until, lambda: self._pump(daemon))
             return
         daemon.wake_at = math.inf
         wake = math.inf
@@ -355,6 +370,9 @@ class Fleet:
         run.in_flight += 1
 
         def finish() -> None:
+            if daemon.alive and self._frozen(daemon):  # the response waits in the kernel until the process runs
+                self.loop.at(daemon.frozen_until, finish)
+                return
             daemon.in_flight -= 1
             daemon.open_requests.remove(record)
             run.in_flight -= 1
@@ -376,6 +394,9 @@ class Fleet:
         """Take the host's gate as soon as it opens (as `fetchd.exchange.Exchange.gated_get` waits), then act; a
         run fenced or stopped meanwhile gives up: robots.txt unknown counts as unreachable."""
         if not daemon.alive:
+            return
+        if self._frozen(daemon):
+            self.loop.at(daemon.frozen_until, lambda: self._when_open(daemon, run, host, action))
             return
         if self._fenced(daemon, run):
             self._robots_known(daemon, run, host, RobotsPolicy.disallow_all(), remember=False)
@@ -475,9 +496,16 @@ class Fleet:
     def pending_rows(self, bucket: int) -> list[dict[str, Any]]:
         return [r for r in self.work.get(bucket, []) if (r["url_index"], r["state_version"]) not in self.reported]
 
+    def freeze(self, number: int, seconds: float) -> None:
+        """The daemon's process stalls for `seconds`: no renewal, no request, responses wait; its leases may lapse
+        and be taken, and after it it must notice (fencing) before sending anything."""
+        daemon = self.daemons[number]
+        self.in_flight_at_faults += daemon.in_flight  # its results wait: a successor may send them again
+        daemon.frozen_until = self.loop.now + seconds
+
     def kill(self, number: int, restart_after: float) -> None:
         daemon = self.daemons[number]
-        self.in_flight_at_kills += daemon.in_flight
+        self.in_flight_at_faults += daemon.in_flight
         daemon.alive = False
         for record in daemon.open_requests:  # the kernel closes a killed process's connections at once
             record["end"] = min(record["end"], self.loop.now)

@@ -6,7 +6,7 @@ handed out, the results that arrived), never from the crawler's counters.
   start of the next, every daemon counted), against each host's known delay (minimum, capped Crawl-delay).
 * lost: leased URLs with no result that `crawler.leases.is_due` would never hand out again.
 * dup_fetches: page requests for a (URL, version) already requested; bounded by the requests in flight at the
-  kills (`in_flight_at_kills`), since results publish when a response ends.
+  kills (`in_flight_at_faults`), since results publish when a response ends.
 * bound_ratio: page requests answered inside their segment over the politeness bound of the hosts that could be
   fetched (allowed robots.txt, alive): per segment and host, min(URLs listed, segment seconds / delay).
 * freshness: for high-priority URLs, fetched - due (p50, p99), and the share leased within 10 minutes of
@@ -36,6 +36,7 @@ class SimSettings:
     hours: float = 1.0
     seed: int = 1
     kills: int = 1              # kill -9 of a random daemon at a random moment, restarted 2 minutes later
+    freezes: int = 1            # a random daemon stalls for 30 s to 3 minutes at a random moment
     buckets: int = 16
     segment_minutes: float = 10.0
     segment_max_urls: int = 20_000
@@ -53,7 +54,8 @@ class SimFigures:
     violations: int
     lost: int
     dup_fetches: int
-    in_flight_at_kills: int
+    in_flight_at_faults: int
+    takeovers: int
     bound_ratio: float
     fresh_p50_s: float
     fresh_p99_s: float
@@ -90,6 +92,8 @@ def simulate(settings: SimSettings, gate_factory=None) -> SimFigures:
     end = settings.hours * 3600
     segment_s = settings.segment_minutes * 60
     kills = sorted((rng.uniform(0.1, 0.9) * end, rng.randrange(settings.daemons)) for _ in range(settings.kills))
+    freezes = sorted((rng.uniform(0.1, 0.9) * end, rng.randrange(settings.daemons), rng.uniform(30, 180))
+                     for _ in range(settings.freezes))
     starts = [n * segment_s for n in range(math.ceil(end / segment_s))]
     bound = 0.0
     for number, start in enumerate(starts):
@@ -110,6 +114,9 @@ def simulate(settings: SimSettings, gate_factory=None) -> SimFigures:
         for at, daemon in kills:
             if start <= at < start + segment_s:
                 fleet.loop.at(at, lambda d=daemon: fleet.kill(d, 120.0))
+        for at, daemon, seconds in freezes:
+            if start <= at < start + segment_s:
+                fleet.loop.at(at, lambda d=daemon, s=seconds: fleet.freeze(d, s))
     fleet.loop.run_until(end)
     return _figures(settings, hosts, server, frontier, fleet, bound, end)
 
@@ -134,7 +141,8 @@ def _figures(settings: SimSettings, hosts, server: SimServer, frontier: Frontier
         hosts=len(hosts), urls=len(frontier.next_due), daemons=settings.daemons, hours=settings.hours,
         fetches=len(pages), violations=len(violations), lost=frontier.lost(end),
         dup_fetches=sum(count - 1 for count in fleet.starts.values() if count > 1),
-        in_flight_at_kills=fleet.in_flight_at_kills, bound_ratio=len(answered) / bound if bound else math.nan,
+        in_flight_at_faults=fleet.in_flight_at_faults, takeovers=fleet.takeovers,
+        bound_ratio=len(answered) / bound if bound else math.nan,
         fresh_p50_s=quantile(lags, 0.5), fresh_p99_s=quantile(lags, 0.99),
         slo_10min=(sum(1 for lag in leased_lags if lag <= 600) / len(leased_lags)) if leased_lags else math.nan,
         stale=frontier.stale,
