@@ -1,8 +1,10 @@
-"""`python -m bench.sim`: one simulated crawl on a virtual clock; prints progress and the one-line figures."""
+"""`python -m bench.sim`: one simulated crawl on a virtual clock; prints progress and the one-line figures, and
+with `--report DIR` writes DIR/simulation.md and its charts."""
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import time
 
 from bench.sim.run import SimSettings, simulate
@@ -11,17 +13,25 @@ from bench.sim.run import SimSettings, simulate
 def main() -> None:
     defaults = SimSettings()
     parser = argparse.ArgumentParser(prog="python -m bench.sim", description=__doc__)
-    for name in ("hosts", "urls", "daemons", "seed", "kills", "freezes", "buckets", "segment_max_urls", "giant_hosts",
-                 "giant_urls"):
-        parser.add_argument(f"--{name.replace('_', '-')}", type=int, default=getattr(defaults, name))
-    for name in ("hours", "segment_minutes"):
-        parser.add_argument(f"--{name.replace('_', '-')}", type=float, default=getattr(defaults, name))
-    args = parser.parse_args()
+    for field in dataclasses.fields(SimSettings):
+        parser.add_argument(f"--{field.name.replace('_', '-')}", type=type(getattr(defaults, field.name)),
+                            default=getattr(defaults, field.name))
+    parser.add_argument("--report", metavar="DIR", help="write DIR/simulation.md and DIR/simulation/*.svg")
+    args = vars(parser.parse_args())
+    report = args.pop("report")
     started = time.monotonic()
-    figures = simulate(SimSettings(**vars(args)))
-    print(f"sim: {time.monotonic() - started:.1f} s wall; {figures.stale} stale results, "
-          f"{figures.in_flight_at_faults} requests in flight at kills and freezes, {figures.takeovers} takeovers, "
-          f"fresh_p50_s={figures.fresh_p50_s:.0f}")
+    run = simulate(SimSettings(**args), progress=lambda line: print(line, flush=True))
+    wall = time.monotonic() - started
+    figures = run.figures
+    print(f"sim: {wall:.1f} s wall; {figures.stale} stale results, {figures.in_flight_at_faults} requests in flight "
+          f"at faults, {figures.takeovers} takeovers, fresh_p50_s={figures.fresh_p50_s:.0f}, "
+          f"oldest_due_age_h={figures.oldest_due_age_s / 3600:.1f} "
+          f"(within cap {figures.oldest_due_age_within_cap_s / 3600:.2f}), giant_share={figures.giant_share:.3f}, "
+          f"tail_fresh_p99_s={figures.tail_fresh_p99_s:.0f}, change_rate={figures.change_rate:.3f}, "
+          f"dead_hosts={figures.dead_hosts}")
+    if report:
+        from bench.sim.report import write_report
+        print(f"sim: wrote {write_report(run, report, wall)}")
     print(figures.line())
 
 

@@ -5,15 +5,18 @@ What runs is the project's own rule code: each daemon's buckets are `crawler.sch
 memory), robots.txt read by `crawler.robots.policy_for_status`, Retry-After by `parse_retry_after`, bucket
 ownership by `crawler.ownership` (`may_take`, `previous_last_end`, epochs, fencing at
 renewed + ttl - fence_margin), a successor's gates by `HostGate.ended_elsewhere`, due URLs by
-`crawler.leases.is_due`, per-host caps by `crawler.frontier.per_host_cap` and revisits by
-`crawler.revisit.RevisitPolicy`. What this module adds is the driving: a discrete-event loop (the work
-`fetchd.bucketrun.BucketRun` does with asyncio), the cycle (generate -> fetch -> results applied as they arrive),
-and faults (kill -9 and restart of a daemon, a daemon frozen for minutes).
+`crawler.leases.is_due`, and what a daemon remembers of robots.txt by `crawler.robots.remember` (the last good
+copy through an outage, the retry escalation); the frontier's rules are in `bench.sim.frontier`. What this module
+adds is the driving: a discrete-event loop (the work `fetchd.bucketrun.BucketRun` does with asyncio), the cycle
+(generate -> fetch -> results applied as they arrive) and faults: kill -9 and restart of a daemon, a daemon frozen
+for minutes, SIGTERM (a clean stop: in-flight requests finish, leases are released with the last request's end,
+the successor takes over at once) and a storage outage (no lease can be renewed or taken and no result written:
+every bucket stops at once, the results of requests in flight are lost and fetched again after).
 
 Simplifications, each named so a figure is read with it: results are published the moment a response ends (the
-daemon publishes in batches after a WARC sync, so a real kill repeats a few more fetches); robots.txt answers are
-cached per daemon for `robots.cache_ttl_s` without the outage rule's retry escalation; a segment's fetch stops at
-the next cycle's start (the DAG's fetch deadline), and its unfinished URLs come back when their leases expire.
+daemon publishes in batches after a WARC sync, so a real kill repeats a few more fetches); a segment's fetch
+stops at the next cycle's start (the DAG's fetch deadline), and its unfinished URLs come back when their leases
+expire; DNS resolution and the SSRF check take no time.
 """
 
 from __future__ import annotations
@@ -24,27 +27,26 @@ import random
 from collections import Counter, defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from typing import Any
 
-from bench.sim.world import EPOCH, ROBOTS_RULES, SimHost, SimServer
+from bench.sim.frontier import Frontier
+from bench.sim.world import EPOCH, ROBOTS_RULES, SimServer
 from crawler.config import Config
-from crawler.frontier import per_host_cap, score
-from crawler.leases import is_due
 from crawler.ownership import LeaseRecord, may_take, previous_last_end
 from crawler.politeness import THROTTLE_STATUSES, HostGate, PolitenessRules, parse_retry_after
-from crawler.revisit import PreviousState, RevisitPolicy
-from crawler.robots import ROBOTS_PATH, RobotsPolicy, RobotsState, policy_for_status
-from crawler.scheduling import Dispatch, HostScheduler, HostWork, Prepare, Report
+from crawler.robots import (
+    ROBOTS_PATH,
+    CachedRobots,
+    RobotsCacheRules,
+    RobotsPolicy,
+    is_unreachable,
+    policy_for_status,
+    remember,
+)
+from crawler.scheduling import Dispatch, HostScheduler, HostWork, Prepare
 from crawler.status import FetchOutcome, outcome_for_status
 
-HIGH_PRIORITY = 2.0        # priority of the high-priority URLs (the rest have 1.0)
-HIGH_PRIORITY_SHARE = 0.1  # share of URLs that are high priority
 ROBOTS_TOKEN = "cyclecrawl"
-
-
-def _moment(seconds: float) -> datetime:
-    return datetime.fromtimestamp(EPOCH + seconds, UTC)
 
 
 class EventLoop:
@@ -75,98 +77,11 @@ class Lease:
     fence_at: float
 
 
-class Frontier:
-    """Every URL's schedule and lease, and the generate and update rules applied to them."""
-
-    def __init__(self, hosts: list[SimHost], conf: Config, rng: random.Random, hours: float):
-        self.hosts = hosts
-        self.conf = conf
-        self.rules = PolitenessRules.from_config(conf)
-        self.revisit = RevisitPolicy.from_config(conf)
-        self.host_of: list[int] = []
-        self.index_in_host: list[int] = []
-        self.next_due: list[float] = []
-        self.priority: list[float] = []
-        self.interval: list[int] = []
-        self.failures: list[int] = []
-        self.version: list[int] = []
-        self.lease_segment: list[str | None] = []
-        self.lease_expires: list[float] = []
-        for number, host in enumerate(hosts):
-            for index in range(host.urls):
-                self.host_of.append(number)
-                self.index_in_host.append(index)
-                self.next_due.append(rng.uniform(0.0, hours * 3600 / 2))  # seeds become due over the first half
-                self.priority.append(HIGH_PRIORITY if rng.random() < HIGH_PRIORITY_SHARE else 1.0)
-                self.interval.append(self.revisit.default_interval_s)
-                self.failures.append(0)
-                self.version.append(0)
-                self.lease_segment.append(None)
-                self.lease_expires.append(math.inf)
-        self.crawl_delay: dict[int, float | None] = {}  # host -> Crawl-delay the last robots.txt said (the hosts table)
-        self.leases: list[tuple[str, int, int, float, float]] = []  # (segment, url, version, leased at, due)
-        self.results: dict[tuple[int, int], float] = {}  # (url, version) -> when its result arrived
-        self.stale = 0
-
-    def host_delay(self, host: int) -> float:
-        return self.rules.host_delay(self.crawl_delay.get(host), None)
-
-    def generate(self, segment: str, now: float, budget: int, per_host_max: int, segment_seconds: float,
-                 lease_seconds: float) -> list[dict[str, Any]]:
-        """The segment's fetch-list rows: due URLs ranked by score per host, cut per host, then round-robin over
-        hosts up to the budget; each leased (its version bumped)."""
-        at = _moment(now)
-        boost = self.conf["generate.age_boost_per_day"]
-        by_host: dict[int, list[tuple[float, int]]] = defaultdict(list)
-        for url, due in enumerate(self.next_due):
-            if due <= now and is_due(_moment(due), self.lease_segment[url], _moment(min(self.lease_expires[url],
-                                                                                        1e11)), at, segment):
-                by_host[self.host_of[url]].append((-score(self.priority[url], _moment(due), at, boost), url))
-        ranked = []
-        for host, candidates in by_host.items():
-            candidates.sort()
-            cap = per_host_cap(per_host_max, segment_seconds, self.host_delay(host))
-            ranked += [(rank, key, url) for rank, (key, url) in enumerate(candidates[:cap])]
-        ranked.sort()
-        rows = []
-        for rank, _, url in ranked[:budget]:
-            host = self.hosts[self.host_of[url]]
-            self.version[url] += 1
-            self.lease_segment[url] = segment
-            self.lease_expires[url] = now + lease_seconds
-            self.leases.append((segment, url, self.version[url], now, self.next_due[url]))
-            rows.append({"url": host.key + host.path(self.index_in_host[url]), "host_key": host.key, "rank": rank,
-                         "url_index": url, "state_version": self.version[url], "due": self.next_due[url],
-                         "priority": self.priority[url], "delay_s": self.host_delay(self.host_of[url])})
-        return rows
-
-    def apply(self, url: int, version: int, segment: str, outcome: str, status: int | None, at: float) -> None:
-        """A result, as update folds it: completes the URL when current and under this segment's lease."""
-        self.results.setdefault((url, version), at)
-        if version != self.version[url] or self.lease_segment[url] != segment:
-            self.stale += 1
-            return
-        previous = PreviousState("fetched", self.interval[url], self.failures[url], None)
-        decision = self.revisit.decide(outcome, status, previous, _moment(at))
-        self.interval[url], self.failures[url] = decision.fetch_interval_s, decision.failure_count
-        self.next_due[url] = (decision.next_fetch_at - _moment(0)).total_seconds()
-        self.lease_segment[url], self.lease_expires[url] = None, math.inf
-
-    def lost(self, end: float) -> int:
-        """Leased URLs with no result that would never be handed out again (far in the future, `is_due` says
-        no): 0 is the invariant."""
-        later = _moment(end + 10 * 365 * 86400)
-        return sum(1 for _segment, url, version, _at, _due in self.leases
-                   if (url, version) not in self.results and self.version[url] == version
-                   and not is_due(_moment(self.next_due[url]), self.lease_segment[url],
-                                  _moment(min(self.lease_expires[url], 1e11)), later, "seg-later"))
-
-
 @dataclass
 class BucketRun:
     """One daemon's run of one bucket of a segment: the real host scheduler over the daemon's gates."""
 
-    segment: str
+    segment: int
     bucket: int
     scheduler: HostScheduler
     lease: Lease
@@ -184,13 +99,14 @@ class SimDaemon:
     slots: int
     alive: bool = True
     gates: dict[str, HostGate] = field(default_factory=dict)
-    robots: dict[str, tuple[RobotsPolicy, float]] = field(default_factory=dict)  # host -> (policy, expires)
+    robots: dict[str, CachedRobots] = field(default_factory=dict)  # what it remembers of each host's robots.txt
     leases: dict[int, Lease] = field(default_factory=dict)
     runs: dict[int, BucketRun] = field(default_factory=dict)
     in_flight: int = 0
     open_requests: list[dict] = field(default_factory=list)    # server log records of its requests in flight
     wake_at: float = math.inf                                  # the pending wake-up of its pump
     frozen_until: float = -math.inf                            # a stalled process (SIGSTOP, a long GC) does nothing
+    stopping: bool = False                                     # SIGTERM: finish what is in flight, release, exit
     last_end: dict[int, float] = field(default_factory=dict)  # bucket -> end of this daemon's last request there
 
     def gate_for(self, host_key: str) -> HostGate:
@@ -217,10 +133,15 @@ class Fleet:
         self.daemons = [self._new_daemon(n) for n in range(daemons)]
         self.work: dict[int, list[dict[str, Any]]] = {}  # bucket -> rows of the current segment
         self.pending: dict[int, int] = {}                 # bucket -> its rows not reported yet
-        self.segment: str | None = None
+        self.segment: int | None = None
+        self.robots_rules = RobotsCacheRules.from_config(conf)
+        self.host_number = {host.key: number for number, host in enumerate(frontier.hosts)}
+        self.storage_down_until = -math.inf
         self.reported: set[tuple[int, int]] = set()
         self.in_flight_at_faults = 0
         self.takeovers = 0
+        self.fault_log: list[tuple[Any, int]] = []           # (fault, requests in flight it caught)
+        self.lost_to_storage = 0                             # results of requests whose output could not be written
         self.starts: dict[tuple[int, int], int] = Counter()  # (url, version) -> page requests sent
         self.fetches: list[tuple[int, float, float]] = []   # (url, due, fetched at) of page requests answered
         # ownership.max_buckets_per_daemon: a fair share and two more, so a survivor can take over a stalled peer's
@@ -248,11 +169,14 @@ class Fleet:
     def _frozen(self, daemon: SimDaemon) -> bool:
         return self.loop.now < daemon.frozen_until
 
+    def _storage_down(self) -> bool:
+        return self.loop.now < self.storage_down_until
+
     def _renew(self, daemon: SimDaemon) -> bool:
         if not daemon.alive:
             return False
-        if self._frozen(daemon):
-            return True
+        if self._frozen(daemon) or self._storage_down():
+            return True  # a renewal that cannot be written: the lease runs towards its fence
         now, ttl = self.loop.now, self.conf["ownership.lease_ttl_s"]
         for bucket, lease in daemon.leases.items():
             record = lease.record
@@ -291,18 +215,28 @@ class Fleet:
             return True
         for bucket in [b for b, run in daemon.runs.items() if run.stopped and not run.in_flight]:
             del daemon.runs[bucket]
-        for bucket in [b for b in daemon.leases if b not in daemon.runs and not self.pending.get(b)]:
-            self._release(daemon, bucket)
-        for bucket in sorted(b for b, left in self.pending.items() if left):
+        if daemon.stopping:
+            if not daemon.in_flight:  # SIGTERM: everything in flight is over; release and exit
+                for bucket in list(daemon.leases):
+                    self._release(daemon, bucket)
+                daemon.alive = False
+                return False
+            return True
+        if self._storage_down():  # nothing can be prepared, taken or released
+            return True
+        # the buckets it holds first (a bucket's hosts stay with one daemon across segments), then any other
+        waiting = (b for b, left in self.pending.items() if left)
+        for bucket in sorted(waiting, key=lambda b: (b not in daemon.leases, b)):
             if bucket in daemon.runs or len(daemon.runs) >= self.max_buckets:
                 continue
-            rows = self.pending_rows(bucket)
             lease = daemon.leases.get(bucket)
             if lease is None or self.store.get(bucket) is not lease.record or self.loop.now >= lease.fence_at:
                 daemon.leases.pop(bucket, None)  # lost, or past its fence unrenewed: taken again like anyone
                 lease = self._take(daemon, bucket)
             if lease is not None:
-                self._start_run(daemon, bucket, lease, rows)
+                self._start_run(daemon, bucket, lease, self.pending_rows(bucket))
+        for bucket in [b for b in daemon.leases if b not in daemon.runs]:  # no more than it runs
+            self._release(daemon, bucket)
         self._pump(daemon)
         return True
 
@@ -311,7 +245,8 @@ class Fleet:
     def _start_run(self, daemon: SimDaemon, bucket: int, lease: Lease, rows: list[dict[str, Any]]) -> None:
         assert self.segment is not None
         scheduler = HostScheduler(daemon.gate_for, lambda: self.loop.now,
-                                  lambda report, d=daemon, b=bucket: self._reported(d, b, report), rules=self.rules)
+                                  lambda report: self._result(run, report.item, report.outcome.value, None),
+                                  rules=self.rules)
         run = daemon.runs[bucket] = BucketRun(self.segment, bucket, scheduler, lease)
         previous_end = daemon.last_end.get(bucket)
         for row in rows:
@@ -320,11 +255,11 @@ class Fleet:
             if fresh and previous_end is not None:
                 cached = daemon.robots.get(row["host_key"])
                 scheduler.hosts[row["host_key"]].gate.ended_elsewhere(
-                    previous_end, crawl_delay_known=cached is not None and cached[1] > self.loop.now)
+                    previous_end, crawl_delay_known=cached is not None and cached.expires > self.loop.now)
         assert run.scheduler is scheduler
 
     def _fenced(self, daemon: SimDaemon, run: BucketRun) -> bool:
-        return (not daemon.alive or run.stopped or self.loop.now >= run.lease.fence_at
+        return (not daemon.alive or daemon.stopping or run.stopped or self.loop.now >= run.lease.fence_at
                 or self.store.get(run.bucket) is not run.lease.record)
 
     def _pump(self, daemon: SimDaemon) -> None:
@@ -383,7 +318,10 @@ class Fleet:
             if answer.status in THROTTLE_STATUSES:
                 retry_after = parse_retry_after(answer.retry_after, EPOCH + self.loop.now)
             host.gate.finished(self.loop.now, answer.status, retry_after, self.rng, answer.seconds)
-            done(answer.status, answer.seconds)
+            if tag is not None and self._storage_down():  # its record cannot be written: it is fetched again
+                self.lost_to_storage += 1
+            else:
+                done(answer.status, answer.seconds)
             self._pump(daemon)
 
         self.loop.at(end, finish)
@@ -399,7 +337,7 @@ class Fleet:
             self.loop.at(daemon.frozen_until, lambda: self._when_open(daemon, run, host, action))
             return
         if self._fenced(daemon, run):
-            self._robots_known(daemon, run, host, RobotsPolicy.disallow_all(), remember=False)
+            self._robots_known(run, host, RobotsPolicy.disallow_all())
             return
         if not host.gate.can_start(self.loop.now):
             self.loop.at(max(host.gate.next_allowed_at, self.loop.now + 0.01),
@@ -410,10 +348,11 @@ class Fleet:
 
     def _prepare(self, daemon: SimDaemon, run: BucketRun, host: HostWork) -> None:
         """robots.txt, as `fetchd.hostprep.HostPreparer` learns it: the daemon's copy while in force, else fetched
-        through the host's gate, following a redirect to another path through the gate again."""
+        through the host's gate (a redirect to another path followed through the gate again) and remembered by
+        `crawler.robots.remember`; the observation counts for the host's backoff (update's host counts)."""
         cached = daemon.robots.get(host.host_key)
-        if cached is not None and cached[1] > self.loop.now:
-            self._robots_known(daemon, run, host, cached[0], remember=False)
+        if cached is not None and cached.expires > self.loop.now:
+            self._robots_known(run, host, cached.policy)
             return
 
         def fetch(path: str) -> None:
@@ -422,7 +361,14 @@ class Fleet:
                     self._when_open(daemon, run, host, lambda: fetch("/robots-moved.txt"))
                     return
                 body = self.server_body(host.host_key, path, status)
-                self._robots_known(daemon, run, host, policy_for_status(status, body, ROBOTS_TOKEN, 512_000))
+                fetched = policy_for_status(status, body, ROBOTS_TOKEN, 512_000)
+                entry = daemon.robots[host.host_key] = remember(daemon.robots.get(host.host_key), fetched, status,
+                                                                 self.loop.now, self.robots_rules)
+                number = self.host_number[host.host_key]
+                self.frontier.count(run.segment, number, is_unreachable(status), self.loop.now)
+                if not is_unreachable(status):
+                    self.frontier.crawl_delay[number] = fetched.crawl_delay_s
+                self._robots_known(run, host, entry.policy)
 
             self._request(daemon, run, host, path, done)
 
@@ -438,16 +384,9 @@ class Fleet:
             return f"{ROBOTS_RULES}Crawl-delay: {host.crawl_delay_s}\n"
         return ROBOTS_RULES
 
-    def _robots_known(self, daemon: SimDaemon, run: BucketRun, host: HostWork, policy: RobotsPolicy,
-                      remember: bool = True) -> None:
+    def _robots_known(self, run: BucketRun, host: HostWork, policy: RobotsPolicy) -> None:
         if host.prepared:
             return
-        if remember:
-            ttl = self.conf["robots.cache_ttl_s"] if policy.state is not RobotsState.DISALLOW_ALL else \
-                self.conf["robots.unreachable_retry_s"]
-            daemon.robots[host.host_key] = (policy, self.loop.now + ttl)
-        index = int(host.host_key.rsplit("h", 1)[1].split(".")[0])
-        self.frontier.crawl_delay[index] = policy.crawl_delay_s
         host.policy = policy
         host.gate.set_crawl_delay(policy.crawl_delay_s)
         run.scheduler.prepared(host)
@@ -464,11 +403,6 @@ class Fleet:
 
         self._request(daemon, run, host, item["url"][len(host.host_key):], done, tag)
 
-    def _reported(self, daemon: SimDaemon, bucket: int, report: Report) -> None:
-        run = daemon.runs.get(bucket)
-        if run is not None:
-            self._result(run, report.item, report.outcome.value, None)
-
     def _result(self, run: BucketRun, item: dict[str, Any], outcome: str, status: int | None) -> None:
         key = (item["url_index"], item["state_version"])
         if key in self.reported:
@@ -480,7 +414,7 @@ class Fleet:
 
     # --- cycles and faults ---------------------------------------------------------------------------------
 
-    def open_segment(self, segment: str, rows: list[dict[str, Any]], bucket_of: Callable[[str], int]) -> None:
+    def open_segment(self, segment: int, rows: list[dict[str, Any]], bucket_of: Callable[[str], int]) -> None:
         """A new segment's fetch list: the previous one stops (its fetch deadline), its buckets' runs end."""
         for daemon in self.daemons:
             for run in daemon.runs.values():
@@ -503,17 +437,45 @@ class Fleet:
         self.in_flight_at_faults += daemon.in_flight  # its results wait: a successor may send them again
         daemon.frozen_until = self.loop.now + seconds
 
+    def terminate(self, number: int, restart_after: float) -> None:
+        """SIGTERM (a deploy): the daemon sends nothing new, lets what is in flight finish and publish, releases its
+        leases with the end of its last request (`_look_for_work`) and exits; a new process starts later."""
+        daemon = self.daemons[number]
+        if not daemon.alive:
+            return
+        daemon.stopping = True
+        self.loop.at(self.loop.now + restart_after, lambda: self._restart(number, daemon))
+
+    def storage_outage(self, seconds: float) -> None:
+        """The lease store and the output folder fail for `seconds`: every bucket stops at once, no lease is
+        renewed or taken, and the results of responses that end meanwhile cannot be written."""
+        for daemon in self.daemons:
+            if daemon.alive:
+                self.in_flight_at_faults += daemon.in_flight
+                for run in daemon.runs.values():
+                    run.stopped = True
+        self.storage_down_until = self.loop.now + seconds
+        for daemon in self.daemons:  # when it is back, each daemon looks for work at once
+            self.loop.at(self.storage_down_until, lambda d=daemon: self._look_for_work(d) and None)
+
+    def _restart(self, number: int, previous: SimDaemon) -> None:
+        if self.daemons[number] is not previous:
+            return
+        if previous.alive:  # still finishing its in-flight requests: look again soon
+            self.loop.at(self.loop.now + 1.0, lambda: self._restart(number, previous))
+            return
+        fresh = self.daemons[number] = self._new_daemon(number)
+        self._every(self.conf["ownership.renew_interval_s"], lambda: self._renew(fresh))
+        self._every(self.conf["fetch.poll_interval_s"], lambda: self._look_for_work(fresh))
+
     def kill(self, number: int, restart_after: float) -> None:
         daemon = self.daemons[number]
+        if not daemon.alive:
+            return
         self.in_flight_at_faults += daemon.in_flight
         daemon.alive = False
         for record in daemon.open_requests:  # the kernel closes a killed process's connections at once
             record["end"] = min(record["end"], self.loop.now)
             record["status"] = None
 
-        def restart() -> None:
-            fresh = self.daemons[number] = self._new_daemon(number)
-            self._every(self.conf["ownership.renew_interval_s"], lambda: self._renew(fresh))
-            self._every(self.conf["fetch.poll_interval_s"], lambda: self._look_for_work(fresh))
-
-        self.loop.at(self.loop.now + restart_after, restart)
+        self.loop.at(self.loop.now + restart_after, lambda: self._restart(number, daemon))

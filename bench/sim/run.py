@@ -6,20 +6,26 @@ handed out, the results that arrived), never from the crawler's counters.
   start of the next, every daemon counted), against each host's known delay (minimum, capped Crawl-delay).
 * lost: leased URLs with no result that `crawler.leases.is_due` would never hand out again.
 * dup_fetches: page requests for a (URL, version) already requested; bounded by the requests in flight at the
-  kills (`in_flight_at_faults`), since results publish when a response ends.
+  faults (`in_flight_at_faults`: kills, freezes, storage outages), since results publish when a response ends.
 * bound_ratio: page requests answered inside their segment over the politeness bound of the hosts that could be
-  fetched (allowed robots.txt, alive): per segment and host, min(URLs listed, segment seconds / delay).
+  fetched (robots.txt not failing, alive): per segment and host, min(URLs listed, segment seconds / delay).
 * freshness: for high-priority URLs, fetched - due (p50, p99), and the share leased within 10 minutes of
   becoming due (leased at the first segment start after it; the reference design's SLO is 99 %).
+* starvation: the oldest due URL's age at each segment start, over every host and over the hosts whose due URLs
+  fit their per-host cap.
+* giant hosts: each giant's answered requests over its politeness bound for the run (run seconds / delay).
 """
 
 from __future__ import annotations
 
 import math
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-from bench.sim.fleet import HIGH_PRIORITY, Fleet, Frontier
+import numpy as np
+
+from bench.sim.fleet import Fleet
+from bench.sim.frontier import HIGH_PRIORITY, Backlog, Frontier
 from bench.sim.world import SimServer, draw_hosts
 from crawler import config as config_mod
 from crawler import urls
@@ -27,21 +33,49 @@ from crawler.config import Config
 from crawler.politeness import HostGate, PolitenessRules
 from sitefarm.judge import politeness_violations
 
+ROBOTS_PATHS = ("/robots.txt", "/robots-moved.txt")
+SLO_LAG_S = 600.0
+
 
 @dataclass(frozen=True)
 class SimSettings:
-    hosts: int = 200
-    urls: int = 20_000          # known URLs, about (the host draw decides the exact count)
-    daemons: int = 2
-    hours: float = 1.0
+    """One run; the defaults are the default run of `make sim` (docs/simulation.md)."""
+
+    hosts: int = 10_000
+    urls: int = 10_000_000      # known URLs, about (the host draw decides the exact count)
+    daemons: int = 4
+    hours: float = 24.0
     seed: int = 1
-    kills: int = 1              # kill -9 of a random daemon at a random moment, restarted 2 minutes later
-    freezes: int = 1            # a random daemon stalls for 30 s to 3 minutes at a random moment
-    buckets: int = 16
+    kills: int = 3              # kill -9 of a random daemon at a random moment, restarted 2 minutes later
+    freezes: int = 2            # a random daemon stalls for 30 s to 3 minutes at a random moment
+    sigterms: int = 2           # a random daemon stops cleanly at a random moment, restarted 30 s later (a deploy)
+    outages: int = 1            # the storage fails for 2 to 10 minutes at a random moment
+    buckets: int = 64
     segment_minutes: float = 10.0
-    segment_max_urls: int = 20_000
-    giant_hosts: int = 0
-    giant_urls: int = 0
+    segment_max_urls: int = 30_000
+    giant_hosts: int = 3
+    giant_urls: int = 1_000_000
+    due_spread_days: float = 7.0  # known URLs fall due uniformly over this span (the default revisit interval)
+
+
+@dataclass(frozen=True)
+class Fault:
+    at: float
+    kind: str
+    daemon: int | None
+    seconds: float
+
+
+@dataclass
+class SegmentFigures:
+    """One segment as the figures and charts see it."""
+
+    start: float
+    backlog: Backlog
+    bound: float
+    answered: int = 0
+    slo_leased: int = 0   # high-priority URLs leased in it
+    slo_within: int = 0   # of which within 10 minutes of falling due
 
 
 @dataclass(frozen=True)
@@ -61,6 +95,13 @@ class SimFigures:
     fresh_p99_s: float
     slo_10min: float
     stale: int
+    oldest_due_age_s: float
+    oldest_due_age_within_cap_s: float
+    giant_share: float
+    tail_fresh_p99_s: float
+    change_rate: float
+    dead_hosts: int
+    lost_to_storage: int
 
     def line(self) -> str:
         return (f"sim: hosts={self.hosts} urls={self.urls} daemons={self.daemons} hours={self.hours:g} "
@@ -69,84 +110,179 @@ class SimFigures:
                 f"fresh_p99_s={self.fresh_p99_s:.0f} slo_10min={self.slo_10min:.3f}")
 
 
+@dataclass
+class SimRun:
+    """A finished run: its figures and what the report draws them from."""
+
+    settings: SimSettings
+    figures: SimFigures
+    segments: list[SegmentFigures]
+    faults: list[Fault]
+    gap_ratios: np.ndarray          # end-to-start gap / the host's delay, every consecutive pair of requests
+    lags: np.ndarray                # fetched - due of answered high-priority page requests
+    fault_log: list[tuple[Fault, int]]  # each fault and the requests in flight it caught
+    server_log: list[dict]              # every request as the simulated servers saw it
+    giants: list[tuple[str, int, float]] = field(default_factory=list)  # (host, answered, bound)
+
+
 def sim_config(settings: SimSettings) -> Config:
-    """The defaults file, with the segment cadence and budget of the run."""
+    """The defaults file, with the segment cadence, budget and lease of the run (a lease spans two segments, as
+    the hourly default's 7,200 s spans two hours)."""
+    segment_s = round(settings.segment_minutes * 60)
     return config_mod.load(None).with_overrides({
         "crawl.buckets": settings.buckets,
-        "generate.segment_seconds": round(settings.segment_minutes * 60),
+        "generate.segment_seconds": segment_s,
         "generate.segment_max_urls": settings.segment_max_urls,
+        "generate.lease_seconds": 2 * segment_s,
     })
 
 
-def simulate(settings: SimSettings, gate_factory=None) -> SimFigures:
-    """Run the simulation; `gate_factory` replaces how a daemon makes a host's gate (a broken rule, in tests)."""
+def _faults(settings: SimSettings, rng: random.Random, end: float) -> list[Fault]:
+    def at() -> float:
+        return rng.uniform(0.1, 0.9) * end
+
+    faults = [Fault(at(), "kill", rng.randrange(settings.daemons), 120.0) for _ in range(settings.kills)]
+    faults += [Fault(at(), "freeze", rng.randrange(settings.daemons), rng.uniform(30, 180))
+               for _ in range(settings.freezes)]
+    faults += [Fault(at(), "sigterm", rng.randrange(settings.daemons), 30.0) for _ in range(settings.sigterms)]
+    faults += [Fault(at(), "outage", None, rng.uniform(120, 600)) for _ in range(settings.outages)]
+    return sorted(faults, key=lambda f: f.at)
+
+
+def simulate(settings: SimSettings, gate_factory=None, progress=None) -> SimRun:
+    """Run the simulation; `gate_factory` replaces how a daemon makes a host's gate (a broken rule, in tests);
+    `progress(text)` gets a line per simulated hour."""
     rng = random.Random(settings.seed)
     conf = sim_config(settings)
-    max_urls = max(1, round(settings.urls / max(1, settings.hosts) * 5))  # mean of 1 + m * u^4 is about m / 5
+    tail_urls = max(0, settings.urls - settings.giant_hosts * settings.giant_urls)
+    max_urls = max(1, round(tail_urls / max(1, settings.hosts - settings.giant_hosts) * 5))  # mean of 1 + m u^4: m / 5
     hosts = draw_hosts(settings.hosts, max_urls, settings.giant_hosts, settings.giant_urls, settings.hours, rng)
     server = SimServer({h.key: h for h in hosts}, random.Random(settings.seed + 1))
-    frontier = Frontier(hosts, conf, random.Random(settings.seed + 2), settings.hours)
+    frontier = Frontier(hosts, conf, np.random.default_rng(settings.seed + 2), settings.due_spread_days * 86400)
     fleet = Fleet(conf, server, frontier, settings.daemons, settings.buckets, random.Random(settings.seed + 3),
                   gate_factory)
     fleet.start()
     end = settings.hours * 3600
     segment_s = settings.segment_minutes * 60
-    kills = sorted((rng.uniform(0.1, 0.9) * end, rng.randrange(settings.daemons)) for _ in range(settings.kills))
-    freezes = sorted((rng.uniform(0.1, 0.9) * end, rng.randrange(settings.daemons), rng.uniform(30, 180))
-                     for _ in range(settings.freezes))
-    starts = [n * segment_s for n in range(math.ceil(end / segment_s))]
-    bound = 0.0
-    for number, start in enumerate(starts):
+    faults = _faults(settings, rng, end)
+    segments: list[SegmentFigures] = []
+    for number in range(math.ceil(end / segment_s)):
+        start = number * segment_s
         fleet.loop.run_until(start)
-        segment = f"seg-{number:04d}"
-        rows = frontier.generate(segment, start, settings.segment_max_urls, conf["generate.per_host_max_urls"],
-                                 segment_s, conf["generate.lease_seconds"])
-        fleet.open_segment(segment, rows, lambda key: urls.bucket_of(key, settings.buckets))
-        listed: dict[str, int] = {}
-        for row in rows:
-            listed[row["host_key"]] = listed.get(row["host_key"], 0) + 1
-        window = min(segment_s, end - start)
-        for key, count in listed.items():
-            host = server.hosts[key]
-            if not host.dead and host.robots in ("rules", "none", "crawl_delay", "redirect", "forbidden"):
-                bound += min(count, window / max(frontier.host_delay(int(key.rsplit("h", 1)[1].split(".")[0])),
-                                                 1e-9))
-        for at, daemon in kills:
-            if start <= at < start + segment_s:
-                fleet.loop.at(at, lambda d=daemon: fleet.kill(d, 120.0))
-        for at, daemon, seconds in freezes:
-            if start <= at < start + segment_s:
-                fleet.loop.at(at, lambda d=daemon, s=seconds: fleet.freeze(d, s))
+        if progress is not None and number and start % 3600 < segment_s:
+            progress(f"sim: {start / 3600:.0f} h of {settings.hours:g}, {len(server.log)} requests")
+        frontier.update_hosts(number)
+        rows, backlog = frontier.generate(number, start, settings.segment_max_urls,
+                                          conf["generate.per_host_max_urls"], segment_s,
+                                          conf["generate.lease_seconds"])
+        fleet.open_segment(number, rows, lambda key: urls.bucket_of(key, settings.buckets))
+        segments.append(SegmentFigures(start, backlog, _bound(rows, server, frontier, min(segment_s, end - start))))
+        for fault in faults:
+            if start <= fault.at < start + segment_s:
+                fleet.loop.at(fault.at, lambda f=fault: _inject(fleet, f))
     fleet.loop.run_until(end)
-    return _figures(settings, hosts, server, frontier, fleet, bound, end)
+    return _finish(settings, hosts, server, frontier, fleet, segments, faults, end)
 
 
-def _figures(settings: SimSettings, hosts, server: SimServer, frontier: Frontier, fleet: Fleet, bound: float,
-             end: float) -> SimFigures:
+def _bound(rows: list[dict], server: SimServer, frontier: Frontier, window: float) -> float:
+    """The segment's politeness bound: per host that can be fetched, min(URLs listed, window / delay)."""
+    listed: dict[int, int] = {}
+    for row in rows:
+        listed[row["host"]] = listed.get(row["host"], 0) + 1
+    bound = 0.0
+    for number, count in listed.items():
+        host = frontier.hosts[number]
+        if not host.dead and host.robots in ("rules", "none", "crawl_delay", "redirect", "forbidden"):
+            bound += min(count, window / max(frontier.host_delay(number), 1e-9))
+    return bound
+
+
+def _inject(fleet: Fleet, fault: Fault) -> None:
+    before = fleet.in_flight_at_faults
+    _apply_fault(fleet, fault)
+    fleet.fault_log.append((fault, fleet.in_flight_at_faults - before))
+
+
+def _apply_fault(fleet: Fleet, fault: Fault) -> None:
+    if fault.kind == "kill":
+        fleet.kill(fault.daemon, fault.seconds)
+    elif fault.kind == "freeze":
+        fleet.freeze(fault.daemon, fault.seconds)
+    elif fault.kind == "sigterm":
+        fleet.terminate(fault.daemon, fault.seconds)
+    else:
+        fleet.storage_outage(fault.seconds)
+
+
+def _quantile(values: np.ndarray, q: float) -> float:
+    return float(np.sort(values)[min(len(values) - 1, int(q * len(values)))]) if len(values) else math.nan
+
+
+def _gap_ratios(log: list[dict], delays: dict[str, float]) -> np.ndarray:
+    """End-to-start gap over the host's delay for every request after a host's first (the judge's rule)."""
+    ratios = []
+    by_host: dict[str, list[dict]] = {}
+    for record in log:
+        by_host.setdefault(record["host"], []).append(record)
+    for host, records in by_host.items():
+        records.sort(key=lambda r: r["start"])
+        latest_end = records[0]["end"]
+        for current in records[1:]:
+            ratios.append((current["start"] - latest_end) / max(delays[host], 1e-9))
+            latest_end = max(latest_end, current["end"])
+    return np.array(ratios)
+
+
+def _finish(settings: SimSettings, hosts, server: SimServer, frontier: Frontier, fleet: Fleet,
+            segments: list[SegmentFigures], faults: list[Fault], end: float) -> SimRun:
     rules = frontier.rules
     delays = {h.key: rules.host_delay(h.crawl_delay_s if h.robots == "crawl_delay" else None, None) for h in hosts}
-    log = [r for r in server.log if r["end"] <= end or r["start"] <= end]
-    violations = politeness_violations(log, lambda host: delays[host], tolerance_s=1e-6)  # float rounding only
-    pages = [r for r in server.log if r["path"] not in ("/robots.txt", "/robots-moved.txt")]
-    answered = [r for r in pages if r["status"] is not None and r["end"] <= end]
-    lags = sorted(fetched - due for url, due, fetched in fleet.fetches
-                  if frontier.priority[url] >= HIGH_PRIORITY and fetched >= due)
-    leased_lags = [leased - due for _, url, _, leased, due in frontier.leases
-                   if frontier.priority[url] >= HIGH_PRIORITY]
-
-    def quantile(values: list[float], q: float) -> float:
-        return values[min(len(values) - 1, int(q * len(values)))] if values else math.nan
-
-    return SimFigures(
+    violations = politeness_violations(server.log, lambda host: delays[host], tolerance_s=1e-6)  # float rounding
+    segment_s = settings.segment_minutes * 60
+    answered = 0
+    giant_answered = [0] * settings.giant_hosts
+    for record in server.log:
+        if record["path"] in ROBOTS_PATHS or record["status"] is None or record["end"] > end:
+            continue
+        answered += 1
+        number = fleet.host_number[record["host"]]
+        if number < settings.giant_hosts:
+            giant_answered[number] += 1
+        segments[min(int(record["start"] // segment_s), len(segments) - 1)].answered += 1
+    fetches = np.array([(url, due, at) for url, due, at in fleet.fetches]) if fleet.fetches else np.zeros((0, 3))
+    url_of = fetches[:, 0].astype(np.int64)
+    high = frontier.priority[url_of] >= HIGH_PRIORITY
+    late = fetches[:, 2] >= fetches[:, 1]
+    lags = fetches[high & late, 2] - fetches[high & late, 1]
+    tail = frontier.host_of[url_of] >= settings.giant_hosts
+    tail_lags = fetches[high & late & tail, 2] - fetches[high & late & tail, 1]
+    leased_lags = frontier.lease_lags()
+    for segment, (_number, chosen, _versions, at, due) in zip(segments, frontier.leases, strict=True):
+        high_priority = frontier.priority[chosen] >= HIGH_PRIORITY
+        segment.slo_leased = int(high_priority.sum())
+        segment.slo_within = int((at - due[high_priority] <= SLO_LAG_S).sum())
+    giants = [(hosts[n].key, giant_answered[n], end / max(frontier.host_delay(n), 1e-9))
+              for n in range(settings.giant_hosts)]
+    bound = sum(s.bound for s in segments)
+    figures = SimFigures(
         hosts=len(hosts), urls=len(frontier.next_due), daemons=settings.daemons, hours=settings.hours,
-        fetches=len(pages), violations=len(violations), lost=frontier.lost(end),
-        dup_fetches=sum(count - 1 for count in fleet.starts.values() if count > 1),
+        fetches=sum(1 for r in server.log if r["path"] not in ROBOTS_PATHS), violations=len(violations),
+        lost=frontier.lost(end), dup_fetches=sum(count - 1 for count in fleet.starts.values() if count > 1),
         in_flight_at_faults=fleet.in_flight_at_faults, takeovers=fleet.takeovers,
-        bound_ratio=len(answered) / bound if bound else math.nan,
-        fresh_p50_s=quantile(lags, 0.5), fresh_p99_s=quantile(lags, 0.99),
-        slo_10min=(sum(1 for lag in leased_lags if lag <= 600) / len(leased_lags)) if leased_lags else math.nan,
+        bound_ratio=answered / bound if bound else math.nan,
+        fresh_p50_s=_quantile(lags, 0.5), fresh_p99_s=_quantile(lags, 0.99),
+        slo_10min=float((leased_lags <= SLO_LAG_S).mean()) if len(leased_lags) else math.nan,
         stale=frontier.stale,
+        oldest_due_age_s=max(s.backlog.oldest_due_age_s for s in segments),
+        oldest_due_age_within_cap_s=max(s.backlog.oldest_due_age_within_cap_s for s in segments),
+        giant_share=max((a / b for _, a, b in giants), default=0.0),
+        tail_fresh_p99_s=_quantile(tail_lags, 0.99),
+        change_rate=frontier.changed / frontier.refetched if frontier.refetched else math.nan,
+        dead_hosts=sum(frontier.is_dead(n, end) for n in range(len(hosts))),
+        lost_to_storage=fleet.lost_to_storage,
     )
+    return SimRun(settings, figures, segments, faults, _gap_ratios(server.log, delays), lags, fleet.fault_log,
+                  server.log, giants)
 
 
 class FromDispatchGate(HostGate):

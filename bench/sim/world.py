@@ -4,15 +4,18 @@ Every draw comes from one seeded `random.Random`, so a run is reproduced by its 
 unless said otherwise; `docs/simulation.md` shows them beside the figures):
 
 * known URLs: Zipf-like, 1 + max_urls * u^SKEW (u uniform): a long tail of tiny hosts and a few large ones; the
-  first `giant_hosts` hosts get `giant_urls` each;
+  first `giant_hosts` hosts get `giant_urls` each (never slow-drip: a site that large is provisioned for it);
 * response time: log-normal per request, median per host log-uniform in [50 ms, 1 s], sigma 1 (heavy tail), at
   most 30 s (the fetch deadline); 3 % of hosts slow-drip: 5-30 s per response;
 * throttling: 6 % of hosts answer a share (5-30 %) of page requests 429 or 503, with Retry-After 5, 30 or 120 s,
   in seconds for half of them and as an HTTP date for the others;
 * robots.txt: 62 % rules (Disallow: /private), 20 % none (404), 6 % rules with Crawl-delay 2-20 s, 4 % answer 503
   for a window of 1-6 hours, 3 % redirect to another path, 3 % time out (no answer), 2 % 403;
-* dead hosts: 2 % never answer (no response: DNS, refused and TLS failures alike);
-* pages: every 20th path is under /private; 1 % of page requests answer 404; content changes are not modelled.
+* dead hosts: 2 % never answer (no response: DNS, refused and TLS failures alike); 60 % of them have failed for
+  10-60 days already (the hosts table says since when), the others for 0-7 days; 3 % of the others are flaky: 20 %
+  of their requests get no response;
+* pages: every 20th path is under /private; 1 % of page requests answer 404; a page's content changes every
+  `change_interval_s` of its host, log-uniform in [6 hours, 90 days] (the revisit policy adapts to it).
 """
 
 from __future__ import annotations
@@ -41,6 +44,9 @@ class SimHost:
     crawl_delay_s: float | None   # the Crawl-delay line of a crawl_delay robots.txt
     outage: tuple[float, float]   # virtual seconds [from, to) a robots `outage` host answers robots.txt 503
     dead: bool                    # never answers
+    dead_for_days: float          # a dead host has failed for this long before the run (0: alive)
+    flaky: bool                   # a share of requests get no response
+    change_interval_s: float      # a page's content changes this often
 
     def path(self, index: int) -> str:
         return f"/private/p{index}" if index % 20 == 19 else f"/p{index}"
@@ -55,17 +61,21 @@ def draw_hosts(count: int, max_urls: int, giant_hosts: int, giant_urls: int, hou
         robots = rng.choices(("rules", "none", "crawl_delay", "outage", "redirect", "timeout", "forbidden"),
                              (62, 20, 6, 4, 3, 3, 2))[0]
         start = rng.uniform(0, max(hours - 1, 0) * 3600)
+        dead = rng.random() < 0.02
         hosts.append(SimHost(
             key=f"http://h{number:05d}.sim",
             urls=urls,
             rt_median_s=math.exp(rng.uniform(math.log(0.05), math.log(1.0))),
-            slow_drip=rng.random() < 0.03,
+            slow_drip=rng.random() < 0.03 and number >= giant_hosts,
             throttle_share=rng.uniform(0.05, 0.3) if rng.random() < 0.06 else 0.0,
             retry_after_date=rng.random() < 0.5,
             robots=robots,
             crawl_delay_s=round(rng.uniform(2, 20), 1) if robots == "crawl_delay" else None,
             outage=(start, start + rng.uniform(1, 6) * 3600) if robots == "outage" else (0.0, 0.0),
-            dead=rng.random() < 0.02,
+            dead=dead,
+            dead_for_days=(rng.uniform(10, 60) if rng.random() < 0.6 else rng.uniform(0, 7)) if dead else 0.0,
+            flaky=not dead and rng.random() < 0.03,
+            change_interval_s=math.exp(rng.uniform(math.log(6 * 3600), math.log(90 * 86400))),
         ))
     return hosts
 
@@ -94,7 +104,7 @@ class SimServer:
         host = self.hosts[host_key]
         seconds = self.rng.uniform(5, 30) if host.slow_drip else host.rt_median_s * math.exp(self.rng.gauss(0, 1))
         seconds = min(seconds, 30.0)  # the fetcher's total deadline
-        if host.dead:
+        if host.dead or (host.flaky and self.rng.random() < 0.2):
             return Answer(None, min(seconds, 10.0))
         if path == "/robots.txt":
             return self._robots(host, start, seconds)

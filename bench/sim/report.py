@@ -1,0 +1,153 @@
+"""`docs/simulation.md` from a finished run: the settings, the figures against their goals, and one chart per
+figure (SVG drawn with the cycle report's chart helpers, `crawler.report`)."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+from collections.abc import Sequence
+
+import numpy as np
+
+from bench.sim.run import SimRun
+from crawler.report import bar_chart_svg, histogram_svg
+
+GAP_EDGES = (0.5, 1.0, 1.1, 1.5, 2.0, 5.0, 20.0)       # end-to-start gap over the host's delay
+LAG_EDGES_MIN = (5, 10, 20, 30, 60, 120, 360)          # due -> fetched, minutes
+
+
+def _bins(values: np.ndarray, edges: Sequence[float]) -> list[int]:
+    return np.bincount(np.searchsorted(edges, values, side="right"), minlength=len(edges) + 1).tolist()
+
+
+def _labels(edges: Sequence[float], unit: str = "") -> list[str]:
+    return ([f"<{edges[0]:g}{unit}"] + [f"{a:g}-{b:g}{unit}" for a, b in zip(edges, edges[1:], strict=False)]
+            + [f"≥{edges[-1]:g}{unit}"])
+
+
+def _hourly(run: SimRun, value) -> tuple[list[str], list[int]]:
+    """One bar per simulated hour: `value(segments of that hour)`, rounded."""
+    hours = math.ceil(run.settings.hours)
+    groups: list[list] = [[] for _ in range(hours)]
+    for segment in run.segments:
+        groups[min(int(segment.start // 3600), hours - 1)].append(segment)
+    return [f"{h}" for h in range(hours)], [round(value(g)) if g else 0 for g in groups]
+
+
+def _clock(seconds: float) -> str:
+    return f"{int(seconds // 3600):02d}:{int(seconds % 3600 // 60):02d}"
+
+
+def charts(run: SimRun) -> dict[str, tuple[str, str]]:
+    """name -> (title, svg), one per figure."""
+    f = run.figures
+    out: dict[str, tuple[str, str]] = {}
+
+    def add(name: str, title: str, svg: str) -> None:
+        out[name] = (title, svg)
+
+    add("politeness", f"End-to-start gap over the host's delay, every pair of requests ({f.violations} below 1)",
+        histogram_svg("gap / delay", _labels(GAP_EDGES, "x"), _bins(run.gap_ratios, GAP_EDGES), warn_bins=2))
+    add("throughput", "Answered page requests per hour, % of the politeness bound",
+        histogram_svg("% of bound", *_hourly(run, lambda g: 100 * sum(s.answered for s in g)
+                                             / max(sum(s.bound for s in g), 1e-9))))
+    add("open_leases", f"URLs leased and not completed, at each hour's first segment start (lost at the end: "
+        f"{f.lost})", histogram_svg("open leases", *_hourly(run, lambda g: g[0].backlog.open_leases)))
+    items = [(f"{fault.kind} {'' if fault.daemon is None else f'd{fault.daemon} '}{_clock(fault.at)}", caught)
+             for fault, caught in run.fault_log]
+    add("duplicates", f"Requests in flight caught by each fault (duplicate fetches in all: {f.dup_fetches})",
+        bar_chart_svg("in flight at the fault", items))
+    add("freshness", f"Due -> fetched, high-priority URLs, minutes (p50 {f.fresh_p50_s / 60:.1f}, "
+        f"p99 {f.fresh_p99_s / 60:.1f})",
+        histogram_svg("lag", _labels(LAG_EDGES_MIN), _bins(run.lags / 60, LAG_EDGES_MIN)))
+    add("slo", f"High-priority URLs leased within 10 minutes of falling due, % per hour (all day: "
+        f"{100 * f.slo_10min:.1f} %)", histogram_svg("% within 10 min", *_hourly(
+            run, lambda g: 100 * sum(s.slo_within for s in g) / max(sum(s.slo_leased for s in g), 1))))
+    add("starvation", "Oldest due URL's age at each hour's first segment start, minutes: hosts within their cap",
+        histogram_svg("minutes", *_hourly(run, lambda g: g[0].backlog.oldest_due_age_within_cap_s / 60)))
+    add("starvation_all", "Oldest due URL's age at each hour's first segment start, hours: every host (giants "
+        "included)", histogram_svg("hours", *_hourly(run, lambda g: g[0].backlog.oldest_due_age_s / 3600)))
+    add("giants", "Giant hosts: answered requests, % of their politeness bound (run seconds / delay)",
+        bar_chart_svg("% of bound", [(host, round(100 * answered / bound)) for host, answered, bound in run.giants]))
+    return out
+
+
+def write_report(run: SimRun, folder: str, wall_s: float) -> str:
+    """Write `folder`/simulation.md and `folder`/simulation/*.svg; returns the Markdown file's path."""
+    images = os.path.join(folder, "simulation")
+    os.makedirs(images, exist_ok=True)
+    f, s = run.figures, run.settings
+    drawn = charts(run)
+    for name, (_title, svg) in drawn.items():
+        with open(os.path.join(images, f"{name}.svg"), "w", encoding="utf-8") as fh:
+            fh.write(svg + "\n")
+    args = " ".join(f"--{k.replace('_', '-')} {v}" for k, v in dataclasses.asdict(s).items())
+    goals = [
+        ("politeness violations (end to start, every daemon)", "0", f"{f.violations}", f.violations == 0),
+        ("URLs lost", "0", f"{f.lost}", f.lost == 0),
+        ("duplicate fetches", f"<= in flight at faults ({f.in_flight_at_faults})", f"{f.dup_fetches}",
+         f.dup_fetches <= f.in_flight_at_faults),
+        ("throughput / politeness bound", ">= 0.95", f"{f.bound_ratio:.3f}", f.bound_ratio >= 0.95),
+        ("high-priority due -> fetched p50 / p99", "reported", f"{f.fresh_p50_s:.0f} s / {f.fresh_p99_s:.0f} s",
+         None),
+        ("high-priority leased within 10 min", ">= 0.99", f"{f.slo_10min:.3f}", f.slo_10min >= 0.99),
+        ("oldest due age, hosts within their cap", "bounded", f"{f.oldest_due_age_within_cap_s / 3600:.2f} h", None),
+        ("oldest due age, every host", "reported", f"{f.oldest_due_age_s / 3600:.1f} h", None),
+        ("giant hosts: answered / politeness bound (max)", "<= 1", f"{f.giant_share:.3f}", f.giant_share <= 1.0),
+        ("tail hosts' high-priority due -> fetched p99", "reported", f"{f.tail_fresh_p99_s:.0f} s", None),
+    ]
+    rows = "\n".join(f"| {name} | {goal} | {value} | {'' if met is None else ('met' if met else '**not met**')} |"
+                     for name, goal, value, met in goals)
+    sections = "\n\n".join(f"### {title}\n\n![{title}](simulation/{name}.svg)" for name, (title, _) in drawn.items())
+    text = f"""# The fleet simulator: a simulated day
+
+`make sim` (or `python -m bench.sim`) runs the project's scheduling, politeness, robots.txt, lease and frontier
+rules for a fleet of fetch daemons on one virtual clock — no sleeping, no sockets — against simulated hosts, and
+judges the invariants from the simulation's own logs (the servers' request log, the leases handed out, the
+results that arrived), never from the crawler's counters. `python -m bench.sim --report docs` rewrites this page.
+What runs is the real code; what the simulator adds (the event loop, the cycle, the faults) and its
+simplifications are listed in `bench/sim/fleet.py`; the simulated web's distributions in `bench/sim/world.py`;
+the frontier's array forms of the rules (held equal to the Python forms by `tests/test_sim.py`) in
+`bench/sim/frontier.py`; how each figure is computed in `bench/sim/run.py`.
+
+## The default run
+
+`python -m bench.sim {args}`
+
+{f.hosts:,} hosts, {f.urls:,} known URLs, {f.daemons} daemons, {f.hours:g} simulated hours; ten-minute segments of
+at most {s.segment_max_urls:,} URLs; {s.kills} kill -9, {s.freezes} freezes, {s.sigterms} SIGTERM and
+{s.outages} storage outage at random moments. It took {wall_s:.0f} s wall on this machine (2 cores).
+
+    {f.line()}
+
+| figure | goal | measured | |
+|---|---|---|---|
+{rows}
+
+Also: {f.fetches:,} page requests, {f.takeovers} takeovers, {f.stale} stale results, {f.lost_to_storage}
+results lost to the storage outage (fetched again), change rate of refetched pages {f.change_rate:.3f},
+{f.dead_hosts} hosts dead at the end.
+
+## Reading the figures
+
+* **Politeness** holds exactly: no request to a host starts sooner than its delay after the end of the previous
+  one, whichever daemon sent either, through takeovers, freezes (fencing) and restarts.
+* **Freshness and the SLO** are bounded by politeness, not by the fleet: a host's high-priority URLs that fall
+  due faster than its delay allows (a giant host at 5 s between requests does at most about 115 requests per
+  ten-minute segment) wait their turn, and hosts backing off, dead or without a reachable robots.txt are left
+  out by generate on purpose. Tail hosts (every host but the giants) show the fleet's own lag.
+* **Starvation**: on a host whose due URLs fit its per-host cap, every due URL is listed in the next segment, so
+  the oldest due age stays within a segment plus a lease (URLs not finished in their segment come back when
+  their lease expires). On a host over its cap (the giants) equal priorities go oldest first, and the age boost
+  (`generate.age_boost_per_day`, 0.1 a day) lets a priority-1 URL overtake fresh priority-2 URLs after
+  (2 - 1) / 0.1 = 10 days overdue: its backlog ages only as fast as its due rate exceeds its politeness rate.
+
+## Charts
+
+{sections}
+"""
+    path = os.path.join(folder, "simulation.md")
+    with open(path, "w", encoding="utf-8") as fh:
+        fh.write(text)
+    return path
