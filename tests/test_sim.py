@@ -6,19 +6,25 @@ agree with the Python forms."""
 
 from __future__ import annotations
 
+import os
 import random
 from datetime import timedelta
 
 import numpy as np
 import pytest
 
+from bench.sim.fleet import Fleet
 from bench.sim.frontier import NO_SEGMENT, Frontier, due_mask, moment, scores
 from bench.sim.report import write_report
 from bench.sim.run import SimSettings, broken_gate, sim_config, simulate
-from bench.sim.world import draw_hosts
+from bench.sim.world import ROBOTS_RULES, Answer, SimHost, SimServer, draw_hosts
+from crawler import layout
 from crawler.frontier import score
 from crawler.leases import is_due
 from crawler.politeness import HostBackoff
+from crawler.robots import ROBOTS_PATH
+from tests.support import virtual
+from tests.support.fetchlists import write_fetchlist
 
 SMALL = SimSettings(hosts=150, urls=8000, daemons=2, hours=1.0, kills=1, freezes=1, sigterms=1, outages=1,
                     buckets=16, giant_hosts=1, giant_urls=3000, due_spread_days=0.04, seed=4)
@@ -133,3 +139,82 @@ def test_the_report_draws_one_chart_per_figure(small, tmp_path):
     for name in charts:
         assert f"simulation/{name}" in text
         assert (tmp_path / "simulation" / name).read_text().startswith("<svg")
+
+
+class SteadyServer(SimServer):
+    """Every response takes its host's median time exactly, robots.txt as the host's kind says, every page 200
+    but on a throttling host every fifth page, 503 with Retry-After 7 s: one schedule, whoever drives it."""
+
+    def answer(self, host_key: str, path: str, start: float) -> Answer:
+        host = self.hosts[host_key]
+        if path == ROBOTS_PATH:
+            return self._robots(host, start, host.rt_median_s)
+        if path == "/robots-moved.txt":
+            return Answer(200, host.rt_median_s, body=ROBOTS_RULES)
+        if host.throttle_share and path.endswith(("3", "8")):
+            return Answer(503, host.rt_median_s, retry_after="7")
+        return Answer(200, host.rt_median_s)
+
+
+def _steady_host(number: int, robots: str, rt_s: float, crawl_delay_s: float | None = None,
+                 throttles: bool = False) -> SimHost:
+    return SimHost(f"http://h{number:05d}.sim", 24, rt_s, False, 1.0 if throttles else 0.0, False, robots,
+                   crawl_delay_s, (0.0, 0.0), False, 0.0, False, 86400.0)
+
+
+def _per_host(log: list[tuple[str, str, float, float]]) -> dict[str, list[tuple[str, float, float]]]:
+    """Each host's requests, paths and times relative to its first request (the daemons start at different
+    moments; what is compared is the schedule each host sees)."""
+    hosts: dict[str, list[tuple[str, float, float]]] = {}
+    for host, path, start, end in sorted(log, key=lambda r: r[2]):
+        first = hosts.setdefault(host, [])
+        origin = first[0][1] if first else start
+        first.append((path, start - origin, end - origin))
+    return {host: [(path, round(start - requests[0][1], 6), round(end - requests[0][1], 6))
+                   for path, start, end in requests] for host, requests in hosts.items()}
+
+
+def test_the_simulated_fleet_sends_what_the_real_daemon_sends(base_conf, root):
+    """The simulator's driver against the daemon itself (`fetchd.daemon.serve_async` on the virtual clock, with its
+    own bucket run, host preparation, robots cache, leases and files): the same fetch list and the same server give
+    every host the same requests at the same moments — robots.txt (with a redirect and a Crawl-delay), 503 with
+    Retry-After, the URLs robots.txt denies left out — so what the simulator measures is the daemon's schedule."""
+    hosts = [_steady_host(0, "rules", 0.2), _steady_host(1, "crawl_delay", 0.5, 3.0),
+             _steady_host(2, "redirect", 0.1), _steady_host(3, "none", 1.7),
+             _steady_host(4, "rules", 0.3, throttles=True)]
+    conf = base_conf.with_overrides({
+        "crawl.buckets": 1, "politeness.min_delay_s": 1.0, "politeness.max_crawl_delay_s": 10.0,
+        "fetch.static_hosts": {h.key.removeprefix("http://"): "127.0.0.1" for h in hosts},
+        "fetch.daemon_id": "virtual"})
+    frontier = Frontier(hosts, conf, np.random.default_rng(1), due_spread_s=1.0)
+    rows, _ = frontier.generate(0, 10.0, 1000, 1000, 3600, 7200)
+    server = SteadyServer({h.key: h for h in hosts}, random.Random(1))
+    fleet = Fleet(conf, server, frontier, 1, 1, random.Random(1))
+    fleet.start()
+    fleet.open_segment(0, rows, lambda _key: 0)
+    fleet.loop.run_until(600.0)
+    simulated = _per_host([(r["host"], r["path"], r["start"], r["end"]) for r in server.log])
+
+    segment = "seg-sim"
+    ordered = sorted(rows, key=lambda r: (r["host_key"], r["rank"], r["url_index"]))
+    write_fetchlist(root, segment, [{"url": r["url"], "delay_s": r["delay_s"]} for r in ordered], buckets=1)
+    clock = virtual.VirtualClock()
+
+    def script(host_key: str, path: str, _earlier: int) -> virtual.Answer:
+        answer = server.answer(host_key, path, clock.now)
+        return virtual.Answer(answer.status, answer.seconds, answer.retry_after, answer.body, answer.location)
+
+    transport = virtual.ScriptedTransport(script, clock)
+
+    async def until_done(_stop) -> None:
+        await virtual.wait_until(lambda: os.path.exists(layout.done_manifest(root, segment, 0)), step_s=1.0)
+
+    virtual.serve_virtually(conf, root, clock, transport, until_done)
+    daemon = _per_host([(r.host, r.path, r.start, r.end) for r in transport.log])
+    assert len(server.log) == len(transport.log) > 80
+    assert any(path == "/robots-moved.txt" for path, _, _ in daemon["http://h00002.sim"])
+    throttled = daemon["http://h00004.sim"]
+    after_503 = [later[1] - earlier[2] for earlier, later in zip(throttled, throttled[1:], strict=False)
+                 if earlier[0].endswith(("3", "8")) and earlier[0] != ROBOTS_PATH]
+    assert after_503 and min(after_503) >= 7.0 - 1e-6  # Retry-After held
+    assert simulated == daemon, (simulated, daemon)

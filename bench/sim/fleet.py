@@ -6,12 +6,17 @@ memory), robots.txt read by `crawler.robots.policy_for_status`, Retry-After by `
 ownership by `crawler.ownership` (`may_take`, `previous_last_end`, epochs, fencing at
 renewed + ttl - fence_margin), a successor's gates by `HostGate.ended_elsewhere`, due URLs by
 `crawler.leases.is_due`, and what a daemon remembers of robots.txt by `crawler.robots.remember` (the last good
-copy through an outage, the retry escalation); the frontier's rules are in `bench.sim.frontier`. What this module
-adds is the driving: a discrete-event loop (the work `fetchd.bucketrun.BucketRun` does with asyncio), the cycle
-(generate -> fetch -> results applied as they arrive) and faults: kill -9 and restart of a daemon, a daemon frozen
-for minutes, SIGTERM (a clean stop: in-flight requests finish, leases are released with the last request's end,
-the successor takes over at once) and a storage outage (no lease can be renewed or taken and no result written:
-every bucket stops at once, the results of requests in flight are lost and fetched again after).
+copy through an outage, the retry escalation); the frontier's rules are in `bench.sim.frontier`.
+
+What this module adds is the driving: a discrete-event loop (the work `fetchd.bucketrun.BucketRun` does with
+asyncio, without its files and tasks, so a simulated day of a million requests takes minutes), the cycle
+(generate -> fetch -> results applied as they arrive) and faults. The driving is held to the daemon's own:
+`tests/test_sim.py` runs one fetch list through this fleet and through `fetchd.daemon.serve_async` on the virtual
+clock (tests/support/virtual.py) against the same server, and requires every host to get the same requests at
+the same moments. The faults: kill -9 and restart of a daemon, a daemon frozen for minutes, SIGTERM (a clean
+stop: in-flight requests finish, leases are released with the last request's end, the successor takes over at
+once) and a storage outage (no lease can be renewed or taken and no result written: every bucket stops at once,
+the results of responses that end during it are lost and fetched again after).
 
 Simplifications, each named so a figure is read with it: results are published the moment a response ends (the
 daemon publishes in batches after a WARC sync, so a real kill repeats a few more fetches); a segment's fetch
@@ -30,7 +35,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from bench.sim.frontier import Frontier
-from bench.sim.world import EPOCH, ROBOTS_RULES, SimServer
+from bench.sim.world import EPOCH, Answer, SimServer
 from crawler.config import Config
 from crawler.ownership import LeaseRecord, may_take, previous_last_end
 from crawler.politeness import THROTTLE_STATUSES, HostGate, PolitenessRules, parse_retry_after
@@ -292,7 +297,7 @@ class Fleet:
             self.loop.at(wake, lambda: self._pump(daemon) if daemon.wake_at == wake else None)
 
     def _request(self, daemon: SimDaemon, run: BucketRun, host: HostWork, path: str,
-                 done: Callable[[int | None, float], None], tag: tuple[int, int] | None = None) -> None:
+                 done: Callable[[Answer], None], tag: tuple[int, int] | None = None) -> None:
         """One request through the host's gate (already taken); its response arrives at its end."""
         start = self.loop.now
         answer = self.server.answer(host.host_key, path, start)
@@ -321,7 +326,7 @@ class Fleet:
             if tag is not None and self._storage_down():  # its record cannot be written: it is fetched again
                 self.lost_to_storage += 1
             else:
-                done(answer.status, answer.seconds)
+                done(answer)
             self._pump(daemon)
 
         self.loop.at(end, finish)
@@ -356,12 +361,12 @@ class Fleet:
             return
 
         def fetch(path: str) -> None:
-            def done(status: int | None, _seconds: float) -> None:
-                if status in (301, 302) and path == ROBOTS_PATH:
-                    self._when_open(daemon, run, host, lambda: fetch("/robots-moved.txt"))
+            def done(answer: Answer) -> None:
+                status = answer.status
+                if status in (301, 302) and path == ROBOTS_PATH and answer.location:
+                    self._when_open(daemon, run, host, lambda: fetch(answer.location))
                     return
-                body = self.server_body(host.host_key, path, status)
-                fetched = policy_for_status(status, body, ROBOTS_TOKEN, 512_000)
+                fetched = policy_for_status(status, answer.body, ROBOTS_TOKEN, 512_000)
                 entry = daemon.robots[host.host_key] = remember(daemon.robots.get(host.host_key), fetched, status,
                                                                  self.loop.now, self.robots_rules)
                 number = self.host_number[host.host_key]
@@ -374,16 +379,6 @@ class Fleet:
 
         self._when_open(daemon, run, host, lambda: fetch(ROBOTS_PATH))
 
-    def server_body(self, host_key: str, path: str, status: int | None) -> str | None:
-        """The body the server sent with `status` for a robots path (the world's answers are deterministic in
-        body for a given status)."""
-        if status != 200:
-            return None
-        host = self.server.hosts[host_key]
-        if path == ROBOTS_PATH and host.robots == "crawl_delay":
-            return f"{ROBOTS_RULES}Crawl-delay: {host.crawl_delay_s}\n"
-        return ROBOTS_RULES
-
     def _robots_known(self, run: BucketRun, host: HostWork, policy: RobotsPolicy) -> None:
         if host.prepared:
             return
@@ -394,7 +389,8 @@ class Fleet:
     def _page(self, daemon: SimDaemon, run: BucketRun, host: HostWork, item: dict[str, Any]) -> None:
         tag = (item["url_index"], item["state_version"])
 
-        def done(status: int | None, _seconds: float) -> None:
+        def done(answer: Answer) -> None:
+            status = answer.status
             run.scheduler.finished(host)
             outcome = outcome_for_status(status).value if status is not None else FetchOutcome.NETWORK_ERROR.value
             self._result(run, item, outcome, status)

@@ -77,12 +77,13 @@ class VirtualServer(Protocol):
 
 @dataclass
 class Answer:
-    """What a scripted host answers: a status after `seconds`, with a Retry-After header or a body."""
+    """What a scripted host answers: a status after `seconds`, with a Retry-After or Location header or a body."""
 
     status: int | None
     seconds: float = 0.01
     retry_after: str | None = None
     body: str = ""
+    location: str | None = None
 
 
 Script = Callable[[str, str, int], Answer]  # (host key, path, how many requests that host had before) -> Answer
@@ -360,6 +361,8 @@ class ScriptedTransport:
         response_headers = [("Content-Type", "text/plain" if path == "/robots.txt" else "text/html")]
         if answer.retry_after is not None:
             response_headers.append(("Retry-After", answer.retry_after))
+        if answer.location is not None:
+            response_headers.append(("Location", answer.location))
         body = (answer.body or f"<html><title>{path}</title></html>").encode()
         return FetchResponse(url=url, started_at=started_at, elapsed_ms=round(answer.seconds * 1000),
                              status=answer.status, reason="scripted", headers=response_headers, body=body,
