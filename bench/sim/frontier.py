@@ -210,9 +210,12 @@ class Frontier:
         return int((~due_mask(self.next_due[unanswered], self.lease_segment[unanswered],
                               self.lease_expires[unanswered], later, np.iinfo(np.int32).max)).sum())
 
-    def lease_lags(self) -> np.ndarray:
-        """Leased at - due, for every lease of a high-priority URL handed out."""
+    def lease_lags(self, of_hosts: np.ndarray | None = None) -> np.ndarray:
+        """Leased at - due, for every lease of a high-priority URL handed out (of the hosts `of_hosts` marks)."""
         lags = []
         for _segment, chosen, _versions, at, due in self.leases:
-            lags.append((at - due)[self.priority[chosen] >= HIGH_PRIORITY])
+            keep = self.priority[chosen] >= HIGH_PRIORITY
+            if of_hosts is not None:
+                keep &= of_hosts[self.host_of[chosen]]
+            lags.append((at - due)[keep])
         return np.concatenate(lags) if lags else np.zeros(0)

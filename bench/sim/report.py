@@ -92,6 +92,7 @@ def write_report(run: SimRun, folder: str, wall_s: float) -> str:
         ("high-priority due -> fetched p50 / p99", "reported", f"{f.fresh_p50_s:.0f} s / {f.fresh_p99_s:.0f} s",
          None),
         ("high-priority leased within 10 min", ">= 0.99", f"{f.slo_10min:.3f}", f.slo_10min >= 0.99),
+        ("the same, hosts that never fail", ">= 0.99", f"{f.slo_10min_healthy:.3f}", f.slo_10min_healthy >= 0.99),
         ("oldest due age, hosts within their cap", "bounded", f"{f.oldest_due_age_within_cap_s / 3600:.2f} h", None),
         ("oldest due age, every host", "reported", f"{f.oldest_due_age_s / 3600:.1f} h", None),
         ("giant hosts: answered / politeness bound (max)", "<= 1", f"{f.giant_share:.3f}", f.giant_share <= 1.0),

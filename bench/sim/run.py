@@ -10,7 +10,8 @@ handed out, the results that arrived), never from the crawler's counters.
 * bound_ratio: page requests answered inside their segment over the politeness bound of the hosts that could be
   fetched (robots.txt not failing, alive): per segment and host, min(URLs listed, segment seconds / delay).
 * freshness: for high-priority URLs, fetched - due (p50, p99), and the share leased within 10 minutes of
-  becoming due (leased at the first segment start after it; the reference design's SLO is 99 %).
+  becoming due (leased at the first segment start after it; the reference design's SLO is 99 %), over every host
+  and over the hosts that never fail (generate holds failing hosts back on purpose: backoff, dead hosts' probe).
 * starvation: the oldest due URL's age at each segment start, over every host and over the hosts whose due URLs
   fit their per-host cap.
 * giant hosts: each giant's answered requests over its politeness bound for the run (run seconds / delay).
@@ -94,6 +95,7 @@ class SimFigures:
     fresh_p50_s: float
     fresh_p99_s: float
     slo_10min: float
+    slo_10min_healthy: float   # the same over hosts that never fail (alive, steady, robots.txt reachable)
     stale: int
     oldest_due_age_s: float
     oldest_due_age_within_cap_s: float
@@ -257,6 +259,9 @@ def _finish(settings: SimSettings, hosts, server: SimServer, frontier: Frontier,
     tail = frontier.host_of[url_of] >= settings.giant_hosts
     tail_lags = fetches[high & late & tail, 2] - fetches[high & late & tail, 1]
     leased_lags = frontier.lease_lags()
+    healthy_hosts = np.array([not (h.dead or h.flaky or h.throttle_share or h.robots in ("timeout", "outage"))
+                              for h in hosts])
+    healthy_lags = frontier.lease_lags(healthy_hosts)
     for segment, (_number, chosen, _versions, at, due) in zip(segments, frontier.leases, strict=True):
         high_priority = frontier.priority[chosen] >= HIGH_PRIORITY
         segment.slo_leased = int(high_priority.sum())
@@ -272,6 +277,7 @@ def _finish(settings: SimSettings, hosts, server: SimServer, frontier: Frontier,
         bound_ratio=answered / bound if bound else math.nan,
         fresh_p50_s=_quantile(lags, 0.5), fresh_p99_s=_quantile(lags, 0.99),
         slo_10min=float((leased_lags <= SLO_LAG_S).mean()) if len(leased_lags) else math.nan,
+        slo_10min_healthy=float((healthy_lags <= SLO_LAG_S).mean()) if len(healthy_lags) else math.nan,
         stale=frontier.stale,
         oldest_due_age_s=max(s.backlog.oldest_due_age_s for s in segments),
         oldest_due_age_within_cap_s=max(s.backlog.oldest_due_age_within_cap_s for s in segments),
