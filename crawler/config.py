@@ -105,6 +105,7 @@ _RULES: dict[str, tuple[Any, str]] = {
     "politeness.response_time_factor": (_non_negative, "must be >= 0"),
     "politeness.max_response_time_delay_s": (_non_negative, "must be >= 0"),
     "fetch.concurrency": (_positive, "must be > 0"),
+    "fetch.processes": (_non_negative, "must be >= 0 (0: one per core)"),
     "fetch.connect_timeout_s": (_positive, "must be > 0"),
     "fetch.total_timeout_s": (_positive, "must be > 0"),
     "fetch.max_body_bytes": (_positive, "must be > 0"),

@@ -37,6 +37,7 @@ from fetchd.hostprep import thread_memory
 from fetchd.metrics import DaemonState, Metrics, MetricsServer, progress_line, snapshot
 from fetchd.output import recover_bucket_output
 from fetchd.ownership import Lease, LeaseStore
+from fetchd.processes import process_conf, process_count, run_in_processes, shares
 from fetchd.progress import pending_buckets, pending_work, read_fetchlist
 from fetchd.resolver import GuardedResolver
 from fetchd.storage import LocalStore, open_store
@@ -326,10 +327,12 @@ def _stop_on_signals(stop: threading.Event) -> Iterator[list[int]]:
 
 
 def exit_status(summary: dict[str, Any]) -> int:
-    """A fetch command's exit status: 0, or 128 + the signal's number when a signal stopped it (the shell's
-    convention), so a caller sees the segment was left unfinished."""
+    """A fetch command's exit status: 0; 128 + the signal's number when a signal stopped it (the shell's
+    convention), so a caller sees the segment was left unfinished; 1 when one of its processes failed."""
     stopped_by = summary.get("stopped_by")
-    return 128 + signal.Signals[stopped_by].value if stopped_by else 0
+    if stopped_by:
+        return 128 + signal.Signals[stopped_by].value
+    return 1 if summary.get("failed_processes") else 0
 
 
 async def fetch_segment_async(conf: Config, store: LocalStore, segment_id: str, buckets: list[int],
@@ -369,13 +372,30 @@ def fetch_segment(conf: Config, root: str, segment_id: str, buckets: list[int] |
             raise
         wanted = [b for b in requested if b in pending]
         skipped = [b for b in requested if b not in pending]
-        if wanted:  # the daemon closes the store
+        split = shares(wanted, process_count(conf))
+        failed: list[str] = []
+        if len(split) > 1:  # `fetch.processes`: the first share here, the others in processes of their own
+            (manifests, held), others, failed = run_in_processes(
+                stop, lambda: asyncio.run(fetch_segment_async(conf, store, segment_id, split[0], stop)),
+                [(fetch_share, (process_conf(conf, n), store.root, segment_id, share))
+                 for n, share in enumerate(split[1:], 1)])
+            for their_manifests, their_held in others:
+                manifests, held = manifests + their_manifests, held + their_held
+        elif wanted:  # the daemon closes the store
             manifests, held = asyncio.run(fetch_segment_async(conf, store, segment_id, wanted, stop))
         else:
             manifests, held = [], []
             store.close()
     stopped_by = signal.Signals(received[0]).name if received else None
-    return {**_summary(segment_id, manifests, skipped), "held_buckets": held, "stopped_by": stopped_by}
+    summary = {**_summary(segment_id, manifests, skipped), "held_buckets": sorted(held), "stopped_by": stopped_by}
+    return {**summary, "failed_processes": failed} if failed else summary
+
+
+def fetch_share(conf: Config, root: str, segment_id: str, buckets: list[int]) -> tuple[list[dict[str, Any]], list[int]]:
+    """One process's share of a fetch (`fetch.processes`): its buckets, stopped by SIGTERM as `fetch_segment` is."""
+    stop = threading.Event()
+    with _stop_on_signals(stop):
+        return asyncio.run(fetch_segment_async(conf, open_store(conf, root), segment_id, buckets, stop))
 
 
 def _claim(daemon: Daemon, work: dict[int, list[str]]) -> None:
@@ -420,9 +440,15 @@ async def serve_async(conf: Config, root: str, stop: threading.Event, clock: Clo
 
 def serve(conf: Config, root: str, stop: threading.Event | None = None) -> None:
     """Run until SIGTERM/SIGINT (or `stop` is set): every `fetch.poll_interval_s`, own the buckets with pending
-    work that no other daemon owns (leases, `crawler.ownership`) and fetch them, segment by segment. On the stop,
-    requests in flight get `ownership.shutdown_grace_s`, results are published, files closed and the buckets
-    released; whoever owns a bucket next resumes it."""
-    stop = stop or threading.Event()
+    work that no other daemon owns (leases, `crawler.ownership`) and fetch them, segment by segment, in
+    `fetch.processes` daemon processes (`fetchd.processes`). On the stop, requests in flight get
+    `ownership.shutdown_grace_s`, results are published, files closed and the buckets released; whoever owns a
+    bucket next resumes it."""
+    stop, root = stop or threading.Event(), layout.normalize_root(root)
     with _stop_on_signals(stop):
-        asyncio.run(serve_async(conf, layout.normalize_root(root), stop))
+        count = process_count(conf)
+        if count == 1:
+            asyncio.run(serve_async(conf, root, stop))
+            return
+        run_in_processes(stop, lambda: asyncio.run(serve_async(conf, root, stop)),
+                         [(serve, (process_conf(conf, n), root)) for n in range(1, count)])

@@ -43,7 +43,8 @@ def _conf_file(tmp: Path, name: str, farm: SiteFarm) -> str:
         "crawl": {"buckets": BUCKETS, "user_agent": f"cyclecrawl-test/{name} (+http://127.0.0.1/contact)"},
         "politeness": {"min_delay_s": MIN_DELAY},
         "fetch": {"daemon_id": name, "static_hosts": farm.static_hosts(), "allow_networks": ["127.0.0.0/8"],
-                  "poll_interval_s": 0.3, "progress_interval_s": 2.0, "total_timeout_s": 5.0},
+                  "poll_interval_s": 0.3, "progress_interval_s": 2.0, "total_timeout_s": 5.0,
+                  "processes": 1},  # one process per daemon: SIGSTOP and kill act on a whole daemon
         "ownership": {"lease_ttl_s": 3.0, "renew_interval_s": 0.5, "fence_margin_s": 1.0, "takeover_grace_s": 0.3,
                       "max_buckets_per_daemon": 3, "shutdown_grace_s": 2.0, "results_batch_rows": 3},
     }

@@ -14,6 +14,8 @@ TEST_OVERRIDES = {
     "fetch.allow_networks": ["127.0.0.0/8"],
     "fetch.progress_interval_s": 5.0,
     "fetch.total_timeout_s": 10.0,
+    # One daemon process per fetch unless a test asks for more (tests/test_fetchd_processes.py).
+    "fetch.processes": 1,
     # A daemon taking over a bucket waits this long before a host whose robots.txt it does not know yet (the
     # farm's largest Crawl-delay is 0.5 s); the 60 s default would stall the takeover tests.
     "politeness.max_crawl_delay_s": 2.0,

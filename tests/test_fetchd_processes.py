@@ -1,0 +1,96 @@
+"""`fetch.processes`: one fetch as several daemon processes sharing the buckets through leases. Every URL is
+requested once, every host by one process only (its bucket's lease holder), politeness holds across them (judged
+from the farm's own log), the results name each process's daemon; and a fetch killed outright takes its child
+processes with it (nothing more reaches the farm), as a single killed daemon would."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter, defaultdict
+from pathlib import Path
+
+import yaml
+
+from crawler import urls
+from fetchd.daemon import exit_status, fetch_segment
+from fetchd.processes import shares
+from sitefarm.judge import politeness_violations
+from sitefarm.server import SiteFarm, read_request_log
+from sitefarm.sites import FarmSpec
+from tests.support.fetchlists import read_results, write_fetchlist
+
+BUCKETS = 4
+MIN_DELAY = 0.2
+PROJECT = Path(__file__).resolve().parents[1]
+
+
+def _farm(log_path: Path, latency_s: float = 0.02) -> SiteFarm:
+    return SiteFarm(FarmSpec(hosts=8, pages_per_host=6, cross_host_links=False, latency_s=latency_s), log_path)
+
+
+def _pages(farm: SiteFarm) -> list[str]:
+    return sorted(u for u in farm.page_urls() if farm._resource(u).status == 200)
+
+
+def test_shares_deal_every_bucket_once():
+    assert shares([3, 5, 8, 9, 11], 2) == [[3, 8, 11], [5, 9]]
+    assert shares([7], 4) == [[7]]
+    assert shares([], 3) == [[]]
+
+
+def test_two_processes_fetch_each_url_once_and_each_host_from_one_process(base_conf, root, tmp_path):
+    farm = _farm(tmp_path / "farm.jsonl")
+    farm.start()
+    try:
+        pages = _pages(farm)
+        listed = write_fetchlist(root, "seg-procs", [{"url": u} for u in pages], BUCKETS)
+        conf = base_conf.with_overrides({
+            "crawl.buckets": BUCKETS, "politeness.min_delay_s": MIN_DELAY, "fetch.processes": 2,
+            "fetch.static_hosts": farm.static_hosts(), "fetch.daemon_id": "multi"})
+        summary = fetch_segment(conf, root, "seg-procs")
+    finally:
+        farm.stop()
+    assert exit_status(summary) == 0 and "failed_processes" not in summary
+    assert len(listed) >= 2 and sorted(summary["buckets"]) == sorted(listed) and summary["held_buckets"] == []
+    rows = read_results(root, "seg-procs")
+    assert Counter(r["url"] for r in rows) == Counter(pages)
+    daemons_per_host: dict[str, set[str]] = defaultdict(set)
+    for row in rows:
+        daemons_per_host[urls.host_key(row["url"])].add(row["daemon_id"])
+    assert all(len(daemons) == 1 for daemons in daemons_per_host.values()), daemons_per_host
+    assert {d for ds in daemons_per_host.values() for d in ds} == {"multi", "multi.1"}
+    log = read_request_log(farm.log_path)
+    assert max(Counter((r["host"], r["path"]) for r in log if r["path"] != "/robots.txt").values()) == 1
+    assert politeness_violations(log, lambda host: farm.politeness_delay(host, MIN_DELAY)) == []
+
+
+def test_a_killed_fetch_takes_its_processes_with_it(tmp_path):
+    root = str(tmp_path / "root")
+    farm = _farm(tmp_path / "farm.jsonl", latency_s=0.15)
+    farm.start()
+    try:
+        pages = _pages(farm)
+        write_fetchlist(root, "seg-kill", [{"url": u} for u in pages], BUCKETS)
+        conf_path = tmp_path / "crawl.yaml"
+        conf_path.write_text(yaml.safe_dump({
+            "crawl": {"buckets": BUCKETS}, "politeness": {"min_delay_s": 1.0},
+            "fetch": {"static_hosts": farm.static_hosts(), "allow_networks": ["127.0.0.0/8"], "processes": 2}}))
+        process = subprocess.Popen([sys.executable, "-m", "fetchd.cli", "fetch", "--segment", "seg-kill", "--root",
+                                    root, "--config", str(conf_path)], cwd=str(PROJECT),
+                                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and len({r["host"] for r in read_request_log(farm.log_path)}) < 8:
+            time.sleep(0.05)  # both processes are fetching (every host has been asked something)
+        process.send_signal(signal.SIGKILL)
+        process.wait(10)
+        time.sleep(0.5)  # responses in flight at the kill end (0.15 s each)
+        seen = len(read_request_log(farm.log_path))
+        time.sleep(2 * 1.0 + 0.5)  # past two delays: a surviving process would have asked again by now
+        after = read_request_log(farm.log_path)
+    finally:
+        farm.stop()
+    assert len({r["host"] for r in after}) == 8
+    assert len(after) == seen < len(pages)
