@@ -17,7 +17,10 @@ Everything runs on loopback against the site farm (the sitefarm package, latency
       the event loop's, the WARC writer's), the ratios; then a separate cProfile run of fetchd (the event loop
       thread's CPU time) for the top entries. With --daemons N (2), also N daemon processes on one segment, its
       buckets split between them (`fetch_segment(..., buckets=...)` each), timed from the first request in the
-      farm's log to the last daemon's return: pages/s of the whole, CPU per page summed over them.
+      farm's log to the last daemon's return: pages/s of the whole, CPU per page summed over them. With
+      --processes N (0, one per core), also one `fetch_segment` with `fetch.processes` N (the project's own way
+      of using every core). BENCH_UVLOOP=1 runs the fetchd roles on uvloop (installed by hand; not a dependency:
+      it did not pay, see bench/README.md).
   (b) delay bound: --hosts-b hosts, delay --delay-b s, --pages-b pages each. From the farm's own log: per-host
       request rate ÷ (1 / delay) summed over hosts (= achieved ÷ hosts/delay), the ready lag (start − previous
       end − delay) and politeness violations; plus the whole-run figure, list loading and start-up included.
@@ -254,6 +257,9 @@ def role_fetchd(job: dict[str, Any]) -> dict[str, Any]:
     from fetchd.daemon import fetch_segment
 
     conf = config_mod.load().with_overrides(job["overrides"])
+    if os.environ.get("BENCH_UVLOOP"):
+        import uvloop
+        uvloop.install()
     # the event loop thread's CPU time (not waits on a busy box, nor the WARC writer thread's work)
     profiler = cProfile.Profile(time.thread_time) if job.get("profile") else None
     if job.get("barrier"):
@@ -405,11 +411,15 @@ def run_a(args: argparse.Namespace, base: config_mod.Config, workdir: str) -> di
             "politeness.min_delay_s": 0.0, "politeness.max_crawl_delay_s": 0.0,
             "fetch.concurrency": args.concurrency, "politeness.max_concurrency_per_host": args.per_host,
             "fetch.warc_gzip_level": args.gzip_level or base["fetch.warc_gzip_level"],
+            "fetch.processes": 1,
         })
         figures: dict[str, Any] = {"urls": len(url_list), "hosts": len(by_host),
                                    "gzip_level": overrides["fetch.warc_gzip_level"]}
         runs = [("raw", {"urls": urls_path, "concurrency": args.concurrency, "per_host": args.per_host}),
                 ("fetchd", {"overrides": overrides, "segment": "bench-a"})]
+        if args.processes != 1:  # `fetch.processes`: one fetch command as several daemon processes
+            runs.append(("processes", {"overrides": {**overrides, "fetch.processes": args.processes},
+                                       "segment": "bench-a-processes"}))
         if args.profile:
             runs.append(("profile", {"overrides": overrides, "segment": "bench-a-profile",
                                      "profile": os.path.join(workdir, "profile-a.txt")}))
@@ -427,6 +437,8 @@ def run_a(args: argparse.Namespace, base: config_mod.Config, workdir: str) -> di
             if "ended" in result:  # the fleet's measure, for comparison: first request (farm log) to the return
                 result["from_first_request_s"] = result["ended"] - min(r["start"] for r in log)
             result["pages"] = result.get("pages") or result["summary"]["urls"]
+            if name == "processes":
+                result["processes"] = args.processes or os.cpu_count() or 1
             figures[name] = result
             progress(f"(a) {name}: {result['pages']:,} pages in {result['wall_s']:.1f}s, client CPU "
                      f"{result['cpu_s']:.1f}s, farm CPU {result['farm_cpu_s']:.1f}s, {result['requests']:,} requests")
@@ -579,6 +591,17 @@ def report(a: dict[str, Any] | None, b: dict[str, Any] | None, c: list[dict[str,
                   f"{r['cpu_s']:>7.2f} {1000 * r['cpu_s'] / r['pages']:>12.3f} {r['cpu_s'] / r['wall_s']:>16.2f} "
                   f"{r['farm_cpu_s'] / r['wall_s']:>14.2f} {r['requests']:>9,}")
         raw, fetchd = a["raw"], a["fetchd"]
+        processes = a.get("processes")
+        if processes is not None:
+            r, name = processes, f"p={processes['processes']}"
+            print(f"    {name:8} {r['pages']:>7,} {r['wall_s']:>7.2f} {r['pages'] / r['wall_s']:>8.0f} "
+                  f"{r['cpu_s']:>7.2f} {1000 * r['cpu_s'] / r['pages']:>12.3f} {r['cpu_s'] / r['wall_s']:>16.2f} "
+                  f"{r['farm_cpu_s'] / r['wall_s']:>14.2f} {r['requests']:>9,}")
+            rate_p = (r["pages"] / r["wall_s"]) / (raw["pages"] / raw["wall_s"])
+            rows.append((f"(a) fetchd fetch.processes={r['processes']} pages/s ÷ raw pages/s", pct(rate_p),
+                         f">= {pct(TARGET_RAW_RATIO)}", verdict(rate_p >= TARGET_RAW_RATIO)))
+            rows.append((f"(a) raw CPU/page ÷ fetchd fetch.processes={r['processes']} CPU/page",
+                         pct((raw["cpu_s"] / raw["pages"]) / (r["cpu_s"] / r["pages"])), "(info)", ""))
         fleet = a.get("fleet")
         if fleet is not None:
             name = f"fetchd×{len(fleet['daemons'])}"
@@ -658,6 +681,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--concurrency", type=int, default=64, help="fetch.concurrency (and the raw loop's)")
     parser.add_argument("--daemons", type=int, default=2,
                         help="(a) daemon processes sharing the segment's buckets in the fleet figure (0: skip it)")
+    parser.add_argument("--processes", type=int, default=0,
+                        help="(a) fetch.processes of the second fetchd run (0: one per core; 1: skip it)")
     parser.add_argument("--per-host", type=int, default=1, help="(a) politeness.max_concurrency_per_host")
     parser.add_argument("--hosts-a", type=int, default=200, help="(a) farm hosts")
     parser.add_argument("--pages-a", type=int, default=60, help="(a) farm pages per host")
