@@ -21,6 +21,7 @@ import random
 import re
 import signal
 import socket
+import tempfile
 import threading
 from collections import Counter
 from collections.abc import Callable, Iterator
@@ -37,7 +38,15 @@ from fetchd.hostprep import thread_memory
 from fetchd.metrics import DaemonState, Metrics, MetricsServer, progress_line, snapshot
 from fetchd.output import recover_bucket_output
 from fetchd.ownership import Lease, LeaseStore
-from fetchd.processes import process_conf, process_count, run_in_processes, shares
+from fetchd.processes import (
+    PUBLISH_S,
+    peer_snapshots,
+    process_conf,
+    process_count,
+    publish_snapshot,
+    run_in_processes,
+    shares,
+)
 from fetchd.progress import pending_buckets, pending_work, read_fetchlist
 from fetchd.resolver import GuardedResolver
 from fetchd.storage import LocalStore, open_store
@@ -68,7 +77,8 @@ class Daemon:
     daemon's own loop on a virtual clock (an event loop whose time is that clock's, and a scripted `transport`)."""
 
     def __init__(self, conf: Config, root: str, stop: threading.Event | None = None,
-                 store: LocalStore | None = None, clock: Clock = SYSTEM_CLOCK, transport: Transport | None = None):
+                 store: LocalStore | None = None, clock: Clock = SYSTEM_CLOCK, transport: Transport | None = None,
+                 peers_dir: str | None = None):
         self.conf = conf
         self.rules = PolitenessRules.from_config(conf)  # every gate's settings; each host's fetch-list limits on top
         self.clock = clock
@@ -92,13 +102,25 @@ class Daemon:
         self.lease_store: LeaseStore = self.store.lease_store(conf, self.daemon_id, clock)
         self.leases: dict[int, Lease] = {}  # buckets this daemon owns
         self._heartbeat: asyncio.Task[None] | None = None
+        self.peers_dir = peers_dir  # `fetch.processes`: where the command's processes leave their metrics
+        self._publisher: asyncio.Task[None] | None = None
 
     async def open(self) -> None:
-        """Start the lease heartbeat, and the `/metrics` + `/status` endpoint when `fetch.metrics_port` asks."""
+        """Start the lease heartbeat, and the `/metrics` + `/status` endpoint when `fetch.metrics_port` asks (with
+        the command's other processes' figures, `peers_dir`); a process without it leaves its figures there."""
         self._heartbeat = asyncio.create_task(self.heartbeat_loop())
         if self.conf["fetch.metrics_port"]:
-            self.metrics_server = MetricsServer(self.state)
+            folder = self.peers_dir
+            self.metrics_server = MetricsServer(
+                self.state, (lambda: peer_snapshots(folder, self.daemon_id)) if folder else list)
             await self.metrics_server.start(self.conf["fetch.metrics_host"], self.conf["fetch.metrics_port"])
+        elif self.peers_dir:
+            self._publisher = asyncio.create_task(self.publish_loop(self.peers_dir))
+
+    async def publish_loop(self, folder: str) -> None:
+        while True:
+            publish_snapshot(folder, snapshot(self.state()))
+            await asyncio.sleep(PUBLISH_S)
 
     async def close(self) -> None:
         """Release every bucket still owned (the next owner may start at once), stop the heartbeat."""
@@ -106,6 +128,8 @@ class Daemon:
             self.release(bucket)
         if self._heartbeat is not None:
             self._heartbeat.cancel()
+        if self._publisher is not None:
+            self._publisher.cancel()
         if self.metrics_server is not None:
             await self.metrics_server.close()
         await self.fetcher.close()
@@ -337,11 +361,11 @@ def exit_status(summary: dict[str, Any]) -> int:
 
 async def fetch_segment_async(conf: Config, store: LocalStore, segment_id: str, buckets: list[int],
                               stop: threading.Event, clock: Clock = SYSTEM_CLOCK, transport: Transport | None = None,
-                              ) -> tuple[list[dict[str, Any]], list[int]]:
+                              peers_dir: str | None = None) -> tuple[list[dict[str, Any]], list[int]]:
     """The given buckets of the segment on the running event loop (whose clock must be `clock`'s monotonic one),
     talking through `transport` (HTTP by default): (manifests of the finished buckets, buckets another daemon
     holds)."""
-    daemon = Daemon(conf, store.root, stop, store=store, clock=clock, transport=transport)
+    daemon = Daemon(conf, store.root, stop, store=store, clock=clock, transport=transport, peers_dir=peers_dir)
     try:
         await daemon.open()
         owned = [b for b in buckets if daemon.acquire(b)]
@@ -375,10 +399,13 @@ def fetch_segment(conf: Config, root: str, segment_id: str, buckets: list[int] |
         split = shares(wanted, process_count(conf))
         failed: list[str] = []
         if len(split) > 1:  # `fetch.processes`: the first share here, the others in processes of their own
-            (manifests, held), others, failed = run_in_processes(
-                stop, lambda: asyncio.run(fetch_segment_async(conf, store, segment_id, split[0], stop)),
-                [(fetch_share, (process_conf(conf, n), store.root, segment_id, share))
-                 for n, share in enumerate(split[1:], 1)])
+            with tempfile.TemporaryDirectory(prefix="fetchd-processes-") as peers:
+                first = process_conf(conf, 0, len(split))
+                (manifests, held), others, failed = run_in_processes(
+                    stop, lambda: asyncio.run(fetch_segment_async(first, store, segment_id, split[0], stop,
+                                                                  peers_dir=peers)),
+                    [(fetch_share, (process_conf(conf, n, len(split)), store.root, segment_id, share, peers))
+                     for n, share in enumerate(split[1:], 1)])
             for their_manifests, their_held in others:
                 manifests, held = manifests + their_manifests, held + their_held
         elif wanted:  # the daemon closes the store
@@ -391,11 +418,13 @@ def fetch_segment(conf: Config, root: str, segment_id: str, buckets: list[int] |
     return {**summary, "failed_processes": failed} if failed else summary
 
 
-def fetch_share(conf: Config, root: str, segment_id: str, buckets: list[int]) -> tuple[list[dict[str, Any]], list[int]]:
+def fetch_share(conf: Config, root: str, segment_id: str, buckets: list[int],
+                peers_dir: str) -> tuple[list[dict[str, Any]], list[int]]:
     """One process's share of a fetch (`fetch.processes`): its buckets, stopped by SIGTERM as `fetch_segment` is."""
     stop = threading.Event()
     with _stop_on_signals(stop):
-        return asyncio.run(fetch_segment_async(conf, open_store(conf, root), segment_id, buckets, stop))
+        return asyncio.run(fetch_segment_async(conf, open_store(conf, root), segment_id, buckets, stop,
+                                               peers_dir=peers_dir))
 
 
 def _claim(daemon: Daemon, work: dict[int, list[str]]) -> None:
@@ -411,10 +440,10 @@ def _claim(daemon: Daemon, work: dict[int, list[str]]) -> None:
 
 
 async def serve_async(conf: Config, root: str, stop: threading.Event, clock: Clock = SYSTEM_CLOCK,
-                      transport: Transport | None = None) -> None:
+                      transport: Transport | None = None, peers_dir: str | None = None) -> None:
     """`serve` on the running event loop (whose clock must be `clock`'s monotonic one), talking through
     `transport` (HTTP by default)."""
-    daemon = Daemon(conf, root, stop, clock=clock, transport=transport)
+    daemon = Daemon(conf, root, stop, clock=clock, transport=transport, peers_dir=peers_dir)
     try:
         await daemon.open()
         while not stop.is_set():
@@ -438,7 +467,7 @@ async def serve_async(conf: Config, root: str, stop: threading.Event, clock: Clo
         await daemon.close()
 
 
-def serve(conf: Config, root: str, stop: threading.Event | None = None) -> None:
+def serve(conf: Config, root: str, stop: threading.Event | None = None, peers_dir: str | None = None) -> None:
     """Run until SIGTERM/SIGINT (or `stop` is set): every `fetch.poll_interval_s`, own the buckets with pending
     work that no other daemon owns (leases, `crawler.ownership`) and fetch them, segment by segment, in
     `fetch.processes` daemon processes (`fetchd.processes`). On the stop, requests in flight get
@@ -448,7 +477,9 @@ def serve(conf: Config, root: str, stop: threading.Event | None = None) -> None:
     with _stop_on_signals(stop):
         count = process_count(conf)
         if count == 1:
-            asyncio.run(serve_async(conf, root, stop))
+            asyncio.run(serve_async(conf, root, stop, peers_dir=peers_dir))
             return
-        run_in_processes(stop, lambda: asyncio.run(serve_async(conf, root, stop)),
-                         [(serve, (process_conf(conf, n), root)) for n in range(1, count)])
+        first = process_conf(conf, 0, count)
+        with tempfile.TemporaryDirectory(prefix="fetchd-processes-") as peers:
+            run_in_processes(stop, lambda: asyncio.run(serve_async(first, root, stop, peers_dir=peers)),
+                             [(serve, (process_conf(conf, n, count), root, None, peers)) for n in range(1, count)])

@@ -349,32 +349,38 @@ def _number(value: float) -> str:
     return repr(float(value))
 
 
-def render_prometheus(snap: dict[str, Any]) -> str:
-    """The snapshot as Prometheus text format 0.0.4."""
-    daemon_label = f'daemon="{_escape_label(snap["daemon_id"])}"'
+def render_prometheus(*snaps: dict[str, Any]) -> str:
+    """Snapshots as Prometheus text format 0.0.4: each family once, with a series per daemon (its `daemon`
+    label), so the processes of one command (`fetch.processes`) are scraped at one endpoint."""
+    def label(snap: dict[str, Any]) -> str:
+        return f'daemon="{_escape_label(snap["daemon_id"])}"'
+
     lines = [
         "# HELP fetchd_fetches_total Fetch-list URLs finished, by outcome (robots_denied, deferred and blocked "
         "were not requested).",
         "# TYPE fetchd_fetches_total counter",
     ]
-    for outcome, count in snap["counters"]["outcomes"].items():
-        lines.append(f'fetchd_fetches_total{{{daemon_label},outcome="{_escape_label(outcome)}"}} {count}')
+    for snap in snaps:
+        for outcome, count in snap["counters"]["outcomes"].items():
+            lines.append(f'fetchd_fetches_total{{{label(snap)},outcome="{_escape_label(outcome)}"}} {count}')
     for name, kind, help_text, source in _FAMILIES:
         section, key = source.split(".")
         lines.append(f"# HELP {name} {help_text}")
         lines.append(f"# TYPE {name} {kind}")
-        lines.append(f"{name}{{{daemon_label}}} {_number(snap[section][key])}")
-    for name, kind, help_text, label, source in _LABELLED:
+        lines += [f"{name}{{{label(snap)}}} {_number(snap[section][key])}" for snap in snaps]
+    for name, kind, help_text, value_label, source in _LABELLED:
         section, key = source.split(".")
         lines += [f"# HELP {name} {help_text}", f"# TYPE {name} {kind}"]
-        lines += [f'{name}{{{daemon_label},{label}="{_escape_label(value)}"}} {_number(count)}'
-                  for value, count in snap[section][key].items()]
+        lines += [f'{name}{{{label(snap)},{value_label}="{_escape_label(value)}"}} {_number(count)}'
+                  for snap in snaps for value, count in snap[section][key].items()]
     for name, help_text, key in _HISTOGRAMS:
-        histogram = snap["histograms"][key]
         lines += [f"# HELP {name} {help_text}", f"# TYPE {name} histogram"]
-        lines += [f'{name}_bucket{{{daemon_label},le="{le}"}} {count}' for le, count in histogram["buckets"].items()]
-        lines.append(f"{name}_sum{{{daemon_label}}} {_number(histogram['sum'])}")
-        lines.append(f"{name}_count{{{daemon_label}}} {histogram['buckets']['+Inf']}")
+        for snap in snaps:
+            histogram = snap["histograms"][key]
+            lines += [f'{name}_bucket{{{label(snap)},le="{le}"}} {count}'
+                      for le, count in histogram["buckets"].items()]
+            lines.append(f"{name}_sum{{{label(snap)}}} {_number(histogram['sum'])}")
+            lines.append(f"{name}_count{{{label(snap)}}} {histogram['buckets']['+Inf']}")
     return "\n".join(lines) + "\n"
 
 
@@ -388,10 +394,11 @@ def exported_families() -> set[str]:
 
 class MetricsServer:
     """`/metrics` and `/status` over HTTP, served from the daemon's own event loop; `state` gives the daemon's
-    state at each request."""
+    state at each request, `peers` the latest snapshots of the command's other processes (`fetch.processes`)."""
 
-    def __init__(self, state: Callable[[], DaemonState]):
+    def __init__(self, state: Callable[[], DaemonState], peers: Callable[[], list[dict[str, Any]]] = list):
         self.state = state
+        self.peers = peers
         app = web.Application()
         app.router.add_get("/metrics", self._metrics)
         app.router.add_get("/status", self._status)
@@ -410,8 +417,12 @@ class MetricsServer:
         await self.runner.cleanup()
 
     async def _metrics(self, _request: web.Request) -> web.Response:
-        body = render_prometheus(snapshot(self.state()))
+        body = render_prometheus(snapshot(self.state()), *self.peers())
         return web.Response(body=body.encode("utf-8"), headers={"Content-Type": CONTENT_TYPE_0_0_4})
 
     async def _status(self, _request: web.Request) -> web.Response:
-        return web.Response(text=json.dumps(snapshot(self.state()), sort_keys=True), content_type="application/json")
+        status = snapshot(self.state())
+        peers = self.peers()
+        if peers:
+            status["processes"] = peers
+        return web.Response(text=json.dumps(status, sort_keys=True), content_type="application/json")

@@ -9,13 +9,16 @@ pending buckets (round robin); `serve` runs the same loop in each, and each clai
 The first share runs in the calling process; the others in child processes started with `spawn` (a fresh
 interpreter: nothing of the caller's event loop or threads is copied). SIGTERM or SIGINT on the caller reaches
 every child (as SIGTERM), and each stops as a single daemon does: requests in flight get their grace, results are
-published, buckets released. A caller killed outright takes its children with it (Linux's parent-death signal):
+published, buckets released. The metrics endpoint (`fetch.metrics_port`) is the first process's: the others
+leave a snapshot in a folder of the command's every `PUBLISH_S`, and it serves them beside its own (each
+series labelled with its daemon). A caller killed outright takes its children with it (Linux's parent-death signal):
 kill -9 of the command stays kill -9 of every daemon it ran, whose buckets the next owner resumes.
 """
 
 from __future__ import annotations
 
 import ctypes
+import json
 import logging
 import multiprocessing
 import os
@@ -30,6 +33,7 @@ from crawler.config import Config
 
 log = logging.getLogger(__name__)
 JOIN_POLL_S = 0.5
+PUBLISH_S = 1.0  # how often a process without the endpoint leaves its snapshot for the one with it
 
 
 def process_count(conf: Config) -> int:
@@ -37,14 +41,18 @@ def process_count(conf: Config) -> int:
     return conf["fetch.processes"] or os.cpu_count() or 1
 
 
-def process_conf(conf: Config, number: int) -> Config:
-    """The settings of process `number`: its own identity (`fetch.daemon_id` with `.number` added; the default,
-    hostname-pid, differs already), and the metrics endpoint only in the first (the others report to it)."""
-    if number == 0:
-        return conf
-    overrides: dict[str, Any] = {"fetch.metrics_port": 0, "fetch.processes": 1}
-    if conf["fetch.daemon_id"]:
-        overrides["fetch.daemon_id"] = f"{conf['fetch.daemon_id']}.{number}"
+def process_conf(conf: Config, number: int, count: int) -> Config:
+    """The settings of process `number` of `count`: its own identity (`fetch.daemon_id` with `.number` added; the
+    default, hostname-pid, differs already), the metrics endpoint only in the first (the others report to it), and
+    no more than its share of the buckets at once (`ownership.max_buckets_per_daemon`, when that is looser), so a
+    process that starts first does not take every bucket from the others."""
+    share = -(-conf["crawl.buckets"] // count)
+    limit = conf["ownership.max_buckets_per_daemon"]
+    overrides: dict[str, Any] = {"fetch.processes": 1, "ownership.max_buckets_per_daemon": min(limit or share, share)}
+    if number:
+        overrides["fetch.metrics_port"] = 0
+        if conf["fetch.daemon_id"]:
+            overrides["fetch.daemon_id"] = f"{conf['fetch.daemon_id']}.{number}"
     return conf.with_overrides(overrides)
 
 
@@ -121,3 +129,24 @@ def run_in_processes(stop: threading.Event, first: Callable[[], Any], children: 
             failures.append(f"{process.name} (pid {process.pid}): {value}")
             log.error("fetch process %s (pid %s) failed: %s", process.name, process.pid, value)
     return mine, returned, failures
+
+
+def publish_snapshot(folder: str, snap: dict[str, Any]) -> None:
+    """Leave this process's metrics snapshot for the process with the endpoint (replaced whole, never half)."""
+    path = os.path.join(folder, f"{snap['daemon_id']}.json")
+    with open(path + ".tmp", "w", encoding="utf-8") as fh:
+        json.dump(snap, fh)
+    os.replace(path + ".tmp", path)
+
+
+def peer_snapshots(folder: str, own_id: str) -> list[dict[str, Any]]:
+    """The latest snapshots the command's other processes left in `folder`, by daemon id."""
+    snaps = []
+    for name in sorted(os.listdir(folder)):
+        if name.endswith(".json") and name != f"{own_id}.json":
+            try:
+                with open(os.path.join(folder, name), encoding="utf-8") as fh:
+                    snaps.append(json.load(fh))
+            except (OSError, ValueError):  # gone or being replaced: the next scrape has it
+                continue
+    return snaps

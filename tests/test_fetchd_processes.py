@@ -5,22 +5,29 @@ processes with it (nothing more reaches the farm), as a single killed daemon wou
 
 from __future__ import annotations
 
+import contextlib
+import multiprocessing
+import re
 import signal
 import subprocess
 import sys
+import threading
 import time
+import urllib.request
 from collections import Counter, defaultdict
 from pathlib import Path
 
 import yaml
 
 from crawler import urls
-from fetchd.daemon import exit_status, fetch_segment
+from fetchd.daemon import exit_status, fetch_segment, serve
 from fetchd.processes import shares
+from fetchd.progress import pending_work
 from sitefarm.judge import politeness_violations
 from sitefarm.server import SiteFarm, read_request_log
 from sitefarm.sites import FarmSpec
 from tests.support.fetchlists import read_results, write_fetchlist
+from tests.support.servers import free_port
 
 BUCKETS = 4
 MIN_DELAY = 0.2
@@ -94,3 +101,41 @@ def test_a_killed_fetch_takes_its_processes_with_it(tmp_path):
         farm.stop()
     assert len({r["host"] for r in after}) == 8
     assert len(after) == seen < len(pages)
+
+
+def test_one_endpoint_serves_every_process_and_a_stop_ends_them_all(base_conf, root, tmp_path):
+    """`serve` with two processes and `fetch.metrics_port`: the first process's /metrics carries both daemons'
+    series (the other leaves its figures for it), their fetch counters add up to the published results, and a
+    stop ends both (the caller returns only once its child has)."""
+    farm = _farm(tmp_path / "farm.jsonl")
+    farm.start()
+    port = free_port()
+    listed = write_fetchlist(root, "seg-metrics", [{"url": u} for u in _pages(farm)], BUCKETS)
+    conf = base_conf.with_overrides({
+        "crawl.buckets": BUCKETS, "politeness.min_delay_s": MIN_DELAY, "fetch.processes": 2,
+        "fetch.static_hosts": farm.static_hosts(), "fetch.daemon_id": "scraped", "fetch.metrics_port": port,
+        "fetch.poll_interval_s": 0.2})
+    stop = threading.Event()
+    thread = threading.Thread(target=serve, args=(conf, root, stop), daemon=True)
+    thread.start()
+    try:
+        deadline = time.monotonic() + 90
+        totals: dict[str, float] = {}
+        while time.monotonic() < deadline:
+            with contextlib.suppress(OSError):
+                text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+                totals = defaultdict(float)
+                for daemon, value in re.findall(r'^fetchd_fetches_total\{daemon="([^"]+)",[^}]*\} (\S+)$', text, re.M):
+                    totals[daemon] += float(value)
+                if not pending_work(root) and sum(totals.values()) == len(read_results(root, "seg-metrics")):
+                    break
+            time.sleep(0.3)
+    finally:
+        stop.set()
+        thread.join(60)
+        farm.stop()
+    assert not thread.is_alive()
+    assert not pending_work(root) and len(listed) >= 2
+    assert set(totals) == {"scraped", "scraped.1"} and all(totals.values())
+    assert sum(totals.values()) == len(read_results(root, "seg-metrics"))
+    assert not multiprocessing.active_children()
