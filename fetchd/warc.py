@@ -43,7 +43,7 @@ from crawler import layout
 WARC_VERSION = "WARC/1.1"
 NOT_MODIFIED_PROFILE = "http://netpreserve.org/warc/1.1/revisit/server-not-modified"
 WARC_SUFFIX = ".warc.gz"
-DEFAULT_GZIP_LEVEL = 6  # `fetch.warc_gzip_level`
+DEFAULT_GZIP_LEVEL = 1  # `fetch.warc_gzip_level` (its comment in conf/crawler.yaml says why)
 _HOP_BY_HOP_DROPPED = frozenset({"transfer-encoding"})  # the body is stored de-chunked, so the header would lie
 WARC_TRUNCATED_VALUES = frozenset({"length", "time", "disconnect", "unspecified"})  # WARC 1.1 §5.13
 RESULT_CONTENT_TYPE = "application/vnd.cyclecrawl.result+json"  # metadata records that carry a result row

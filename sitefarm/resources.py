@@ -45,11 +45,25 @@ class Sitemap:
     entries: tuple[dict[str, Any], ...]
 
 
-def html_page(url: str, title: str, hrefs: list[str], rng: random.Random) -> Resource:
-    """An HTML page of filler words from `rng` linking to `hrefs`, with the canonical outlinks they resolve to."""
+def filler_text(size: int, rng: random.Random) -> str:
+    """`size` characters of filler words, drawn once and sliced by `html_page` for pages of a chosen size (text as
+    compressible as the pages' own words, without drawing a word at a time for every kilobyte)."""
+    return " ".join(rng.choice(WORDS) for _ in range(size // 6 + 1))[:size]
+
+
+def html_page(url: str, title: str, hrefs: list[str], rng: random.Random, size: int = 0,
+              filler: str = "") -> Resource:
+    """An HTML page of filler words from `rng` linking to `hrefs`, with the canonical outlinks they resolve to;
+    with `size`, padded to about that many bytes with a slice of `filler` from a random place (wrapping)."""
     paragraphs = []
     for _ in range(3):
         paragraphs.append("<p>" + " ".join(rng.choice(WORDS) for _ in range(rng.randint(40, 90))) + "</p>")
+    if size and filler:
+        start, left = rng.randrange(len(filler)), size
+        while left > 0:
+            piece = filler[start:start + min(left, 4096)] or filler[:min(left, 4096)]
+            paragraphs.append(f"<p>{piece}</p>")
+            start, left = (start + len(piece)) % len(filler), left - len(piece) - 7
     anchors = "\n".join(f'<li><a href="{html.escape(href)}">link {n}</a></li>' for n, href in enumerate(hrefs))
     title = html.escape(title)
     document = (

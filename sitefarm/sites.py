@@ -22,7 +22,7 @@ from typing import Any
 
 from crawler.robots import RobotsPolicy
 from crawler.urls import canonicalize, host_key
-from sitefarm.resources import DOMAIN, SITEMAP_DATE, Resource, Sitemap, html_page, listings, sitemap_xml
+from sitefarm.resources import DOMAIN, SITEMAP_DATE, Resource, Sitemap, filler_text, html_page, listings, sitemap_xml
 from sitefarm.traps import (
     CALENDAR_HOST,
     EXTRA_ROBOTS,
@@ -61,6 +61,8 @@ class FarmSpec:
     large_host_pages: tuple[int, ...] = ()
     # Sitemaps on the ordinary sites (see the module docstring); HTML pages are the same with or without them.
     sitemaps: bool = True
+    # Ordinary pages padded to a size drawn from [low, high] KB (the bench's realistic pages); (0, 0): unpadded.
+    page_kb: tuple[int, int] = (0, 0)
     # Paths (with query) at which every host reads the request and closes the connection without an answer.
     # Such a request is logged like any other (status None, "dropped": true): the politeness judge counts
     # every request the server saw, answered or not.
@@ -102,6 +104,7 @@ class Sites:
         self._sitemap_files: dict[str, Sitemap] = {}
         self._orphans: set[str] = set()
         self._out_of_scope: set[str] = set()
+        self._filler = filler_text(256 * 1024, random.Random(spec.seed)) if spec.page_kb[1] else ""
 
     # ---- site generation -------------------------------------------------------------------------------
 
@@ -142,8 +145,11 @@ class Sites:
         pages = self.spec.pages_per_host
         site: dict[str, Resource] = {}
 
+        low, high = self.spec.page_kb
+
         def page(path: str, title: str, hrefs: list[str]) -> None:
-            site[path] = html_page(base + path, title, hrefs, rng)
+            size = rng.randint(low * 1024, high * 1024) if high else 0
+            site[path] = html_page(base + path, title, hrefs, rng, size, self._filler)
 
         home_links = [f"/section/{s}/" for s in range(sections)]
         home_links += ["section/0/#intro", "#top", "/search?q=farm&page=1", "mailto:webmaster@farm.test"]
