@@ -90,7 +90,7 @@ def test_a_full_disk_pauses_fetching_and_the_daemon_resumes_when_space_returns(t
             "politeness": {"min_delay_s": MIN_DELAY},
             "fetch": {"static_hosts": farm.static_hosts(), "allow_networks": ["127.0.0.0/8"], "poll_interval_s": 0.3,
                       "warc_max_bytes": 20000, "storage_retry_s": 0.2, "storage_retry_max_s": 0.5,
-                      "metrics_port": port},
+                      "metrics_port": port, "processes": 1},  # one daemon: its own gauges say when it paused
             "ownership": {"results_batch_rows": 2},
         }))
         filler = small_disk / "filler"
