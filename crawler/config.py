@@ -93,6 +93,10 @@ _RULES: dict[str, tuple[Any, str]] = {
     "generate.segment_seconds": (_positive, "must be > 0"),
     "generate.lease_seconds": (_positive, "must be > 0"),
     "generate.age_boost_per_day": (_non_negative, "must be >= 0"),
+    "generate.refresh_share": (lambda v: 0 <= v <= 1, "must be between 0 and 1"),
+    "generate.refresh_share_min": (lambda v: 0 <= v <= 1, "must be between 0 and 1"),
+    "generate.refresh_share_max": (lambda v: 0 <= v <= 1, "must be between 0 and 1"),
+    "generate.refresh_share_gain": (_non_negative, "must be >= 0"),
     "generate.max_unmerged_segments": (_non_negative, "must be >= 0"),
     "politeness.min_delay_s": (_non_negative, "must be >= 0"),
     "politeness.max_crawl_delay_s": (_non_negative, "must be >= 0"),
@@ -278,6 +282,8 @@ def _check(defaults: Mapping[str, Any], data: Mapping[str, Any], prefix: str = "
             raise ConfigError(f"fetch.static_hosts.{host}", f"must be an IP address, got {ip!r}") from None
     if prefix == "" and data["revisit"]["min_interval_s"] > data["revisit"]["max_interval_s"]:
         raise ConfigError("revisit.min_interval_s", "must not exceed revisit.max_interval_s")
+    if prefix == "" and data["generate"]["refresh_share_min"] > data["generate"]["refresh_share_max"]:
+        raise ConfigError("generate.refresh_share_min", "must not exceed generate.refresh_share_max")
     if prefix == "":
         lease = data["ownership"]
         problem = check_timing(lease["lease_ttl_s"], lease["renew_interval_s"], lease["fence_margin_s"])

@@ -96,6 +96,50 @@ def score_sql(priority: str, next_fetch_at: str, now: str, age_boost_per_day: fl
     return f"({priority} + {float(age_boost_per_day)!r} * {overdue})"
 
 
+@dataclass(frozen=True)
+class RefreshShare:
+    """How generate divides a segment's budget between revisits (known URLs fetched before: `last_fetch_at` set)
+    and discovery (URLs never fetched): `generate.refresh_share`, or with `generate.refresh_share_adaptive` that
+    share moved by the last update's figures within [`refresh_share_min`, `refresh_share_max`]."""
+
+    share: float
+    adaptive: bool
+    min_share: float
+    max_share: float
+    gain: float
+
+    @classmethod
+    def from_config(cls, conf) -> RefreshShare:
+        return cls(float(conf["generate.refresh_share"]), bool(conf["generate.refresh_share_adaptive"]),
+                   float(conf["generate.refresh_share_min"]), float(conf["generate.refresh_share_max"]),
+                   float(conf["generate.refresh_share_gain"]))
+
+    def current(self, change_rate: float | None, new_urls_per_fetch: float | None) -> float:
+        """The share for the next segment. Adaptive: the configured share plus `gain` x (change rate of refetched
+        pages - new-URL yield per fetch mapped to [0, 1) as y / (1 + y)), clamped: revisits gain while known pages
+        change more than fetching finds new ones, discovery gains in the reverse case; without both figures (no
+        update yet) the configured share."""
+        if not self.adaptive or change_rate is None or new_urls_per_fetch is None:
+            return self.share
+        discovery_signal = max(0.0, new_urls_per_fetch) / (1.0 + max(0.0, new_urls_per_fetch))
+        moved = self.share + self.gain * (change_rate - discovery_signal)
+        return min(self.max_share, max(self.min_share, moved))
+
+
+def refresh_quota(budget: int, share: float, refresh_available: int, discovery_available: int) -> tuple[int, int]:
+    """(revisits, discoveries) a segment of `budget` URLs takes: revisits round(budget x share) and discoveries the
+    rest, and what one side cannot fill goes to the other."""
+    refresh = min(refresh_available, max(round(budget * share), budget - discovery_available))
+    return refresh, min(discovery_available, budget - refresh)
+
+
+def refresh_quota_sql(budget: int, share: float, refresh_available: str, discovery_available: str) -> tuple[str, str]:
+    """`refresh_quota` over two count expressions: (revisits, discoveries)."""
+    refresh = (f"least({refresh_available}, greatest(cast({round(budget * share)} as bigint),"
+               f" {int(budget)}L - {discovery_available}))")
+    return refresh, f"least({discovery_available}, {int(budget)}L - {refresh})"
+
+
 def per_host_cap(per_host_max_urls: int, segment_seconds: float, delay_s: float, dead: bool = False) -> int:
     """URLs of one host in one segment: the configured cap, and no more than the segment's time allows; a dead
     host (crawler.politeness: nothing but failures for a while) gets one, a probe, so its backlog takes no

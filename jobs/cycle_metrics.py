@@ -100,6 +100,17 @@ def record(spark: SparkSession, root: str, figures: dict[str, Any]) -> None:
      .save(tables.table_path(root, "cycle_metrics")))
 
 
+def update_signals(spark: SparkSession, root: str) -> tuple[float | None, float | None]:
+    """The last update's (change rate of refetched pages, new URLs per result): what the adaptive refresh share
+    moves by (crawler.frontier.RefreshShare); (None, None) before any update."""
+    rows = (tables.table_df(spark, root, "cycle_metrics").where(F.col("step") == MetricsStep.UPDATE.value)
+            .orderBy(F.desc("run_at")).limit(1).collect())
+    if not rows or not rows[0]["results"]:
+        return None, None
+    row = rows[0]
+    return row["change_rate"], (row["new_urls"] or 0) / row["results"]
+
+
 def recent(spark: SparkSession, root: str, limit: int) -> list[dict[str, Any]]:
     """The last `limit` rows by run time (newest last): the history the report draws."""
     rows = tables.table_df(spark, root, "cycle_metrics").orderBy(F.desc("run_at"), F.desc("step")).limit(limit)

@@ -5,7 +5,8 @@ not denied by the robots.txt rules stored for its host while they are in force (
 unreachable robots.txt is the daemon's to fetch and decide).
 Rank per host by score (priority + age boost), cut per host at min(per_host_max_urls, segment_seconds /
 delay) — one probe URL for a dead host (crawler.politeness.is_dead) — then keep the lowest ranks across hosts up
-to the segment budget (round-robin over hosts).
+to the segment budget (round-robin over hosts), revisits and never-fetched URLs each taking their share of it
+(`generate.refresh_share`, crawler.frontier.RefreshShare and refresh_quota).
 The fetch list goes to segments/<id>/fetchlist/bucket=NNNNN, each bucket's file sorted by rank then host, so
 hosts are interleaved: a daemon streaming the list (fetch.max_queued_urls) keeps many hosts busy.
 Leasing bumps state_version, so only a result carrying the new version can complete the URL. The frontier's
@@ -32,7 +33,7 @@ from pyspark.sql import functions as F
 from crawler import layout
 from crawler.config import Config
 from crawler.errors import Backpressure, UserError
-from crawler.frontier import backpressure, per_host_cap_sql, score_sql
+from crawler.frontier import RefreshShare, backpressure, per_host_cap_sql, refresh_quota_sql, score_sql
 from crawler.leases import is_due_sql, leased_version_sql
 from crawler.politeness import PolitenessRules
 from crawler.robots import RobotsState, allowed_by_stored_rules
@@ -50,6 +51,8 @@ class GenerateResult:
     url_count: int = 0
     host_count: int = 0
     buckets: list[int] = field(default_factory=list)
+    refresh_count: int = 0     # URLs fetched before (revisits); the others were never fetched
+    refresh_share: float = 0.0  # the share of the budget revisits were given (crawler.frontier.RefreshShare)
 
     @property
     def empty(self) -> bool:
@@ -57,7 +60,8 @@ class GenerateResult:
         return self.url_count == 0
 
     def summary(self) -> str:
-        return f"{self.url_count} URLs from {self.host_count} hosts in {len(self.buckets)} buckets"
+        return (f"{self.url_count} URLs from {self.host_count} hosts in {len(self.buckets)} buckets "
+                f"({self.refresh_count} revisits, {self.url_count - self.refresh_count} never fetched)")
 
 
 def as_utc(moment: datetime) -> datetime:
@@ -69,7 +73,27 @@ def default_segment_id(now: datetime) -> str:
     return as_utc(now).strftime("seg-%Y%m%dT%H%M%SZ")
 
 
-def select_due(spark: SparkSession, conf: Config, root: str, segment_id: str, now: datetime) -> DataFrame:
+def within_budget(ranked: DataFrame, budget: int, share: float) -> DataFrame:
+    """The segment's rows among `ranked` (per-host caps applied): revisits (`last_fetch_at` set) and URLs never
+    fetched each in (rank, score, url_id) order, as many of each as `crawler.frontier.refresh_quota` gives them.
+    Each side is cut to the budget first, so what the quota is counted over stays small."""
+    order = [F.col("rank"), F.desc("score"), F.col("url_id")]
+    known = F.col("last_fetch_at").isNotNull()
+    top = (ranked.where(known).orderBy(*order).limit(budget).withColumn("is_refresh", F.lit(True))
+           .unionByName(ranked.where(~known).orderBy(*order).limit(budget).withColumn("is_refresh", F.lit(False))))
+    counts = top.agg(F.count(F.when(F.col("is_refresh"), 1)).alias("n_refresh"),
+                     F.count(F.when(~F.col("is_refresh"), 1)).alias("n_discovery"))
+    refresh_quota, discovery_quota = refresh_quota_sql(budget, share, "n_refresh", "n_discovery")
+    return (
+        top.withColumn("kind_index", F.row_number().over(Window.partitionBy("is_refresh").orderBy(*order)))
+        .crossJoin(counts)
+        .where(F.col("kind_index") <= F.when(F.col("is_refresh"), F.expr(refresh_quota))
+               .otherwise(F.expr(discovery_quota)))
+    )
+
+
+def select_due(spark: SparkSession, conf: Config, root: str, segment_id: str, now: datetime,
+               refresh_share: float) -> DataFrame:
     """The fetch-list rows of this segment (FETCHLIST columns + bucket int + old_state_version), set-based."""
     urls = pinned_table(spark, root, "urls")
     now_col = F.lit(now)
@@ -111,7 +135,7 @@ def select_due(spark: SparkSession, conf: Config, root: str, segment_id: str, no
             Window.partitionBy("host_key").orderBy(F.desc("score"), F.asc("url_id"))))
         .where(F.col("rank") <= F.col("host_cap"))
     )
-    chosen = ranked.orderBy("rank", F.desc("score"), "url_id").limit(conf["generate.segment_max_urls"])
+    chosen = within_budget(ranked, conf["generate.segment_max_urls"], refresh_share)
     return chosen.select(
         F.lit(segment_id).alias("segment_id"),
         "url_id",
@@ -244,10 +268,14 @@ def run(spark: SparkSession, conf: Config, root: str, segment_id: str | None = N
     result = GenerateResult(segment_id)
     with step(f"generate {segment_id}: select"):
         # At most segment_max_urls rows, read three times (counts, fetch list, lease): select once.
-        selected = select_due(spark, conf, root, segment_id, now).persist()
+        share = RefreshShare.from_config(conf)
+        result.refresh_share = share.current(*cycle_metrics.update_signals(spark, root)) if share.adaptive \
+            else share.share
+        selected = select_due(spark, conf, root, segment_id, now, result.refresh_share).persist()
         per_bucket = (
             selected.groupBy("bucket")
-            .agg(F.count("*").alias("url_count"), F.countDistinct("host_key").alias("host_count"))
+            .agg(F.count("*").alias("url_count"), F.countDistinct("host_key").alias("host_count"),
+                 F.count("last_fetch_at").alias("refresh_count"))
             .orderBy("bucket")
             .collect()
         )
@@ -267,8 +295,7 @@ def run(spark: SparkSession, conf: Config, root: str, segment_id: str | None = N
     result.url_count = sum(r["url_count"] for r in per_bucket)
     result.host_count = sum(r["host_count"] for r in per_bucket)
     result.buckets = [r["bucket"] for r in per_bucket]
-    log.info(
-        "generate %s: %d URLs from %d hosts in %d buckets (%d newly leased)",
-        segment_id, result.url_count, result.host_count, len(result.buckets), leased,
-    )
+    result.refresh_count = sum(r["refresh_count"] for r in per_bucket)
+    log.info("generate %s: %s, refresh share %.2f (%d newly leased)", segment_id, result.summary(),
+             result.refresh_share, leased)
     return result

@@ -268,3 +268,43 @@ def test_generate_waits_for_stalled_segments_and_lets_open_fetches_pile_up_to_th
     assert generate.run(spark, roomier, root, "seg-next").url_count > 0
     with pytest.raises(UserError, match="seg-empty is past the generated state"):
         generate.run(spark, roomier, root, "seg-empty")
+
+
+def _due_urls(spark, root: str, rows: list[tuple[str, float, datetime | None]], due: datetime) -> None:
+    """Due URLs (url, priority, last fetch time: None for a URL never fetched) in `urls`."""
+    schema = tables.TABLES["urls"].schema
+    records = []
+    for url, priority, fetched_at in rows:
+        host = urls.host_key(url)
+        row = {"url_id": urls.url_id(url), "url": url, "host_key": host, "bucket": urls.bucket_of(host, 4),
+               "status": "fetched" if fetched_at else "unfetched", "state_version": 1 if fetched_at else 0,
+               "priority": priority, "depth": 0, "source": "link", "discovered_at": due, "next_fetch_at": due,
+               "fetch_interval_s": 86400, "failure_count": 0, "inlinks": 0, "updated_at": due,
+               "last_fetch_at": fetched_at}
+        records.append(tuple(row.get(f.name) for f in schema.fields))
+    spark.createDataFrame(records, schema).write.format("delta").mode("append").save(tables.table_path(root, "urls"))
+
+
+@pytest.mark.parametrize(("burst", "refresh_priority", "new_priority", "expected"), [
+    ("discovery", 1.0, 5.0, (9, 11)),   # a burst of high-priority new URLs: revisits still get 45 % of 20
+    ("refresh", 5.0, 1.0, (9, 11)),     # the reverse: new URLs still get the other 55 %
+    ("few revisits", 5.0, 1.0, (4, 16)),  # only 4 revisits due: discovery takes what they leave
+])
+def test_a_burst_on_one_side_leaves_the_other_its_share(spark, base_conf, root, burst, refresh_priority,
+                                                        new_priority, expected):
+    tables.create_all(spark, root)
+    t0 = datetime(2026, 3, 1, tzinfo=UTC)
+    revisits = 4 if burst == "few revisits" else 60
+    fetched_at = t0 - timedelta(days=8)
+    known = [(f"http://known-{n % 12}.test/page-{n}", refresh_priority, fetched_at) for n in range(revisits)]
+    new = [(f"http://new-{n % 12}.test/page-{n}", new_priority, None) for n in range(60)]
+    _due_urls(spark, root, known + new, t0)
+    conf = base_conf.with_overrides({"generate.segment_max_urls": 20, "generate.refresh_share": 0.45})
+    result = generate.run(spark, conf, root, f"seg-share-{burst.replace(' ', '-')}", t0 + timedelta(minutes=1))
+    listed = [r for rows in fetchlist_rows(root, result.segment_id).values() for r in rows]
+    revisited = [r for r in listed if r["last_fetch_at"] is not None]
+    assert (len(revisited), len(listed) - len(revisited)) == expected
+    assert (result.refresh_count, result.url_count) == (expected[0], sum(expected))
+    # within each side the usual order holds: every host's first URL before any host's second
+    for side in (revisited, [r for r in listed if r["last_fetch_at"] is None]):
+        assert max(r["rank"] for r in side) <= 2

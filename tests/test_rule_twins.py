@@ -181,3 +181,15 @@ def test_host_state_agrees(spark):
         assert row.state == rules.host_state(row.robots_state, aware(row.backoff_until), aware(row.failing_since),
                                              now), row
     assert {row.state for row in got} == {s.value for s in HostState}
+
+
+def test_refresh_quota_agrees(spark):
+    cases = [(100, 0.45, r, d) for r, d in itertools.product((0, 10, 45, 60, 100, 5000), (0, 20, 55, 100, 5000))]
+    cases += [(7, 0.5, 3, 9), (7, 0.5, 9, 3), (1, 0.0, 5, 5), (1, 1.0, 5, 5), (10, 1.0, 0, 4)]
+    frame = spark.createDataFrame([(i, r, d) for i, (_, _, r, d) in enumerate(cases)], "i int, r long, d long")
+    for i, (budget, share, refresh, discovery) in enumerate(cases):
+        sql_refresh, sql_discovery = frontier.refresh_quota_sql(budget, share, "r", "d")
+        row = frame.where(f"i = {i}").selectExpr(f"{sql_refresh} as a", f"{sql_discovery} as b").first()
+        expected = frontier.refresh_quota(budget, share, refresh, discovery)
+        assert (row.a, row.b) == expected, cases[i]
+        assert sum(expected) == min(budget, refresh + discovery)  # a side's unused quota goes to the other

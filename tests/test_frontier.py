@@ -1,0 +1,29 @@
+"""Generate's budget split between revisits and never-fetched URLs (crawler.frontier.refresh_quota) and the
+adaptive refresh share (RefreshShare): pure rules; their SQL twin is in tests/test_rule_twins.py and generate's
+use of them in tests/test_inject_generate.py."""
+
+from __future__ import annotations
+
+from crawler import frontier
+
+
+def test_refresh_quota_gives_each_side_its_share_and_the_rest_to_the_other():
+    assert frontier.refresh_quota(100, 0.45, 500, 500) == (45, 55)
+    assert frontier.refresh_quota(100, 0.45, 10, 500) == (10, 90)     # few revisits: discovery takes the rest
+    assert frontier.refresh_quota(100, 0.45, 500, 20) == (80, 20)     # few new URLs: revisits take the rest
+    assert frontier.refresh_quota(100, 0.45, 30, 20) == (30, 20)      # both short: everything
+    assert frontier.refresh_quota(100, 0.0, 500, 500) == (0, 100)
+
+
+def test_the_adaptive_refresh_share_moves_toward_what_pays():
+    rule = frontier.RefreshShare(share=0.45, adaptive=True, min_share=0.2, max_share=0.8, gain=0.5)
+    # refetched pages change a lot and fetches find few new URLs: more revisits
+    assert rule.current(change_rate=0.6, new_urls_per_fetch=0.1) > 0.45
+    # pages rarely change and every fetch finds several new URLs: more discovery
+    assert rule.current(change_rate=0.05, new_urls_per_fetch=4.0) < 0.45
+    # bounded both ways, and no figures (no update yet) keep the configured share
+    assert rule.current(change_rate=1.0, new_urls_per_fetch=0.0) == 0.8
+    assert rule.current(change_rate=0.0, new_urls_per_fetch=1000.0) == 0.2
+    assert rule.current(None, 3.0) == rule.current(0.3, None) == 0.45
+    fixed = frontier.RefreshShare(share=0.45, adaptive=False, min_share=0.2, max_share=0.8, gain=0.5)
+    assert fixed.current(change_rate=1.0, new_urls_per_fetch=0.0) == 0.45
