@@ -5,8 +5,8 @@ not denied by the robots.txt rules stored for its host while they are in force (
 unreachable robots.txt is the daemon's to fetch and decide).
 Rank per host by score (priority + age boost), cut per host at min(per_host_max_urls, segment_seconds /
 delay) — one probe URL for a dead host (crawler.politeness.is_dead) — then keep the lowest ranks across hosts up
-to the segment budget (round-robin over hosts), revisits and never-fetched URLs each taking their share of it
-(`generate.refresh_share`, crawler.frontier.RefreshShare and refresh_quota).
+to the segment budget (round-robin over hosts); with `generate.budget_split`, revisits and never-fetched URLs each
+take their share of it (`generate.refresh_share`, crawler.frontier.RefreshShare and refresh_quota).
 The fetch list goes to segments/<id>/fetchlist/bucket=NNNNN, each bucket's file sorted by rank then host, so
 hosts are interleaved: a daemon streaming the list (fetch.max_queued_urls) keeps many hosts busy.
 Leasing bumps state_version, so only a result carrying the new version can complete the URL. The frontier's
@@ -52,7 +52,7 @@ class GenerateResult:
     host_count: int = 0
     buckets: list[int] = field(default_factory=list)
     refresh_count: int = 0     # URLs fetched before (revisits); the others were never fetched
-    refresh_share: float = 0.0  # the share of the budget revisits were given (crawler.frontier.RefreshShare)
+    refresh_share: float = 0.0  # with generate.budget_split: the share revisits were given (frontier.RefreshShare)
 
     @property
     def empty(self) -> bool:
@@ -135,7 +135,9 @@ def select_due(spark: SparkSession, conf: Config, root: str, segment_id: str, no
             Window.partitionBy("host_key").orderBy(F.desc("score"), F.asc("url_id"))))
         .where(F.col("rank") <= F.col("host_cap"))
     )
-    chosen = within_budget(ranked, conf["generate.segment_max_urls"], refresh_share)
+    budget = conf["generate.segment_max_urls"]
+    chosen = (within_budget(ranked, budget, refresh_share) if conf["generate.budget_split"]
+              else ranked.orderBy("rank", F.desc("score"), "url_id").limit(budget))
     return chosen.select(
         F.lit(segment_id).alias("segment_id"),
         "url_id",
@@ -269,8 +271,9 @@ def run(spark: SparkSession, conf: Config, root: str, segment_id: str | None = N
     with step(f"generate {segment_id}: select"):
         # At most segment_max_urls rows, read three times (counts, fetch list, lease): select once.
         share = RefreshShare.from_config(conf)
-        result.refresh_share = share.current(*cycle_metrics.update_signals(spark, root)) if share.adaptive \
-            else share.share
+        if conf["generate.budget_split"]:
+            result.refresh_share = share.current(*cycle_metrics.update_signals(spark, root)) if share.adaptive \
+                else share.share
         selected = select_due(spark, conf, root, segment_id, now, result.refresh_share).persist()
         per_bucket = (
             selected.groupBy("bucket")
@@ -296,6 +299,6 @@ def run(spark: SparkSession, conf: Config, root: str, segment_id: str | None = N
     result.host_count = sum(r["host_count"] for r in per_bucket)
     result.buckets = [r["bucket"] for r in per_bucket]
     result.refresh_count = sum(r["refresh_count"] for r in per_bucket)
-    log.info("generate %s: %s, refresh share %.2f (%d newly leased)", segment_id, result.summary(),
-             result.refresh_share, leased)
+    split = f", refresh share {result.refresh_share:.2f}" if conf["generate.budget_split"] else ""
+    log.info("generate %s: %s%s (%d newly leased)", segment_id, result.summary(), split, leased)
     return result

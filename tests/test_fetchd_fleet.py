@@ -161,7 +161,7 @@ def test_three_daemons_share_buckets_survive_a_freeze_and_a_kill_and_stay_polite
     for r in sorted((r for r in log if r["path"] != "/robots.txt"), key=lambda r: r["start"]):
         requests.setdefault((r["host"], r["path"]), []).append(r)
     repeated = {key: made for key, made in requests.items() if len(made) > 1}
-    published = {(u.netloc, u.path): row["fetched_at"].timestamp()
+    published = {(u.netloc, u.path + (f"?{u.query}" if u.query else "")): row["fetched_at"].timestamp()
                  for segment_id in segments for row in read_results(root, segment_id)
                  for u in [urlsplit(row["url"])]}
     for key, made in repeated.items():

@@ -299,7 +299,8 @@ def test_a_burst_on_one_side_leaves_the_other_its_share(spark, base_conf, root, 
     known = [(f"http://known-{n % 12}.test/page-{n}", refresh_priority, fetched_at) for n in range(revisits)]
     new = [(f"http://new-{n % 12}.test/page-{n}", new_priority, None) for n in range(60)]
     _due_urls(spark, root, known + new, t0)
-    conf = base_conf.with_overrides({"generate.segment_max_urls": 20, "generate.refresh_share": 0.45})
+    conf = base_conf.with_overrides({"generate.segment_max_urls": 20, "generate.budget_split": True,
+                                     "generate.refresh_share": 0.45})
     result = generate.run(spark, conf, root, f"seg-share-{burst.replace(' ', '-')}", t0 + timedelta(minutes=1))
     listed = [r for rows in fetchlist_rows(root, result.segment_id).values() for r in rows]
     revisited = [r for r in listed if r["last_fetch_at"] is not None]
