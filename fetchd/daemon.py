@@ -399,7 +399,7 @@ def fetch_segment(conf: Config, root: str, segment_id: str, buckets: list[int] |
         split = shares(wanted, process_count(conf))
         failed: list[str] = []
         if len(split) > 1:  # `fetch.processes`: the first share here, the others in processes of their own
-            with tempfile.TemporaryDirectory(prefix="fetchd-processes-") as peers:
+            with _peers_folder(conf) as peers:
                 first = process_conf(conf, 0, len(split))
                 (manifests, held), others, failed = run_in_processes(
                     stop, lambda: asyncio.run(fetch_segment_async(first, store, segment_id, split[0], stop,
@@ -418,8 +418,15 @@ def fetch_segment(conf: Config, root: str, segment_id: str, buckets: list[int] |
     return {**summary, "failed_processes": failed} if failed else summary
 
 
+def _peers_folder(conf: Config) -> contextlib.AbstractContextManager[str | None]:
+    """Where a command's processes leave their metrics for the one with the endpoint; none without an endpoint."""
+    if conf["fetch.metrics_port"]:
+        return tempfile.TemporaryDirectory(prefix="fetchd-processes-")
+    return contextlib.nullcontext(None)
+
+
 def fetch_share(conf: Config, root: str, segment_id: str, buckets: list[int],
-                peers_dir: str) -> tuple[list[dict[str, Any]], list[int]]:
+                peers_dir: str | None) -> tuple[list[dict[str, Any]], list[int]]:
     """One process's share of a fetch (`fetch.processes`): its buckets, stopped by SIGTERM as `fetch_segment` is."""
     stop = threading.Event()
     with _stop_on_signals(stop):
@@ -480,6 +487,6 @@ def serve(conf: Config, root: str, stop: threading.Event | None = None, peers_di
             asyncio.run(serve_async(conf, root, stop, peers_dir=peers_dir))
             return
         first = process_conf(conf, 0, count)
-        with tempfile.TemporaryDirectory(prefix="fetchd-processes-") as peers:
+        with _peers_folder(conf) as peers:
             run_in_processes(stop, lambda: asyncio.run(serve_async(first, root, stop, peers_dir=peers)),
                              [(serve, (process_conf(conf, n, count), root, None, peers)) for n in range(1, count)])
