@@ -102,6 +102,8 @@ _RULES: dict[str, tuple[Any, str]] = {
     "politeness.max_crawl_delay_s": (_non_negative, "must be >= 0"),
     "politeness.max_concurrency_per_host": (_positive, "must be > 0"),
     "politeness.dead_after_days": (_positive, "must be > 0"),
+    "politeness.max_concurrency_per_ip": (_non_negative, "must be >= 0 (0: no cap)"),
+    "politeness.min_delay_per_ip_s": (_non_negative, "must be >= 0"),
     "politeness.backoff_base_s": (_non_negative, "must be >= 0"),
     "politeness.max_backoff_s": (_non_negative, "must be >= 0"),
     "politeness.max_consecutive_failures": (_positive, "must be > 0"),

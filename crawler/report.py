@@ -75,6 +75,9 @@ class ReportData:
     trap_reasons: dict[str, int]                        # those maps summed
     host_states: dict[str, int] = field(default_factory=dict)  # crawler.politeness.host_state -> hosts, now
     frontier: list[dict[str, object]] = field(default_factory=list)  # recent `cycle_metrics` rows, oldest first
+    # (IP address, host names, requests) of the addresses that answered for the most host names: where the per-IP
+    # guard (politeness.max_concurrency_per_ip, min_delay_per_ip_s) matters
+    shared_addresses: list[tuple[str, int, int]] = field(default_factory=list)
 
     def figures(self, step: str) -> dict[str, object] | None:
         """This segment's `cycle_metrics` row of `step` (generate, update), if any."""
@@ -329,6 +332,8 @@ def render_html(data: ReportData) -> str:
         table_html(("reason", "entries"), _counts_rows(data.sitemap_refused)),
         "<h2>Robots denials</h2>",
         table_html(("host", "denied"), data.robots_denied_hosts),
+        "<h2>Addresses carrying the most host names</h2>",
+        table_html(("IP address", "host names", "requests"), data.shared_addresses),
         "<h2>Trap rejections (cumulative, hosts touched by this segment)</h2>",
         table_html(("reason", "rejections"), _counts_rows(data.trap_reasons)),
         table_html(("host", "rejections"), [(host, _pairs(counts)) for host, counts in data.trap_hosts]),

@@ -176,15 +176,16 @@ class HostScheduler:
 
     def _schedule(self, host: HostWork) -> None:
         """Put the host on the heap at the time its gate opens, if it has something to dispatch. A host whose
-        gate is full is looked at again later as well, in case a request this bucket does not own holds it."""
+        gate is full is looked at again later as well, in case a request this bucket does not own holds it (or,
+        under the per-IP guard, a request to another host of its address)."""
         if not host.wants_dispatch():
             return
         if not host.prepared:
             ready_at = 0.0
-        elif host.gate.in_flight >= host.gate.max_concurrency:
-            ready_at = max(host.gate.next_allowed_at, self.clock() + self.recheck_s)
+        elif host.gate.full():
+            ready_at = max(host.gate.opens_at(), self.clock() + self.recheck_s)
         else:
-            ready_at = host.gate.next_allowed_at
+            ready_at = host.gate.opens_at()
         if host.heap_at is not None and host.heap_at <= ready_at:
             return
         self._seq += 1

@@ -72,7 +72,8 @@ class BucketRun:
                                  daemon.slots, daemon.metrics, daemon.rng, self.out, listed,
                                  should_stop=self.should_stop, fenced=lease.fenced)
         self.preparer = HostPreparer(self.conf, self.clock, daemon.resolver, daemon.robots_cache, self.exchange,
-                                     self.out, resume.robots, lease.previous_end, daemon.owns_host)
+                                     self.out, resume.robots, lease.previous_end, daemon.owns_host,
+                                     daemon.address_gate_for)
 
     def state(self) -> BucketState:
         """What `fetchd.metrics` reports of this run, now."""

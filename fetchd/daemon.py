@@ -30,7 +30,7 @@ from typing import Any
 from crawler import layout, urls
 from crawler.clock import SYSTEM_CLOCK, Clock
 from crawler.config import Config
-from crawler.politeness import HostGate, PolitenessRules
+from crawler.politeness import AddressGate, HostGate, PolitenessRules
 from fetchd.bucketrun import BucketRun
 from fetchd.exchange import STOP_POLL_S, Transport
 from fetchd.fetcher import Fetcher
@@ -91,6 +91,7 @@ class Daemon:
         self.slots = asyncio.Semaphore(conf["fetch.concurrency"])
         memory = thread_memory()
         self.gates = memory.gates
+        self.addresses = memory.addresses
         self.robots_cache = memory.robots
         self.rng = random.Random()
         self.metrics = Metrics(started=clock.monotonic())
@@ -195,6 +196,16 @@ class Daemon:
         gate = self.gates.get(host_key)
         if gate is None:
             gate = self.gates[host_key] = self.rules.gate()
+        return gate
+
+    def address_gate_for(self, address: str) -> AddressGate | None:
+        """The per-IP guard's gate of an IP address, shared by every host of this process that resolved to it (None
+        while `politeness.max_concurrency_per_ip` and `min_delay_per_ip_s` are both 0: the guard is off)."""
+        fresh = self.rules.address_gate()
+        if fresh is None:
+            return None
+        gate = self.addresses.setdefault(address, fresh)
+        gate.min_delay_s, gate.max_concurrency = fresh.min_delay_s, fresh.max_concurrency  # this daemon's settings
         return gate
 
     def warcinfo(self) -> dict[str, str]:

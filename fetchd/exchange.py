@@ -82,8 +82,8 @@ class Exchange:
     def count_politeness_wait(self, gate: HostGate) -> None:
         """A request is due on the host but its gate holds it: count the hold (`fetchd.metrics` says why here)."""
         now = self.clock.monotonic()
-        if not gate.paused and gate.next_allowed_at > now:
-            self.metrics.politeness_wait(gate.next_allowed_at - now)
+        if not gate.paused and gate.opens_at() > now:
+            self.metrics.politeness_wait(gate.opens_at() - now)
 
     async def _take_gate(self, gate: HostGate, stoppable: bool) -> bool:
         """Wait (sleeping, never spinning) until the gate opens, then take it. False if the host is paused first,
@@ -96,7 +96,7 @@ class Exchange:
             if gate.can_start(now):
                 gate.started(now)
                 return True
-            await asyncio.sleep(min(max(gate.next_allowed_at - now, 0.01), STOP_POLL_S))
+            await asyncio.sleep(min(max(gate.opens_at() - now, 0.01), STOP_POLL_S))
         return False
 
     async def gated_get(self, url: str, host_size_class: str, max_bytes: int | None = None) -> FetchResponse:

@@ -25,7 +25,7 @@ from typing import Any
 from crawler import urls
 from crawler.clock import Clock
 from crawler.config import Config
-from crawler.politeness import HostGate
+from crawler.politeness import AddressGate, HostGate
 from crawler.robots import (
     ROBOTS_PATH,
     CachedRobots,
@@ -53,6 +53,7 @@ class HostMemory:
 
     gates: dict[str, HostGate] = field(default_factory=dict)
     robots: dict[str, CachedRobots] = field(default_factory=dict)  # on the monotonic clock
+    addresses: dict[str, AddressGate] = field(default_factory=dict)  # the per-IP guard's gates, by IP address
 
 
 class _ThreadMemory(threading.local):
@@ -82,12 +83,14 @@ class HostPreparer:
     """Readies the hosts of one bucket run. `robots_cache` is the daemon's (host memory); `previous_robots` the
     robots rows earlier runs of the bucket published (host_key -> row, taken as each host first appears);
     `previous_end` the wall time the bucket's previous owner's last request ended, at the latest; `owns_host`
-    whether this daemon may send a host outside the bucket a request (`Daemon.owns_host`)."""
+    whether this daemon may send a host outside the bucket a request (`Daemon.owns_host`); `address_gate_for` the
+    per-IP guard's gate of an address (`Daemon.address_gate_for`; None while the guard is off)."""
 
     def __init__(self, conf: Config, clock: Clock, resolver: GuardedResolver,
                  robots_cache: dict[str, CachedRobots], exchange: Exchange, out: BucketOutput,
                  previous_robots: dict[str, dict[str, Any]], previous_end: float | None,
-                 owns_host: Callable[[str], bool]):
+                 owns_host: Callable[[str], bool],
+                 address_gate_for: Callable[[str], AddressGate | None] = lambda address: None):
         self.conf = conf
         self.clock = clock
         self.resolver = resolver
@@ -98,6 +101,7 @@ class HostPreparer:
         self.previous_robots = previous_robots
         self.previous_end = previous_end
         self.owns_host = owns_host
+        self.address_gate_for = address_gate_for
 
     def take_over(self, host: HostWork) -> None:
         """Carry politeness and robots.txt across owners and runs, for a host this run just met: its next request
@@ -123,7 +127,7 @@ class HostPreparer:
         sets `blocked` or `policy` on the host."""
         started = self.clock.monotonic()
         try:
-            await self.resolver.check_host(host.hostname)
+            address = await self.resolver.check_host(host.hostname)
             self.exchange.metrics.resolve_seconds.observe(self.clock.monotonic() - started)
         except BlockedAddressError as exc:
             log.warning("blocked %s: %s", host.host_key, exc)
@@ -134,6 +138,7 @@ class HostPreparer:
             self._robots_row(host.host_key, None, None, RobotsPolicy.disallow_all(), None, f"resolve: {exc}")
             host.policy = RobotsPolicy.disallow_all()
             return
+        host.gate.bind_address(self.address_gate_for(address))  # before robots.txt: that request counts too
         cached = self.robots_cache.get(host.host_key)
         if cached is not None and cached.expires > self.clock.monotonic():
             host.policy = cached.policy

@@ -188,7 +188,7 @@ def host_figures(hosts: Iterable[HostWork], begun: float, now: float) -> HostFig
         if host.left:
             figures.active += 1
         if host.queue and host.wants_dispatch() and host.gate.can_start(now):
-            lag = now - max(host.gate.next_allowed_at, begun)
+            lag = now - max(host.gate.opens_at(), begun)
             figures.ready += 1
             figures.ready_lag_max_s = max(figures.ready_lag_max_s, lag)
             figures.ready_lag_sum_s += lag

@@ -129,6 +129,9 @@ def build(spark: SparkSession, conf: Config, root: str, segment_id: str, top: in
         sizes = fetches.agg(F.coalesce(F.sum("content_length"), F.lit(0)).alias("total"),
                             F.count(F.when(F.col("truncated"), 1)).alias("truncated")).first()
         elapsed_bins = _bins(requested, F.col("elapsed_ms"), ELAPSED_EDGES_MS)
+        addresses = (fetches.where(F.col("remote_ip").isNotNull()).groupBy("remote_ip")
+                     .agg(F.countDistinct("host_key").alias("names"), F.count(F.lit(1)).alias("requests"))
+                     .orderBy(F.desc("names"), F.desc("requests"), "remote_ip").limit(top).collect())
         bytes_bins = _bins(fetches, F.col("content_length"), BYTES_EDGES)
     finally:
         fetches.unpersist()
@@ -167,6 +170,7 @@ def build(spark: SparkSession, conf: Config, root: str, segment_id: str, top: in
         counters=counters,
         new_urls=new_urls,
         robots_denied_hosts=[(r["host_key"], int(r["denied"])) for r in denied_rows],
+        shared_addresses=[(r["remote_ip"], int(r["names"]), int(r["requests"])) for r in addresses],
         trap_hosts=traps[0],
         trap_reasons=traps[1],
         host_states=cycle_metrics.hosts_by_state(spark, conf, root, datetime.now(UTC)),

@@ -41,6 +41,7 @@ FETCHES = [
     (EVIL, 10.0, 10, "success", 200, 2048),       # gap 9.99
 ]
 GAPS = {A: [1.5, 0.4, 2.65], B: [0.48, 0.15], EVIL: [9.99]}
+ADDRESSES = {A: "192.0.2.7", B: "192.0.2.7", EVIL: "192.0.2.9"}  # A and B: two names on one server
 
 
 def _bins(values: list[float]) -> list[int]:
@@ -56,7 +57,8 @@ def crawled(spark, tmp_path_factory) -> str:
     tables.create_all(spark, root)
     fetches = [{"segment_id": SEG, "url_id": f"u{i}", "url": f"{host}/{i}", "host_key": host,
                 "fetched_at": T0 + timedelta(seconds=at), "elapsed_ms": elapsed, "outcome": outcome,
-                "status_code": code, "content_length": length, "truncated": length == 2_000_000}
+                "status_code": code, "content_length": length, "truncated": length == 2_000_000,
+                "remote_ip": ADDRESSES[host] if code is not None else None}
                for i, (host, at, elapsed, outcome, code, length) in enumerate(FETCHES)]
     # Another segment's fetch 50 ms after A's first one must not make a gap in this segment.
     fetches.append({"segment_id": OTHER, "url_id": "o1", "url": A + "/o", "host_key": A,
@@ -126,6 +128,7 @@ def test_outcomes_times_sizes_and_other_tables(data):
     assert (data.bytes_total, data.truncated) == (2_024_746, 1)
     assert data.elapsed_p50_ms == 100 and data.elapsed_p95_ms == 12_000
     assert data.robots_denied_hosts == [(A, 1), (B, 1)]
+    assert data.shared_addresses == [("192.0.2.7", 2, 6), ("192.0.2.9", 1, 2)]  # (address, names, requests)
     assert [(b["bucket"], b["stale"]) for b in data.buckets] == [(0, 1), (1, 2)]
     assert data.counters == {"x": 3, "y": 5}
     assert data.new_urls == {"link": 3, "redirect": 1, "sitemap": 1}
@@ -253,7 +256,8 @@ def test_every_crawl_string_is_escaped():
     host = HostStats(hostile, fetches=1, gap_bins=_bins([]))
     page = render.render_html(sample(
         segment_id="seg-x", top_hosts=[host], under_delay_hosts=[host], outcomes={hostile: 1},
-        robots_denied_hosts=[(hostile, 1)], trap_hosts=[(hostile, {hostile: 1})], trap_reasons={hostile: 1},
+        robots_denied_hosts=[(hostile, 1)], shared_addresses=[(hostile, 2, 3)], trap_hosts=[(hostile, {hostile: 1})],
+        trap_reasons={hostile: 1},
         new_urls={hostile: 1}, sitemap_refused={hostile: 1}, counters={hostile: 1}, host_states={hostile: 1},
         frontier=[{"segment_id": hostile, "step": "generate", "due_urls": 3}]))
     parsed = _parse(page)

@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from crawler.politeness import HostGate
+from crawler.politeness import AddressGate, HostGate
 from crawler.robots import RobotsPolicy
 from crawler.scheduling import Dispatch, HostScheduler, Prepare, Report
 from crawler.status import FetchOutcome
@@ -342,3 +342,76 @@ def test_rows_added_later_are_scheduled_and_a_new_host_starts_unpaused() -> None
     clock.now = 1.5
     assert sched.start(sched.next_ready().host)["url"] == "http://h.test/2"
     assert not reports
+
+
+# --- the per-IP guard ----------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("ip_concurrency, ip_delay_s", [(3, 0.0), (1, 0.5), (2, 0.25)])
+def test_hosts_on_one_address_share_its_guard_judged_from_the_servers_log(ip_concurrency: int,
+                                                                          ip_delay_s: float) -> None:
+    """Ten host names on one address (a shared server), each allowed two requests in flight and no delay: under
+    the per-IP guard the address never has more than its concurrency in flight, a start never follows another
+    start or an end at the address sooner than its delay, and every URL is still requested once."""
+    hosts = [f"http://name{i}.test" for i in range(10)]
+    specs = {key: HostSpec(key, 0.0, 404, "", pages=12) for key in hosts}
+    address = AddressGate(ip_delay_s, ip_concurrency)
+
+    def gate_for(host_key: str) -> HostGate:
+        gate = HostGate(0.0, MAX_CRAWL_DELAY_S, 2, BACKOFF_BASE_S, MAX_BACKOFF_S, MAX_FAILURES)
+        gate.bind_address(address)
+        return gate
+
+    rows = [{"url": f"{key}/page/{i}", "host_key": key, "rank": i} for key in hosts for i in range(12)]
+    sim = VirtualBucketRun(rows, gate_for, QuietServer(specs, random.Random(5)), seed=5)
+    sim.run()
+
+    log = sorted(sim.server.log, key=lambda r: r.start)
+    assert Counter(f"{r.host}{r.path}" for r in log if r.path != "/robots.txt") == Counter(r["url"] for r in rows)
+    assert not sim.reports and address.in_flight == 0
+    peak = 0
+    for request in log:  # what was in flight at the address when each request started (the server's view)
+        in_flight = sum(1 for other in log if other.start <= request.start < other.end)
+        peak = max(peak, in_flight)
+        earlier = [other for other in log if other is not request and other.start <= request.start]
+        assert all(request.start >= other.start + ip_delay_s - EPS for other in earlier)
+        assert all(request.start >= other.end + ip_delay_s - EPS for other in earlier if other.end <= request.start)
+    assert peak == ip_concurrency  # the address's allowance is used, not just respected
+
+
+class QuietServer(Server):
+    """Every request answers 200 (robots.txt: the spec's status) after a seeded response time."""
+
+    def serve(self, host: str, path: str, start: float) -> Request:
+        spec = self.specs[host]
+        request = Request(host, path, start, start + self.rng.uniform(0.05, 1.0), 200)
+        if path == "/robots.txt":
+            request.status, request.body = spec.robots_status, spec.robots_body
+        self.log.append(request)
+        return request
+
+
+def test_a_full_address_holds_a_host_whose_own_gate_is_open_until_a_request_there_ends() -> None:
+    """Single decisions: a host bound to a full address cannot start though its own gate is open, and the scheduler
+    waits (the recheck) instead of spinning; a host keeps the address its requests were counted on until they end;
+    an abandoned request gives its address slot back."""
+    clock = VirtualClock()
+    address = AddressGate(0.0, 1)
+    gates = {key: _gate(0.0, 2) for key in ("http://a.test", "http://b.test")}
+    for gate in gates.values():
+        gate.bind_address(address)
+    sched, _reports = _scheduler(clock, gates)
+    for key in gates:
+        sched.add(_row(f"{key}/1", key))
+        sched.hosts[key].policy = RobotsPolicy.allow_all()
+        sched.prepared(sched.hosts[key])
+    first = sched.next_ready()
+    assert isinstance(first, Dispatch) and sched.start(first.host) is not None
+    other = next(gate for gate in gates.values() if gate is not first.host.gate)
+    assert other.in_flight == 0 and other.full() and not other.can_start(clock.now)
+    wait = sched.next_ready()
+    assert isinstance(wait, float) and wait > 0  # looked at again later, not handed out
+    first.host.gate.bind_address(None)  # ignored: a request is in flight on its address
+    assert first.host.gate.address is address
+    first.host.gate.abandoned(clock.now)
+    assert address.in_flight == 0 and other.can_start(clock.now)

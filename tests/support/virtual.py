@@ -150,7 +150,11 @@ class VirtualBucketRun:
         self.at(request.end, end)
 
     def prepare(self, host: HostWork) -> None:
-        """robots.txt through the host's gate (open: the host is new), as `fetchd.hostprep.HostPreparer` does."""
+        """robots.txt through the host's gate, as `fetchd.hostprep.HostPreparer` does: the gate is open for a new host
+        unless the per-IP guard of its address holds it, which is waited out (as `Exchange.gated_get` does)."""
+        if not host.gate.can_start(self.clock.now):
+            self.at(max(host.gate.opens_at(), self.clock.now + 0.01), lambda: self.prepare(host))
+            return
         host.gate.started(self.clock.now)
 
         def done(request: Request) -> None:
