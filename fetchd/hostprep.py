@@ -89,8 +89,7 @@ class HostPreparer:
     def __init__(self, conf: Config, clock: Clock, resolver: GuardedResolver,
                  robots_cache: dict[str, CachedRobots], exchange: Exchange, out: BucketOutput,
                  previous_robots: dict[str, dict[str, Any]], previous_end: float | None,
-                 owns_host: Callable[[str], bool],
-                 address_gate_for: Callable[[str], AddressGate | None] = lambda address: None):
+                 owns_host: Callable[[str], bool], address_gate_for: Callable[[str], AddressGate | None]):
         self.conf = conf
         self.clock = clock
         self.resolver = resolver
