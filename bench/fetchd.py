@@ -24,7 +24,7 @@ Everything runs on loopback against the site farm (the sitefarm package, latency
   (b) delay bound: --hosts-b hosts, delay --delay-b s, --pages-b pages each. From the farm's own log: per-host
       request rate ÷ (1 / delay) summed over hosts (= achieved ÷ hosts/delay), the ready lag (start − previous
       end − delay) and politeness violations; plus the whole-run figure, list loading and start-up included.
-  (c) memory: `fetchd.daemon.serve` in a subprocess on fetch lists of each --rss-urls size over --hosts-c hosts
+  (c) memory: `fetchd.commands.serve` in a subprocess on fetch lists of each --rss-urls size over --hosts-c hosts
       (URLs the farm answers 404, delay 0); SIGTERM --rss-fetch-s seconds after the farm logs its first request.
       RSS sampled every 0.1 s: before the daemon starts, when the first request arrives (list scanned, first rows
       queued), the peak. The lists are ordered as generate writes them (rank, host_key) and streamed by the daemon
@@ -261,7 +261,7 @@ def role_fetchd(job: dict[str, Any]) -> dict[str, Any]:
     fleet of these processes starts together."""
     import pyarrow.dataset  # noqa: F401 - imported on a daemon's first list read (~1.5 s once per process): not timed
 
-    from fetchd.daemon import fetch_segment
+    from fetchd.commands import fetch_segment
 
     conf = config_mod.load().with_overrides(job["overrides"])
     if os.environ.get("BENCH_UVLOOP"):
@@ -424,7 +424,7 @@ def role_polite(job: dict[str, Any]) -> dict[str, Any]:
 
 def role_rss(job: dict[str, Any]) -> dict[str, Any]:
     """`serve` until SIGTERM, RSS sampled in a thread; the first sample is taken before the daemon starts."""
-    from fetchd.daemon import serve
+    from fetchd.commands import serve
 
     conf = config_mod.load().with_overrides(job["overrides"])
     samples: list[tuple[float, int]] = [(time.time(), rss_kb())]

@@ -40,14 +40,14 @@ def _command(args: argparse.Namespace) -> int:
     conf = config_mod.from_arguments(args)
     root = layout.check_local_folder(layout.normalize_root(conf["storage.root"]), "storage root")
 
-    from fetchd import daemon
+    from fetchd import commands
 
     if args.command == "serve":
-        daemon.serve(conf, root)
+        commands.serve(conf, root)
         return 0
-    summary = daemon.fetch_segment(conf, root, args.segment, args.buckets)
+    summary = commands.fetch_segment(conf, root, args.segment, args.buckets)
     print(json.dumps(summary, sort_keys=True))
-    return daemon.exit_status(summary)
+    return commands.exit_status(summary)
 
 
 if __name__ == "__main__":

@@ -12,10 +12,11 @@ import sys
 import time
 from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pyarrow as pa
-from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import Column, DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 from pyspark.sql.pandas.types import from_arrow_schema
 
@@ -29,6 +30,7 @@ log = logging.getLogger("jobs")
 IVY_SETTINGS = Path(__file__).resolve().parents[1] / "conf" / "ivysettings.xml"
 # The AWS SDK's default chain, as boto3 uses it (env vars, profile, web identity, container, instance role).
 AWS_DEFAULT_CREDENTIALS = "software.amazon.awssdk.auth.credentials.DefaultCredentialsProvider"
+EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 
 def s3a_settings(conf: Config, environ: Mapping[str, str] = os.environ) -> dict[str, str]:
@@ -169,6 +171,22 @@ def pinned_table(spark: SparkSession, root: str, name: str) -> DataFrame:
     path = tables.table_path(root, name)
     version = DeltaTable.forPath(spark, path).history(1).select("version").first()[0]
     return spark.read.format("delta").option("versionAsOf", version).load(path)
+
+
+def latest_per_key(df: DataFrame, keys: list[str], order: list[Column]) -> DataFrame:
+    """The first row of each `keys` group in `order` (e.g. the latest observation per host)."""
+    return df.withColumn("_rn", F.row_number().over(Window.partitionBy(*keys).orderBy(*order))).where("_rn = 1").drop(
+        "_rn")
+
+
+def to_micros(moment: datetime | None) -> int | None:
+    """A timestamp as Spark's microseconds since the epoch, for UDFs that return times (`F.timestamp_micros`)."""
+    return None if moment is None else (moment - EPOCH) // timedelta(microseconds=1)
+
+
+def from_micros(micros: int | None) -> datetime | None:
+    """`to_micros` undone: what a UDF gets from `F.unix_micros` as a timestamp."""
+    return None if micros is None else EPOCH + timedelta(microseconds=micros)
 
 
 def read_segment_files(spark: SparkSession, path: str, arrow_schema: pa.Schema) -> DataFrame | None:

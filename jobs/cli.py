@@ -118,7 +118,7 @@ def _command(args: argparse.Namespace) -> int:
     from jobs.cycle import describe
 
     if args.command == "fetch":
-        from fetchd.daemon import exit_status, fetch_segment
+        from fetchd.commands import exit_status, fetch_segment
 
         summary = fetch_segment(conf, root, args.segment)
         print(f"fetch: {describe(summary)}")
@@ -145,7 +145,7 @@ def _command(args: argparse.Namespace) -> int:
                   "no longer waits for them")
         return 0
     if args.command == "fetchd":
-        from fetchd.daemon import serve
+        from fetchd.commands import serve
 
         serve(conf, root)
         return 0

@@ -53,7 +53,7 @@ AfterStep = Callable[[str, Any], None]  # (step name, its result), called once t
 def run_cycle(spark: SparkSession, conf: Config, root: str, seeds: str | None = None,
               after_step: AfterStep | None = None) -> CycleReport:
     """Run the steps in order; `after_step` is told when each is over (the tests keep a copy of the root there)."""
-    from fetchd.daemon import exit_status, fetch_segment
+    from fetchd.commands import exit_status, fetch_segment
     from jobs import dedup, generate, inject, parse, update
 
     report = CycleReport(segment_id=None)

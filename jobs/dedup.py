@@ -20,7 +20,8 @@ indexes with the segment's hashes and band keys only, and writes back the rows t
   while it had members is retired: its members' rows fall back to themselves.
 * Marks on the segment's `pages` rows, priority (`urls.priority *= dedup.duplicate_priority_factor` when the
   verdict becomes "duplicate" against the URL's previous marks, kept in `dedup_hashes.marked_duplicate`; `/=` when
-  it stops, or when the URL leaves), then the two indexes: one MERGE per table, four commits in all.
+  it stops, or when the URL leaves), then the two indexes (`jobs/dedup_index.py`): one MERGE per table, four
+  commits in all.
 
 Idempotent: every MERGE runs as a Delta idempotent write (txnAppId `cyclecrawl.dedup.<segment>`, txnVersion 1),
 so each table takes this segment's dedup commit at most once. The indexes are written last and every input is
@@ -46,6 +47,7 @@ from crawler.dedup import band_pairs, band_values_sql, leaves_index_sql, represe
 from crawler.leases import latest_result_rank_sql
 from crawler.records import FETCHED
 from delta_tables import tables
+from jobs import dedup_index
 from jobs.base import merge_counts, merge_into, pinned_table, read_segment_files, session_settings, step
 
 log = logging.getLogger("jobs.dedup")
@@ -313,111 +315,22 @@ def run(spark: SparkSession, conf: Config, root: str, segment_id: str) -> DedupR
         result.exact_duplicates, result.near_duplicates = int(counts["exact"]), int(counts["near"])
         result.near_clusters = int(counts["clusters"])
         leaving = leavers.join(previous.select("url_id", "marked_duplicate", "near_members"), "url_id")
-        retired = _retired_clusters(marks, leaving).localCheckpoint()
-        band_relabelled = _band_relabels(bands, retired, changed) if retired.limit(1).count() else None
-        hash_rows = _hash_rows(segment_id, marks, exact_relabelled, leavers, hashes).localCheckpoint()
-        band_rows = _band_rows(segment_id, conf["dedup.max_hamming"], marks, new_bands, band_relabelled,
+        retired = dedup_index.retired_clusters(marks, leaving).localCheckpoint()
+        band_relabelled = dedup_index.band_relabels(bands, retired, changed) if retired.limit(1).count() else None
+        hash_rows = dedup_index.hash_rows(segment_id, marks, exact_relabelled, leavers, hashes).localCheckpoint()
+        band_rows = dedup_index.band_rows(segment_id, conf["dedup.max_hamming"], marks, new_bands, band_relabelled,
                                changed).localCheckpoint()
         result.relabelled = (hash_rows.where("_op = 'relabel'").count() + band_rows.where("_op = 'relabel'").count())
         with _once_per_segment(spark, segment_id):
             result.marked = _write_marks(spark, root, segment_id, marks)
             result.priority_lowered, result.priority_restored = _adjust_priority(spark, root, conf, marks, leaving)
-            committed = [_merge_index(spark, root, HASHES, hash_rows, "t.url_id = s.url_id"),
-                         _merge_index(spark, root, BANDS, band_rows,
+            committed = [dedup_index.merge_index(spark, root, HASHES, hash_rows, "t.url_id = s.url_id"),
+                         dedup_index.merge_index(spark, root, BANDS, band_rows,
                                       "t.url_id = s.url_id AND t.band = s.band")]
         result.commits = (result.marked > 0) + (result.priority_lowered + result.priority_restored > 0) + sum(
             committed)
     log.info("dedup %s: %s", segment_id, result.summary())
     return result
-
-
-def _retired_clusters(marks: DataFrame, leaving: DataFrame) -> DataFrame:
-    """url_id of each representative that has had members and whose cluster ends here: it left the index, or
-    its new page no longer matched its cluster's rows, or it joined an earlier cluster."""
-    changed = marks.where(F.col("old_near_members") & ~(F.coalesce(F.col("kept"), F.lit(False))
-                                                        & (F.col("cluster") == F.col("url_id"))))
-    return changed.select(F.col("url_id").alias("retired")).unionByName(
-        leaving.where("near_members").select(F.col("url_id").alias("retired")))
-
-
-def _band_relabels(bands: DataFrame, retired: DataFrame, changed: DataFrame) -> DataFrame:
-    """Index rows of other URLs in a retired cluster, each falling back to itself."""
-    return (
-        bands.join(F.broadcast(retired), F.col("cluster") == F.col("retired"))
-        .join(changed.select("url_id"), "url_id", "left_anti")
-        .select("band", "band_key", "url_id", "simhash", "seen", F.col("url_id").alias("cluster"),
-                F.col("seen").alias("cluster_seen"))
-    )
-
-
-def _hash_rows(segment_id: str, marks: DataFrame, relabelled: DataFrame, leavers: DataFrame,
-               hashes: DataFrame) -> DataFrame:
-    """The MERGE source for dedup_hashes: the segment's documents (upsert), other URLs' new representatives,
-    URLs that left (delete), and representatives that gained near members (their flag)."""
-    seg = F.lit(segment_id)
-    upserts = marks.select(
-        "url_id", "content_hash", "seen", "representative", F.col("is_duplicate").alias("marked_duplicate"),
-        (F.coalesce(F.col("cluster") == F.col("url_id"), F.lit(False))
-         | (F.coalesce(F.col("old_near_members"), F.lit(False)) & (F.col("old_hash") == F.col("content_hash"))
-            & F.col("cluster").isNull())).alias("near_members"),
-        seg.alias("segment_id"), F.lit("upsert").alias("_op"))
-    relabels = relabelled.select("url_id", "content_hash", "seen", "representative", "marked_duplicate",
-                                 "near_members", seg.alias("segment_id"), F.lit("relabel").alias("_op"))
-    gainers = (marks.where(F.col("cluster") != F.col("url_id")).select(F.col("cluster").alias("url_id")).distinct()
-               .join(marks.select("url_id"), "url_id", "left_anti"))
-    # A representative relabelled and gaining members in one run: the relabel row carries both.
-    relabels = relabels.join(gainers.select("url_id", F.lit(True).alias("gained")), "url_id", "left").withColumn(
-        "near_members", F.col("near_members") | F.coalesce(F.col("gained"), F.lit(False))).drop("gained")
-    gained = (
-        gainers.join(relabelled.select("url_id"), "url_id", "left_anti")
-        .join(hashes.where(~F.col("near_members")), "url_id").localCheckpoint()
-        .select("url_id", "content_hash", "seen", "representative", "marked_duplicate",
-                F.lit(True).alias("near_members"), seg.alias("segment_id"), F.lit("members").alias("_op"))
-    )
-    deletes = leavers.select("url_id", *[F.lit(None).cast(t).alias(c) for c, t in (
-        ("content_hash", "string"), ("seen", "timestamp"), ("representative", "string"),
-        ("marked_duplicate", "boolean"), ("near_members", "boolean"))], seg.alias("segment_id"),
-        F.lit("delete").alias("_op"))
-    return upserts.unionByName(relabels).unionByName(gained).unionByName(deletes)
-
-
-def _band_rows(segment_id: str, max_hamming: int, marks: DataFrame, new_bands: DataFrame,
-               relabelled: DataFrame | None, changed: DataFrame) -> DataFrame:
-    """The MERGE source for dedup_bands: the segment's band rows (upsert), retired clusters' members (relabel),
-    and every band of a changed URL not upserted (delete: it left, or has no SimHash now; absent rows match
-    nothing, so the old rows need not be read)."""
-    seg = F.lit(segment_id)
-    upserts = new_bands.join(marks.select("url_id", "seen", "cluster", "cluster_us"), "url_id").select(
-        "band", "band_key", "url_id", "simhash", "seen",
-        F.coalesce(F.col("cluster"), F.col("url_id")).alias("cluster"),
-        F.coalesce(F.timestamp_micros("cluster_us"), F.col("seen")).alias("cluster_seen"),
-        seg.alias("segment_id"), F.lit("upsert").alias("_op"))
-    every_band = F.explode(F.sequence(F.lit(0), F.lit(max_hamming))).alias("band")
-    deletes = changed.select("url_id", every_band).join(upserts.select("url_id", "band"), ["url_id", "band"],
-                                                        "left_anti").select(
-        F.col("band").cast("int").alias("band"), F.lit(None).cast("bigint").alias("band_key"), "url_id",
-        F.lit(None).cast("bigint").alias("simhash"), F.lit(None).cast("timestamp").alias("seen"),
-        F.lit(None).cast("string").alias("cluster"), F.lit(None).cast("timestamp").alias("cluster_seen"),
-        seg.alias("segment_id"), F.lit("delete").alias("_op"))
-    rows = upserts.unionByName(deletes)
-    if relabelled is not None:
-        rows = rows.unionByName(relabelled.select("*", seg.alias("segment_id"), F.lit("relabel").alias("_op")))
-    return rows
-
-
-def _merge_index(spark: SparkSession, root: str, name: str, source: DataFrame, condition: str) -> bool:
-    """One MERGE of a dedup index: delete rows marked `delete`, upsert the others; True when it committed."""
-    columns = tables.TABLES[name].schema.fieldNames()
-    values = {c: F.col(f"s.{c}") for c in columns}
-    metrics = merge_counts(
-        merge_into(spark, root, name, source, condition)
-        .whenMatchedDelete(condition="s._op = 'delete'")
-        .whenMatchedUpdate(condition="s._op <> 'delete'", set=values)
-        .whenNotMatchedInsert(condition="s._op <> 'delete'", values=values)
-        .execute()
-    )
-    return any(metrics.get(key, 0) for key in ("num_affected_rows", "num_inserted_rows", "num_updated_rows",
-                                               "num_deleted_rows"))
 
 
 def _write_marks(spark: SparkSession, root: str, segment_id: str, marks: DataFrame) -> int:

@@ -9,9 +9,9 @@ re-running update for a segment changes no table. Six commits:
 3. `urls`          one MERGE: completion, only where (url_id, url, state_version) match and the lease is this
                    segment's; from discover: new URLs inserted, known ones get inlinks/depth (guarded by
                    urls.inlink_segment)
-4. `hosts`         one MERGE: counters, robots and backoff (guarded by hosts.last_segment); from discover:
-                   accepted and rejected discoveries -> `known_urls` / `trap_rejections` (guarded by
-                   hosts.discovery_segment), hosts of new URLs inserted
+4. `hosts`         one MERGE (jobs/update_hosts.py): counters, robots and backoff (guarded by
+                   hosts.last_segment); from discover: accepted and rejected discoveries -> `known_urls` /
+                   `trap_rejections` (guarded by hosts.discovery_segment), hosts of new URLs inserted
 5. `segments`      per bucket -> merged with counts (new URLs per bucket from discover), only if not merged yet
 6. `cycle_metrics` insert-if-absent: the update's frontier figures (jobs/cycle_metrics.py)
 
@@ -28,11 +28,11 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 
 import pandas as pd
 from pyspark import StorageLevel
-from pyspark.sql import Column, DataFrame, Row, SparkSession, Window
+from pyspark.sql import DataFrame, Row, SparkSession
 from pyspark.sql import functions as F
 
 from crawler import layout
@@ -40,18 +40,26 @@ from crawler.config import Config
 from crawler.dedup import representative_of_sql
 from crawler.frontier import index_event_kind
 from crawler.leases import completes_sql, is_current_sql, latest_result_rank_sql
-from crawler.politeness import THROTTLE_STATUSES, HostBackoff, PolitenessRules
-from crawler.records import FETCHED, ROBOTS
+from crawler.records import FETCHED
 from crawler.revisit import PreviousState, RevisitPolicy
-from crawler.robots import RobotsState
-from crawler.status import FINISHED_SEGMENT_STATES, FetchOutcome, SegmentState, is_transient_sql, made_request_sql
+from crawler.status import FINISHED_SEGMENT_STATES, FetchOutcome, SegmentState, made_request_sql
 from delta_tables import tables
 from jobs import cycle_metrics, discover
-from jobs.base import insert_if_absent, merge_counts, merge_into, pinned_table, read_segment_files, step
+from jobs.base import (
+    EPOCH,
+    from_micros,
+    insert_if_absent,
+    latest_per_key,
+    merge_counts,
+    merge_into,
+    pinned_table,
+    read_segment_files,
+    step,
+    to_micros,
+)
+from jobs.update_hosts import host_fetch_counts, merge_hosts, segment_robots
 
 log = logging.getLogger("jobs.update")
-
-EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 
 @dataclass
@@ -67,19 +75,6 @@ class UpdateResult:
     def summary(self) -> str:
         return (f"{self.results} results: {self.applied} applied, {self.stale} stale, {self.discovered} new URLs, "
                 f"{self.index_events} index events, {self.hosts_updated} hosts")
-
-
-def _micros(moment: datetime | None) -> int | None:
-    return None if moment is None else (moment - EPOCH) // timedelta(microseconds=1)
-
-
-def _moment(micros: int | None) -> datetime | None:
-    return None if micros is None else EPOCH + timedelta(microseconds=micros)
-
-
-def _latest(df: DataFrame, keys: list[str], order: list[Column]) -> DataFrame:
-    return df.withColumn("_rn", F.row_number().over(Window.partitionBy(*keys).orderBy(*order))).where("_rn = 1").drop(
-        "_rn")
 
 
 def _ints(values: pd.Series) -> list[int | None]:
@@ -101,7 +96,7 @@ def completion_udfs(policy: RevisitPolicy):
                robots_wait_us: pd.Series) -> pd.DataFrame:
         decisions = [
             # Times relative to the fetch: fetched_at is EPOCH, the robots expiry is EPOCH + its distance from it.
-            policy.decide(o, code, PreviousState(status, interval, failures, old), EPOCH, new, _moment(wait))
+            policy.decide(o, code, PreviousState(status, interval, failures, old), EPOCH, new, from_micros(wait))
             for o, code, status, interval, failures, old, new, wait in zip(
                 _texts(outcome), _ints(status_code), _texts(prev_status), _ints(prev_interval), _ints(prev_failures),
                 _texts(prev_hash), _texts(new_hash), _ints(robots_wait_us), strict=True)
@@ -109,7 +104,7 @@ def completion_udfs(policy: RevisitPolicy):
         return pd.DataFrame({
             "status": [d.status for d in decisions],
             "fetch_interval_s": pd.array([d.fetch_interval_s for d in decisions], dtype="Int64"),
-            "wait_us": pd.array([_micros(d.next_fetch_at) for d in decisions], dtype="Int64"),
+            "wait_us": pd.array([to_micros(d.next_fetch_at) for d in decisions], dtype="Int64"),
             "failure_count": pd.array([d.failure_count for d in decisions], dtype="Int32"),
         })
 
@@ -153,7 +148,7 @@ def _fold(spark: SparkSession, conf: Config, root: str, segment_id: str, results
     seg = F.lit(segment_id)
     urls_snap = pinned_table(spark, root, "urls")
     hosts_snap = pinned_table(spark, root, "hosts")
-    pages = _latest(pinned_table(spark, root, "pages").where(F.col("segment_id") == seg),
+    pages = latest_per_key(pinned_table(spark, root, "pages").where(F.col("segment_id") == seg),
                     ["url_id", "state_version"], [F.desc("fetched_at")])
     links = pinned_table(spark, root, "links").where(F.col("segment_id") == seg)
     previous = urls_snap.select(
@@ -236,154 +231,6 @@ def _fold(spark: SparkSession, conf: Config, root: str, segment_id: str, results
         result.hosts_updated,
     )
     return result
-
-
-ROBOTS_COLUMNS = ["robots_state", "robots_body", "robots_status_code", "robots_fetched_at", "robots_expires_at",
-                  "robots_crawl_delay_s"]
-
-
-def segment_robots(spark: SparkSession, root: str, segment_id: str) -> DataFrame:
-    """The latest robots.txt observation per host in this segment: host_key, r_bucket and ROBOTS_COLUMNS."""
-    robots_files = read_segment_files(spark, layout.robots_dir(root, segment_id), ROBOTS)
-    if robots_files is None:
-        return spark.createDataFrame([], "host_key string, r_bucket int, " + ", ".join(
-            f"{c} {t}" for c, t in zip(ROBOTS_COLUMNS, ("string", "string", "int", "timestamp", "timestamp", "double"),
-                                       strict=True)))
-    return _latest(robots_files, ["host_key"], [F.desc("fetched_at")]).select(
-        "host_key", F.col("bucket").alias("r_bucket"), F.col("state").alias("robots_state"),
-        F.col("body").alias("robots_body"), F.col("status_code").alias("robots_status_code"),
-        F.col("fetched_at").alias("robots_fetched_at"), F.col("expires_at").alias("robots_expires_at"),
-        F.col("crawl_delay_s").alias("robots_crawl_delay_s"),
-    )
-
-
-HOST_COUNTERS = ["fetches", "status_2xx", "status_3xx", "status_4xx", "status_5xx", "status_429", "network_errors",
-                 "robots_denied"]
-
-
-def host_fetch_counts(conf: Config, segment_id: str, results: DataFrame, robots: DataFrame,
-                      hosts_snap: DataFrame) -> DataFrame:
-    """Per host of this segment's results or robots observations (`robots` = segment_robots): HOST_COUNTERS,
-    last_fetch_at, the robots columns (`has_robots` when observed) and the backoff and failing streak decided from
-    the stored ones (crawler.politeness.PolitenessRules.host_backoff: a failure is crawler.status.is_transient, or
-    a robots.txt observed unreachable; any other answer, page or robots.txt, counts as answered)."""
-    code = F.col("status_code")
-    requested = F.expr(made_request_sql("outcome"))
-    transient = F.expr(is_transient_sql("outcome", "status_code"))
-    throttled = code.isin(sorted(THROTTLE_STATUSES))
-
-    def count_if(condition: Column) -> Column:
-        return F.count(F.when(condition, 1))
-
-    counters = results.groupBy("host_key").agg(
-        F.min("bucket").alias("bucket"),
-        count_if(requested).alias("fetches"),
-        count_if(requested & code.between(200, 299)).alias("status_2xx"),
-        count_if(requested & code.between(300, 399)).alias("status_3xx"),
-        count_if(requested & code.between(400, 499)).alias("status_4xx"),
-        count_if(requested & code.between(500, 599)).alias("status_5xx"),
-        count_if(code == 429).alias("status_429"),
-        count_if(F.col("outcome") == FetchOutcome.NETWORK_ERROR.value).alias("network_errors"),
-        count_if(F.col("outcome") == FetchOutcome.ROBOTS_DENIED.value).alias("robots_denied"),
-        F.max(F.when(requested, F.col("fetched_at"))).alias("last_fetch_at"),
-        count_if(transient).alias("failed"),
-        F.max(F.when(transient, F.col("fetched_at"))).alias("failed_at"),
-        count_if(requested & ~transient).alias("answered"),
-        F.max(F.when(throttled, F.col("retry_after_s"))).alias("retry_after_s"),
-    )
-    robots = robots.withColumn("has_robots", F.lit(True))
-    robots_failed = F.col("has_robots") & (F.col("robots_state") == RobotsState.DISALLOW_ALL.value)
-    counter_cols = [*HOST_COUNTERS, "failed", "answered"]
-    rules = PolitenessRules.from_config(conf)
-
-    @F.udf("struct<level:int, until_us:bigint, since_us:bigint>")
-    def backoff(host, level, until_us, since_us, failed, answered, failed_at_us, retry_after_s):
-        decided = rules.host_backoff(HostBackoff(level, _moment(until_us), _moment(since_us)), failed, answered,
-                                     _moment(failed_at_us), retry_after_s, f"{host}|{segment_id}")
-        return (decided.level, _micros(decided.until), _micros(decided.failing_since))
-
-    snap = hosts_snap.select("host_key", F.col("backoff_level").alias("h_level"),
-                             F.col("backoff_until").alias("h_until"), F.col("failing_since").alias("h_since"))
-    return (
-        counters.join(robots, "host_key", "full_outer")
-        .withColumn("bucket", F.coalesce("bucket", "r_bucket"))
-        .withColumn("has_robots", F.coalesce("has_robots", F.lit(False)))
-        .fillna(0, subset=counter_cols)
-        .withColumn("failed", F.col("failed") + F.when(robots_failed, 1).otherwise(0))
-        .withColumn("failed_at", F.greatest("failed_at", F.when(robots_failed, F.col("robots_fetched_at"))))
-        .withColumn("answered", F.col("answered") + F.when(F.col("has_robots") & ~robots_failed, 1).otherwise(0))
-        .join(snap, "host_key", "left")
-        .withColumn("bo", backoff("host_key", F.coalesce("h_level", F.lit(0)), F.unix_micros("h_until"),
-                                  F.unix_micros("h_since"), "failed", "answered", F.unix_micros("failed_at"),
-                                  "retry_after_s"))
-        .withColumn("backoff_level", F.col("bo.level"))
-        .withColumn("backoff_until", F.timestamp_micros("bo.until_us"))
-        .withColumn("failing_since", F.timestamp_micros("bo.since_us"))
-    )
-
-
-def merge_hosts(spark: SparkSession, root: str, segment_id: str, fetch_counts: DataFrame, tally: DataFrame,
-                now: datetime) -> int:
-    """One MERGE into `hosts` of this segment's fetch counts (host_fetch_counts; applied where last_segment is
-    not this segment) and discovery tally (discover.discovery_tally, discover.hosts_part); a host without a row
-    gets one when it has results or accepted URLs. Returns the rows updated or inserted."""
-    found = discover.hosts_part(segment_id)
-    source = fetch_counts.withColumn("has_fetch", F.lit(True)).join(tally, ["host_key", "bucket"], "full_outer")
-    seg = F.lit(segment_id)
-    fetched = F.col("s.has_fetch").isNotNull()
-    fetch = fetched & ~F.col("t.last_segment").eqNullSafe(seg)
-    # An unreachable robots.txt (5xx, network) disallows all for now, but the last good copy stays stored: it is
-    # what the host said, and generate ignores it while the state is disallow_all.
-    has_robots = F.coalesce("s.has_robots", F.lit(False))
-    new_body = has_robots & (F.col("s.robots_state") != RobotsState.DISALLOW_ALL.value)
-    robots_changed = new_body & ~F.col("t.robots_body").eqNullSafe(F.col("s.robots_body"))
-
-    def when_fetch(name: str, value: Column) -> Column:
-        return F.when(fetch, value).otherwise(F.col(f"t.{name}"))
-
-    def from_robots(name: str, source_name: str | None = None) -> Column:
-        return F.when(has_robots, F.col(f"s.{source_name or name}")).otherwise(F.col(f"t.{name}"))
-
-    updates = {
-        **{c: when_fetch(c, F.col(f"t.{c}") + F.col(f"s.{c}")) for c in HOST_COUNTERS},
-        "last_fetch_at": when_fetch("last_fetch_at", F.greatest("t.last_fetch_at", "s.last_fetch_at")),
-        **{c: when_fetch(c, from_robots(c)) for c in ROBOTS_COLUMNS[:5] if c != "robots_body"},
-        "robots_body": when_fetch("robots_body", F.when(new_body, F.col("s.robots_body")).otherwise(
-            F.col("t.robots_body"))),
-        "crawl_delay_s": when_fetch("crawl_delay_s", from_robots("crawl_delay_s", "robots_crawl_delay_s")),
-        "policy_version": when_fetch("policy_version", F.col("t.policy_version") + F.when(robots_changed, 1).otherwise(
-            0)),
-        "backoff_level": when_fetch("backoff_level", F.col("s.backoff_level")),
-        "backoff_until": when_fetch("backoff_until", F.col("s.backoff_until")),
-        "failing_since": when_fetch("failing_since", F.col("s.failing_since")),
-        "last_segment": when_fetch("last_segment", seg),
-        **found.set,
-        "updated_at": F.lit(now),
-    }
-    inserts = {
-        "host_key": F.col("s.host_key"),
-        "bucket": F.col("s.bucket"),
-        **{c: F.coalesce(f"s.{c}", F.lit(0)).cast("bigint") for c in HOST_COUNTERS},
-        **{c: F.col(f"s.{c}") for c in ROBOTS_COLUMNS[:5] if c != "robots_body"},
-        "robots_body": F.when(new_body, F.col("s.robots_body")),
-        "crawl_delay_s": F.col("s.robots_crawl_delay_s"),
-        "last_fetch_at": F.col("s.last_fetch_at"),
-        "policy_version": F.when(new_body, 1).otherwise(0).cast("bigint"),
-        "backoff_level": F.coalesce("s.backoff_level", F.lit(0)),
-        "backoff_until": F.col("s.backoff_until"),
-        "failing_since": F.col("s.failing_since"),
-        "last_segment": F.when(fetched, seg),
-        "updated_at": F.lit(now),
-        **found.values,
-    }
-    metrics = (
-        merge_into(spark, root, "hosts", source, "t.bucket = s.bucket AND t.host_key = s.host_key")
-        .whenMatchedUpdate(condition=fetch | found.updates, set=updates)
-        .whenNotMatchedInsert(condition=fetched | found.inserts, values=inserts)
-        .execute()
-    )
-    counts = merge_counts(metrics)
-    return counts.get("num_updated_rows", 0) + counts.get("num_inserted_rows", 0)
 
 
 def completion_rows(live: DataFrame, decide) -> DataFrame:

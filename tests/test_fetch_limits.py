@@ -17,7 +17,7 @@ import pytest
 from aiohttp import web
 from fastwarc.warc import ArchiveIterator, WarcRecordType
 
-from fetchd.daemon import fetch_segment
+from fetchd.commands import fetch_segment
 from fetchd.fetcher import DecodedMeter, media_type_accepted
 from tests.support.fetchlists import by_url, read_results, record_at, write_fetchlist
 from tests.support.servers import LoopbackServer

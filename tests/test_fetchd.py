@@ -27,7 +27,7 @@ from crawler import layout, records, urls
 from crawler.politeness import PolitenessRules
 from crawler.robots import RobotsPolicy
 from fetchd import cli
-from fetchd.daemon import fetch_segment, serve
+from fetchd.commands import fetch_segment, serve
 from sitefarm.judge import politeness_violations
 from sitefarm.server import SiteFarm, read_request_log
 from sitefarm.sites import FarmSpec

@@ -15,7 +15,7 @@ import pytest
 from aiohttp import web
 
 from crawler.politeness import BACKOFF_JITTER, PolitenessRules
-from fetchd.daemon import fetch_segment
+from fetchd.commands import fetch_segment
 from tests.support import virtual
 from tests.support.fetchlists import by_url, read_results, write_fetchlist
 from tests.support.servers import ScriptedServer, gaps

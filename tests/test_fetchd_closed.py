@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from crawler import layout
-from fetchd.daemon import fetch_segment, serve
+from fetchd.commands import fetch_segment, serve
 from fetchd.ownership import LeaseStore
 from fetchd.progress import close_segment, pending_buckets, pending_work, segment_progress
 from fetchd.storage import S3Store

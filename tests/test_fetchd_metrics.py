@@ -21,7 +21,7 @@ from fastwarc.warc import ArchiveIterator, WarcRecordType
 
 from crawler import layout
 from crawler.config import ConfigError
-from fetchd.daemon import fetch_segment, serve
+from fetchd.commands import fetch_segment, serve
 from fetchd.metrics import DaemonState, Metrics, exported_families, host_class, render_prometheus, snapshot
 from sitefarm.server import SiteFarm, read_request_log
 from sitefarm.sites import FarmSpec

@@ -14,7 +14,7 @@ import asyncio
 import pytest
 from aiohttp import web
 
-from fetchd.daemon import fetch_segment
+from fetchd.commands import fetch_segment
 from tests.support.fetchlists import by_url, read_results, write_fetchlist
 from tests.support.servers import ScriptedServer
 

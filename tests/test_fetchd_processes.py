@@ -20,7 +20,7 @@ from pathlib import Path
 import yaml
 
 from crawler import urls
-from fetchd.daemon import exit_status, fetch_segment, serve
+from fetchd.commands import exit_status, fetch_segment, serve
 from fetchd.processes import shares
 from fetchd.progress import pending_work
 from sitefarm.judge import politeness_violations

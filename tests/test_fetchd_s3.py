@@ -27,7 +27,7 @@ from fastwarc.warc import ArchiveIterator, WarcRecordType
 
 from crawler import layout
 from crawler.clock import SYSTEM_CLOCK
-from fetchd.daemon import fetch_segment
+from fetchd.commands import fetch_segment
 from fetchd.ownership import S3LeaseStore
 from fetchd.progress import pending_work
 from fetchd.storage import S3Store

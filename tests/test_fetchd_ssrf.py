@@ -12,6 +12,7 @@ import pytest
 from aiohttp import web
 
 from fetchd import daemon as daemon_mod
+from fetchd.commands import fetch_segment
 from fetchd.resolver import GuardedResolver
 from tests.support.fetchlists import by_url, read_results, write_fetchlist
 from tests.support.servers import ScriptedServer
@@ -148,5 +149,5 @@ def test_rebinding_right_after_the_pre_check_never_connects(server, base_conf, r
 
 
 def _fetch(conf, root: str) -> list[dict]:
-    daemon_mod.fetch_segment(conf, root, SEGMENT)
+    fetch_segment(conf, root, SEGMENT)
     return sorted(read_results(root, SEGMENT), key=lambda r: r["url"])

@@ -18,7 +18,7 @@ from crawler import layout, records, urls
 from crawler.scheduling import HostScheduler
 from fetchd import daemon as daemon_mod
 from fetchd.bucketrun import BucketRun
-from fetchd.daemon import fetch_segment
+from fetchd.commands import fetch_segment
 from fetchd.fetchlist import FetchList, KeySet, result_key
 from sitefarm.judge import politeness_violations
 from sitefarm.server import SiteFarm, read_request_log

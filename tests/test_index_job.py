@@ -16,7 +16,7 @@ from fastwarc.warc import ArchiveIterator, WarcRecordType
 
 from crawler import layout
 from delta_tables import tables
-from fetchd.daemon import fetch_segment
+from fetchd.commands import fetch_segment
 from jobs import cli, index
 from tests.support.fetchlists import write_fetchlist
 from tests.support.servers import EdgeServer, edge_conf

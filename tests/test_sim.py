@@ -176,7 +176,7 @@ def _per_host(log: list[tuple[str, str, float, float]]) -> dict[str, list[tuple[
 
 
 def test_the_simulated_fleet_sends_what_the_real_daemon_sends(base_conf, root):
-    """The simulator's driver against the daemon itself (`fetchd.daemon.serve_async` on the virtual clock, with its
+    """The simulator's driver against the daemon itself (`fetchd.commands.serve_async` on the virtual clock, with its
     own bucket run, host preparation, robots cache, leases and files): the same fetch list and the same server give
     every host the same requests at the same moments — robots.txt (with a redirect and a Crawl-delay), 503 with
     Retry-After, the URLs robots.txt denies left out — so what the simulator measures is the daemon's schedule."""

@@ -21,7 +21,8 @@ from fastwarc.warc import ArchiveIterator, WarcRecordType
 from warcio.timeutils import datetime_to_iso_date
 
 from crawler import layout
-from fetchd.daemon import daemon_identity, fetch_segment
+from fetchd.commands import fetch_segment
+from fetchd.daemon import daemon_identity
 from fetchd.warc import (
     NOT_MODIFIED_PROFILE,
     RESULT_CONTENT_TYPE,

@@ -11,7 +11,7 @@ copy through an outage, the retry escalation); the frontier's rules are in `benc
 What this module adds is the driving: a discrete-event loop (the work `fetchd.bucketrun.BucketRun` does with
 asyncio, without its files and tasks, so a simulated day of a million requests takes minutes), the cycle
 (generate -> fetch -> results applied as they arrive) and faults. The driving is held to the daemon's own:
-`tests/test_sim.py` runs one fetch list through this fleet and through `fetchd.daemon.serve_async` on the virtual
+`tests/test_sim.py` runs one fetch list through this fleet and through `fetchd.commands.serve_async` on the virtual
 clock (tests/support/virtual.py) against the same server, and requires every host to get the same requests at
 the same moments. The faults: kill -9 and restart of a daemon, a daemon frozen for minutes, SIGTERM (a clean
 stop: in-flight requests finish, leases are released with the last request's end, the successor takes over at

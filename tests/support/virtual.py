@@ -5,9 +5,9 @@ as `fetchd.bucketrun.BucketRun` does — prepare = robots.txt through the host's
 request, `HostGate.finished` at the response's end with its Retry-After (read against the wall clock) and response
 time — against a virtual server whose response times and statuses come from a script.
 
-`VirtualTimeLoop` with a `ScriptedTransport` runs the daemon itself (`fetchd.daemon`, its own loop, leases, stop
-and close handling, files) on the virtual clock: an asyncio event loop whose time is the clock's, which jumps to
-its next timer whenever it has nothing to run and no thread work (file I/O, WARC writes) is pending.
+`VirtualTimeLoop` with a `ScriptedTransport` runs the daemon itself (`fetchd.commands.serve_async`, its own loop,
+leases, stop and close handling, files) on the virtual clock: an asyncio event loop whose time is the clock's, which
+jumps to its next timer whenever it has nothing to run and no thread work (file I/O, WARC writes) is pending.
 
 Either way the server logs every request as it saw it, so tests judge the rules from the server's side, as the
 real-clock tests do from a loopback server's log.
@@ -310,10 +310,10 @@ async def wait_until(predicate: Callable[[], bool], step_s: float = 0.01) -> Non
 
 def serve_virtually(conf: Any, root: str, clock: VirtualClock, transport: ScriptedTransport,
                     scenario: Callable[[threading.Event], Coroutine[Any, Any, None]]) -> None:
-    """`fetchd.daemon.serve_async` (its own loop, leases, files) on the virtual clock beside `scenario(stop)`, which
+    """`fetchd.commands.serve_async` (its own loop, leases, files) on the virtual clock beside `scenario(stop)`, which
     acts at virtual moments (it may set `stop`, as SIGTERM does); `stop` is set when it ends, and this returns once
     the daemon has stopped."""
-    from fetchd.daemon import serve_async
+    from fetchd.commands import serve_async
 
     stop = threading.Event()
 
