@@ -6,10 +6,12 @@ from __future__ import annotations
 import shutil
 from datetime import datetime
 
+import pytest
 from delta.tables import DeltaTable
 from pyspark.sql.types import StructType
 
 from delta_tables import tables
+from tests.support.tables import append_rows, unchanged_tables
 
 
 def test_create_all_adds_missing_nullable_columns_to_an_existing_table(spark, root):
@@ -66,3 +68,14 @@ def test_ensure_tables_recreates_a_deleted_table_or_root(spark, tables_root, mon
     tables.ensure_tables(spark, tables_root)
     assert len(calls) == 3
     assert all(DeltaTable.isDeltaTable(spark, tables.table_path(tables_root, name)) for name in tables.TABLES)
+
+
+def test_unchanged_tables_passes_a_no_op_commit_and_catches_a_changed_row(spark, tables_root):
+    """The helper the re-run tests use: a new commit with the same contents passes, a changed row fails."""
+    row = {"host_key": "http://a.test", "bucket": 1}
+    append_rows(spark, tables_root, "hosts", [row])
+    hosts = DeltaTable.forPath(spark, tables.table_path(tables_root, "hosts"))
+    with unchanged_tables(spark, tables_root):
+        hosts.update(set={"bucket": "bucket"})  # a commit that rewrites the row as it was
+    with pytest.raises(AssertionError, match="table hosts changed"), unchanged_tables(spark, tables_root):
+        hosts.update(set={"bucket": "bucket + 1"})

@@ -23,7 +23,7 @@ from delta_tables import tables
 from jobs import generate, inject, update
 from jobs.base import recount_known_urls
 from tests.support.fetchlists import result_row, write_parquet
-from tests.support.tables import append_rows, snapshot
+from tests.support.tables import append_rows, unchanged_tables
 
 
 @pytest.fixture
@@ -204,9 +204,8 @@ def test_update_stores_allowed_discoveries_counts_rejections_and_reruns_unchange
     assert {inlinks[u] for u in [*a_kept, *b_links]} == {1}
     assert "http://www.evil.co.uk" not in hosts  # rejected for scope, never known: no row
 
-    before = snapshot(spark, root)
-    update.run(spark, conf, root, SEG)
-    assert snapshot(spark, root) == before
+    with unchanged_tables(spark, root):
+        update.run(spark, conf, root, SEG)
 
 
 def test_new_url_allowance_rule_and_its_sql_agree(spark):
@@ -241,9 +240,8 @@ def test_known_url_cap_bounds_a_host_and_maintain_recounts(spark, base_conf, roo
     hosts = {r.host_key: r for r in tables.table_df(spark, root, "hosts").collect()}
     assert hosts["http://a.test"].known_urls == 4 and hosts["http://b.test"].known_urls == 2
     assert hosts["http://a.test"].trap_rejections == {traps.HOST_KNOWN_URL_CAP: 7}
-    before = snapshot(spark, root)
-    update.run(spark, conf, root, SEG)
-    assert snapshot(spark, root) == before
+    with unchanged_tables(spark, root):
+        update.run(spark, conf, root, SEG)
 
     # A drifted count (e.g. inject died between its two merges) is put right by maintain's recount.
     DeltaTable.forPath(spark, tables.table_path(root, "hosts")).update(set={"known_urls": F.lit(0).cast("bigint")})

@@ -1,8 +1,10 @@
-"""Delta table helpers for tests: hand-built rows appended with the table's own schema, and whole-table
-snapshots for before/after comparisons."""
+"""Delta table helpers for tests: hand-built rows appended with the table's own schema, whole-table snapshots for
+comparing two roots, and `unchanged_tables` for "this re-run changes no table"."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -38,9 +40,12 @@ def append_rows(spark, root: str, name: str, rows: list[dict], when: datetime = 
     tables.conform(df, name).write.format("delta").mode("append").save(tables.table_path(root, name))
 
 
-def table_rows(spark, root: str | Path, name: str, excluded: set[str] = frozenset()) -> list[str]:
-    """A table's whole contents as sorted `column=value` lines per row, without the `excluded` columns."""
-    df = tables.table_df(spark, str(root), name)
+def table_rows(spark, root: str | Path, name: str, excluded: set[str] = frozenset(),
+               version: int | None = None) -> list[str]:
+    """A table's whole contents (at its Delta `version`, or the latest) as sorted `column=value` lines per row,
+    without the `excluded` columns."""
+    df = tables.table_df(spark, str(root), name) if version is None else spark.read.format("delta").option(
+        "versionAsOf", version).load(tables.table_path(str(root), name))
     columns = sorted(c for c in df.columns if c not in excluded)
     return sorted(" ".join(f"{c}={row[c]}" for c in columns) for row in df.select(*columns).collect())
 
@@ -58,3 +63,16 @@ def table_versions(root: str | Path) -> dict[str, int]:
         log = Path(tables.table_path(str(root), name)) / "_delta_log"
         versions[name] = max(int(p.name.removesuffix(".json")) for p in log.glob("*.json"))
     return versions
+
+
+@contextmanager
+def unchanged_tables(spark, root: str | Path) -> Iterator[None]:
+    """Asserts that what runs inside changes no table's contents. A table without a new commit is unchanged by
+    definition; one with new commits is read as it was before (Delta time travel) and as it is now, and the two
+    compared, so only what a re-run committed is read."""
+    before = table_versions(root)
+    yield
+    for name, version in table_versions(root).items():
+        if version != before[name]:
+            assert table_rows(spark, root, name) == table_rows(spark, root, name, version=before[name]), (
+                f"table {name} changed (versions {before[name]} -> {version})")
