@@ -103,9 +103,10 @@ def build_hosts(spark: SparkSession, root: str, host_count: int, buckets: int, n
     zero = F.lit(0).cast("bigint")
     nulls = ("robots_state", "robots_body", "robots_status_code", "robots_fetched_at", "robots_expires_at",
              "crawl_delay_s", "min_delay_s", "max_concurrency", "backoff_until", "last_fetch_at", "last_segment",
-             "trap_rejections", "trap_sample", "discovery_segment")
+             "trap_rejections", "trap_sample", "discovery_segment", "failing_since")
     rows = keys.select(
         "host_key", "bucket", *[F.lit(None).alias(c) for c in nulls],
+        F.expr("substring(host_key, 8)").alias("domain"),  # hostN.example: its own registered domain
         F.lit(0).alias("backoff_level"), zero.alias("policy_version"),
         *[zero.alias(c) for c in ("known_urls", "fetches", "status_2xx", "status_3xx", "status_4xx", "status_5xx",
                                   "status_429", "network_errors", "robots_denied")],

@@ -27,7 +27,7 @@ from crawler.ownership import check_timing
 DEFAULTS_PATH = Path(os.environ.get("CRAWL_DEFAULTS", Path(__file__).resolve().parents[1] / "conf" / "crawler.yaml"))
 
 # Keys whose value is a free-form mapping: their sub-keys are not checked against the defaults.
-_OPEN_MAPPINGS = {"fetch.static_hosts", "spark.conf", "scope.strip_query_params"}
+_OPEN_MAPPINGS = {"fetch.static_hosts", "spark.conf", "scope.strip_query_params", "generate.domain_budgets"}
 
 
 class ConfigError(UserError, ValueError):
@@ -72,6 +72,13 @@ def _param_rules(value: Any) -> bool:
                and all(isinstance(name, str) and name for name in names) for host, names in value.items())
 
 
+def _domain_budgets(value: Any) -> bool:
+    from crawler.frontier import is_domain_pattern
+
+    return all(is_domain_pattern(pattern) and isinstance(budget, int) and not isinstance(budget, bool) and budget >= 0
+               for pattern, budget in value.items())
+
+
 _RULES: dict[str, tuple[Any, str]] = {
     "scope.strip_query_params": (_param_rules, "must map host patterns to non-empty lists of parameter names"),
     "crawl.buckets": (lambda v: 1 <= v <= 99999, "must be between 1 and 99999"),
@@ -90,6 +97,9 @@ _RULES: dict[str, tuple[Any, str]] = {
     "traps.max_known_urls_per_host": (_positive, "must be > 0"),
     "generate.segment_max_urls": (_positive, "must be > 0"),
     "generate.per_host_max_urls": (_positive, "must be > 0"),
+    "generate.per_domain_max_urls": (_non_negative, "must be >= 0 (0: no domain budget)"),
+    "generate.domain_budgets": (_domain_budgets, "must map domain globs (* and ? only) to budgets >= 0"),
+    "generate.hot_domains": (_non_negative, "must be >= 0"),
     "generate.segment_seconds": (_positive, "must be > 0"),
     "generate.lease_seconds": (_positive, "must be > 0"),
     "generate.age_boost_per_day": (_non_negative, "must be >= 0"),

@@ -1,6 +1,6 @@
 """Frontier rules shared by inject, generate and update: when generate may start a segment (backpressure), ranking
-score, per-host cap, discovery keys, depth and priority, index event kinds (scope itself: `crawler/scope.py`).
-Pure: no Spark, no network.
+score, per-host cap, per-domain budgets, discovery keys, depth and priority, index event kinds (scope itself:
+`crawler/scope.py`). Pure: no Spark, no network.
 
 Rules that generate evaluates on every due URL also exist as Spark SQL text (`*_sql`), next to their
 Python form; tests/test_rule_twins.py checks that both agree.
@@ -8,6 +8,7 @@ Python form; tests/test_rule_twins.py checks that both agree.
 
 from __future__ import annotations
 
+import fnmatch
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -158,6 +159,52 @@ def per_host_cap_sql(per_host_max_urls: int, segment_seconds: float, delay: str,
         f" when ({delay}) <= 0D then {int(per_host_max_urls)}L"
         f" else greatest(0L, least({int(per_host_max_urls)}L, {by_time})) end)"
     )
+
+
+@dataclass(frozen=True)
+class DomainBudgets:
+    """URLs one registered domain (`crawler.urls.registered_domain`: public-suffix aware, so every subdomain of
+    example.co.uk is example.co.uk's) may have in one segment, across all its hosts: `generate.per_domain_max_urls`
+    (0: no domain budget), overridden by the first pattern of `generate.domain_budgets` that matches the domain
+    (a glob, `*` any run of characters, `?` one; a known hot domain gets more, a known trap less). A domain's
+    budget is taken round-robin over its hosts, after each host's own cap (`per_host_cap`)."""
+
+    default: int
+    patterns: tuple[tuple[str, int], ...] = ()
+
+    @classmethod
+    def from_config(cls, conf) -> DomainBudgets:
+        return cls(int(conf["generate.per_domain_max_urls"]),
+                   tuple((str(p).lower(), int(n)) for p, n in conf["generate.domain_budgets"].items()))
+
+    @property
+    def active(self) -> bool:
+        return bool(self.default or self.patterns)
+
+    def cap(self, domain: str) -> int | None:
+        """The domain's budget per segment (None: unlimited)."""
+        for pattern, budget in self.patterns:
+            if fnmatch.fnmatchcase(domain.lower(), pattern):
+                return budget
+        return self.default or None
+
+    def cap_sql(self, domain: str) -> str:
+        """`cap` in Spark SQL over the string column `domain` (a bigint; null: unlimited)."""
+        cases = "".join(f" when lower({domain}) like '{_glob_like(p)}' escape '!' then {n}L" for p, n in self.patterns)
+        fallback = f"{self.default}L" if self.default else "cast(null as bigint)"
+        return f"(case{cases} else {fallback} end)" if cases else f"({fallback})"
+
+
+def _glob_like(pattern: str) -> str:
+    """A glob of `*` and `?` as a SQL LIKE pattern (escape character `!`)."""
+    escaped = "".join("!" + c if c in "%_!" else c for c in pattern).replace("'", "''")
+    return escaped.replace("*", "%").replace("?", "_")
+
+
+def is_domain_pattern(pattern: object) -> bool:
+    """What `generate.domain_budgets` accepts as a key: a non-empty glob of `*` and `?` only ([...] classes have
+    no SQL LIKE form, so they are refused rather than read two ways)."""
+    return isinstance(pattern, str) and bool(pattern.strip()) and not set(pattern) & set("[]\\ ")
 
 
 def index_event_kind(outcome: str, status_code: int | None, previous_hash: str | None,

@@ -123,6 +123,25 @@ def _rate(value: object) -> str:
     return "-" if value is None else f"{100 * float(value):.0f}%"
 
 
+def _share(leased: object, due: object) -> str:
+    return "-" if not due else f"{100 * int(leased or 0) / int(due):.1f}%"
+
+
+def hot_domain_rows(data: ReportData) -> list[tuple[str, int, int, str, str]]:
+    """This segment's hot domains (generate's `cycle_metrics.hot_domains`): (domain, due URLs, leased, share of
+    its backlog taken, the shares earlier cycles in the report's history took of it, oldest first)."""
+    chosen = data.figures("generate")
+    if not chosen:
+        return []
+    earlier: dict[str, list[str]] = {}
+    for row in data.frontier:
+        if row["step"] == "generate" and row["segment_id"] != data.segment_id:
+            for hot in row.get("hot_domains") or []:
+                earlier.setdefault(hot["domain"], []).append(_share(hot["leased"], hot["due"]))
+    return [(hot["domain"], int(hot["due"]), int(hot["leased"]), _share(hot["leased"], hot["due"]),
+             ", ".join(earlier.get(hot["domain"], [])) or "-") for hot in chosen.get("hot_domains") or []]
+
+
 def _frontier_lines(data: ReportData) -> list[tuple[str, str]]:
     chosen, merged = data.figures("generate"), data.figures("update")
     lines = []
@@ -131,6 +150,10 @@ def _frontier_lines(data: ReportData) -> list[tuple[str, str]]:
                                   f"{_age(chosen['oldest_due_age_s'])}; {chosen['due_high_priority']} high-priority "
                                   f"due, {chosen['high_priority_not_leased']} of them not leased; "
                                   f"{chosen['unmerged_segments']} other segments not merged"))
+        hot = hot_domain_rows(data)[:3]
+        if hot:
+            lines.append(("hot domains", "; ".join(f"{domain} {leased} of {due} due ({share})"
+                                                   for domain, due, leased, share, _ in hot)))
     if merged:
         lines.append(("change", f"{merged['new_urls']} new URLs; {merged['changed']} of {merged['refetched']} "
                                 f"refetched pages changed ({_rate(merged['change_rate'])})"))
@@ -275,6 +298,10 @@ def _frontier_html(data: ReportData) -> list[str]:
         "none), dead (nothing but failures for politeness.dead_after_days: one probe URL per segment).</p>",
         bar_chart_svg("hosts by state", _counts_rows(data.host_states)),
         table_html(("state", "hosts"), _counts_rows(data.host_states)),
+        "<h2>Hot domains (registered domains with the most due URLs)</h2>",
+        '<p class="note">What this segment leased of each one\'s backlog (generate.per_domain_max_urls and '
+        "generate.domain_budgets cap it), and what earlier cycles took.</p>",
+        table_html(("domain", "due", "leased", "taken", "taken by earlier cycles"), hot_domain_rows(data)),
         "<h2>Frontier figures (cycle_metrics, recent runs)</h2>",
         bar_chart_svg("due URLs when each segment was generated", backlog),
         table_html([label for label, _ in FRONTIER_COLUMNS],

@@ -247,6 +247,11 @@ def registered_domain(host: str) -> str:
     return _public_suffixes().privatesuffix(host) or host
 
 
+def host_domain(host_key_: str) -> str:
+    """The registered domain of a host_key (scheme://host[:port]): what per-domain budgets group hosts by."""
+    return registered_domain(ada_url.URL(host_key_).hostname)
+
+
 def bucket_of(host: str, buckets: int) -> int:
     """The bucket of a host_key: mmh3 32-bit (unsigned) mod the configured bucket count."""
     return mmh3.hash(host.encode("utf-8"), 0, signed=False) % buckets

@@ -125,6 +125,8 @@ HOSTS = TableDef(
             _f("discovery_segment", S),       # last segment folded into known_urls/trap_* (idempotence marker)
             _f("failing_since", T),           # first failure of the streak of segments that met nothing but
                                               # failures (null: it answered when last tried); crawler.politeness
+            _f("domain", S),                  # registered domain (crawler.urls.registered_domain), set when the row is
+                                              # created (null on rows older than the column: maintain fills them)
         ]
     ),
     partition_by=("bucket",),
@@ -333,6 +335,9 @@ CYCLE_METRICS = TableDef(
             _f("changed", L),                 # update: of those, content changed
             _f("change_rate", D),             # update: changed / refetched (null: none refetched)
             _f("unmerged_segments", INT),     # generate: other segments neither merged nor closed
+            _f("hot_domains", ArrayType(StructType([_f("domain", S), _f("due", L), _f("leased", L)]))),
+                                              # generate: the generate.hot_domains registered domains with the most
+                                              # due URLs, and how many of them this segment leased
         ]
     ),
     # Insert-only (never updated): no deletion vectors, so every reader (delta-rs in the DAG too) opens it.

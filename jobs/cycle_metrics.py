@@ -3,17 +3,19 @@ the DAG and on-call (docs/deploy.md "On call").
 
 Generate records the frontier it chose the segment from: URLs due (not leased elsewhere, in any host state), the
 oldest due URL's age, due high-priority URLs (priority >= generate.high_priority) and how many of them this
-segment did not take, the URLs it leased and the other segments not merged yet. Update records what the segment
-brought: results, applied and stale, new URLs, the change rate of refetched pages — read from the segment's
-index events, changed / (changed + not_modified); a changed page that dedup marked as a duplicate counts as
-neither — and the segments still not merged after it (those two in one Spark job). Hosts by state
-(`hosts_by_state`, crawler.politeness.host_state) are counted where they are shown, by the report and
-`crawl stats`, at that moment.
+segment did not take, the URLs it leased, the other segments not merged yet, and the hot domains (the
+generate.hot_domains registered domains with the most due URLs, with what the segment leased of each). Update
+records what the segment brought: results, applied and stale, new URLs, the change rate of refetched pages — read
+from the segment's index events, changed / (changed + not_modified); a changed page that dedup marked as a
+duplicate counts as neither — and the segments still not merged after it (those two in one Spark job). Hosts by
+state (`hosts_by_state`, crawler.politeness.host_state) are counted where they are shown, by the report and `crawl
+stats`, at that moment.
 
 A row is an idempotent Delta append (writer options txnAppId = cycle_metrics:<segment>:<step>, txnVersion 0): a
 re-run of a step writes nothing, keeps the first run's figures and changes no table, and a first run costs one
 commit, no MERGE. Every figure is a small aggregate; generate's due figures are one more pass over `urls` at its
-pinned version (the price of a backlog figure); update's read one segment's index events.
+pinned version (the price of a backlog figure), aggregated per host so the hot domains come from the same pass;
+update's read one segment's index events.
 """
 
 from __future__ import annotations
@@ -48,10 +50,16 @@ def generate_figures(spark: SparkSession, conf: Config, root: str, segment_id: s
     `unmerged` other segments generate found open."""
     high = float(conf["generate.high_priority"])
     due = pinned_table(spark, root, "urls").withColumn("gen_now", F.lit(now)).where(is_due_sql("gen_now", segment_id))
-    backlog = due.agg(
+    # One pass over `urls`: per host, then the totals and the hot domains from those (few) rows.
+    per_host = due.groupBy("host_key").agg(
         F.count("*").alias("due_urls"),
         F.min("next_fetch_at").alias("oldest"),
         F.count(F.when(F.col("priority") >= high, 1)).alias("due_high_priority"),
+    ).localCheckpoint()
+    backlog = per_host.agg(
+        F.coalesce(F.sum("due_urls"), F.lit(0)).alias("due_urls"),
+        F.min("oldest").alias("oldest"),
+        F.coalesce(F.sum("due_high_priority"), F.lit(0)).alias("due_high_priority"),
     ).first()
     taken = selected.agg(F.count("*").alias("leased"),
                          F.count(F.when(F.col("priority") >= high, 1)).alias("high")).first()
@@ -66,7 +74,25 @@ def generate_figures(spark: SparkSession, conf: Config, root: str, segment_id: s
         "high_priority_not_leased": max(0, backlog["due_high_priority"] - taken["high"]),
         "leased_urls": taken["leased"],
         "unmerged_segments": unmerged,
+        "hot_domains": hot_domains(spark, root, per_host, selected, int(conf["generate.hot_domains"])),
     }
+
+
+def hot_domains(spark: SparkSession, root: str, per_host: DataFrame, selected: DataFrame,
+                top: int) -> list[dict[str, Any]]:
+    """The `top` registered domains by due URLs (`per_host`: host_key, due_urls), each with the URLs `selected` (the
+    fetch list, with its `domain` column) leased of it: how much of a hot domain's backlog this cycle takes."""
+    if not top:
+        return []
+    domains = pinned_table(spark, root, "hosts").select("host_key", "domain")
+    rows = (per_host.join(domains, "host_key", "left")
+            .groupBy(F.coalesce("domain", "host_key").alias("domain")).agg(F.sum("due_urls").alias("due"))
+            .orderBy(F.desc("due"), "domain").limit(top).collect())
+    names = [row["domain"] for row in rows]
+    leased = {row["domain"]: int(row["count"])
+              for row in selected.where(F.col("domain").isin(names)).groupBy("domain").count().collect()}
+    return [{"domain": name, "due": int(row["due"]), "leased": leased.get(name, 0)} for name, row in zip(
+        names, rows, strict=True)]
 
 
 def update_figures(spark: SparkSession, conf: Config, root: str, segment_id: str, now: datetime, results: int,

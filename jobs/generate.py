@@ -4,9 +4,11 @@ Due = next_fetch_at <= now, no live lease (or a lease by this very segment: a re
 not denied by the robots.txt rules stored for its host while they are in force (an expired, missing or
 unreachable robots.txt is the daemon's to fetch and decide).
 Rank per host by score (priority + age boost), cut per host at min(per_host_max_urls, segment_seconds /
-delay) — one probe URL for a dead host (crawler.politeness.is_dead) — then keep the lowest ranks across hosts up
-to the segment budget (round-robin over hosts); with `generate.budget_split`, revisits and never-fetched URLs each
-take their share of it (`generate.refresh_share`, crawler.frontier.RefreshShare and refresh_quota).
+delay) — one probe URL for a dead host (crawler.politeness.is_dead) — then per registered domain at its budget
+(crawler.frontier.DomainBudgets, when configured; round-robin over the domain's hosts), then keep the lowest ranks
+across hosts up to the segment budget (round-robin over hosts); with `generate.budget_split`, revisits and
+never-fetched URLs each take their share of it (`generate.refresh_share`, crawler.frontier.RefreshShare and
+refresh_quota).
 The fetch list goes to segments/<id>/fetchlist/bucket=NNNNN, each bucket's file sorted by rank then host, so
 hosts are interleaved: a daemon streaming the list (fetch.max_queued_urls) keeps many hosts busy.
 Leasing bumps state_version, so only a result carrying the new version can complete the URL. The frontier's
@@ -33,7 +35,14 @@ from pyspark.sql import functions as F
 from crawler import layout
 from crawler.config import Config
 from crawler.errors import Backpressure, UserError
-from crawler.frontier import RefreshShare, backpressure, per_host_cap_sql, refresh_quota_sql, score_sql
+from crawler.frontier import (
+    DomainBudgets,
+    RefreshShare,
+    backpressure,
+    per_host_cap_sql,
+    refresh_quota_sql,
+    score_sql,
+)
 from crawler.leases import is_due_sql, leased_version_sql
 from crawler.politeness import PolitenessRules
 from crawler.robots import RobotsState, allowed_by_stored_rules
@@ -94,7 +103,8 @@ def within_budget(ranked: DataFrame, budget: int, share: float) -> DataFrame:
 
 def select_due(spark: SparkSession, conf: Config, root: str, segment_id: str, now: datetime,
                refresh_share: float) -> DataFrame:
-    """The fetch-list rows of this segment (FETCHLIST columns + bucket int + old_state_version), set-based."""
+    """The fetch-list rows of this segment (FETCHLIST columns + bucket int + old_state_version + the host's registered
+    domain), set-based."""
     urls = pinned_table(spark, root, "urls")
     now_col = F.lit(now)
     rules_in_force = (F.col("robots_state") == RobotsState.RULES.value) & (F.col("robots_expires_at") > now_col)
@@ -107,6 +117,7 @@ def select_due(spark: SparkSession, conf: Config, root: str, segment_id: str, no
         F.col("backoff_until").alias("h_backoff_until"),
         F.when(rules_in_force, F.col("robots_body")).alias("h_robots_rules"),
         F.expr(politeness.is_dead_sql("failing_since", "gen_now")).alias("h_dead"),
+        F.coalesce("domain", "host_key").alias("h_domain"),  # a row older than hosts.domain: its own domain
     )
     token, max_bytes = conf["crawl.robots_token"], conf["robots.max_bytes"]
 
@@ -135,6 +146,14 @@ def select_due(spark: SparkSession, conf: Config, root: str, segment_id: str, no
             Window.partitionBy("host_key").orderBy(F.desc("score"), F.asc("url_id"))))
         .where(F.col("rank") <= F.col("host_cap"))
     )
+    domains = DomainBudgets.from_config(conf)
+    if domains.active:  # round-robin over a domain's hosts: every host's first URL before any host's second
+        ranked = (
+            ranked.withColumn("domain_cap", F.expr(domains.cap_sql("h_domain")))
+            .withColumn("domain_rank", F.row_number().over(
+                Window.partitionBy("h_domain").orderBy("rank", F.desc("score"), "url_id")))
+            .where(F.col("domain_cap").isNull() | (F.col("domain_rank") <= F.col("domain_cap")))
+        )
     budget = conf["generate.segment_max_urls"]
     chosen = (within_budget(ranked, budget, refresh_share) if conf["generate.budget_split"]
               else ranked.orderBy("rank", F.desc("score"), "url_id").limit(budget))
@@ -155,6 +174,7 @@ def select_due(spark: SparkSession, conf: Config, root: str, segment_id: str, no
         "sitemap_origin",
         "bucket",
         F.col("state_version").alias("old_state_version"),
+        F.col("h_domain").alias("domain"),
     )
 
 

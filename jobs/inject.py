@@ -24,7 +24,7 @@ from crawler.seeds import SeedEntry, is_skipped, read_seeds, split_lines
 from crawler.sitemaps import SITEMAP_FILE_PRIORITY, FoundVia, SitemapOrigin, probe_url
 from crawler.status import UrlSource, UrlStatus
 from delta_tables import tables
-from jobs.base import insert_if_absent, recount_known_urls, step
+from jobs.base import insert_if_absent, recount_known_urls, step, with_domain
 
 log = logging.getLogger("jobs.inject")
 
@@ -45,12 +45,14 @@ class InjectResult:
 
 
 def insert_hosts_if_absent(spark: SparkSession, root: str, host_rows: DataFrame, now: datetime) -> int:
-    """Insert-if-absent `hosts` rows (host_key, bucket) with zero counters; returns rows inserted."""
+    """Insert-if-absent `hosts` rows (host_key, bucket, and its registered domain) with zero counters; returns rows
+    inserted."""
     zero = F.lit(0).cast("bigint")
     source = tables.conform(
-        host_rows.select("host_key", "bucket").dropDuplicates(["host_key"]).select(
+        with_domain(host_rows.select("host_key", "bucket").dropDuplicates(["host_key"])).select(
             "host_key",
             "bucket",
+            "domain",
             *[F.lit(None).alias(c) for c in ("robots_state", "robots_body", "robots_status_code", "robots_fetched_at",
                                              "robots_expires_at", "crawl_delay_s", "min_delay_s", "max_concurrency",
                                              "backoff_until", "last_fetch_at", "last_segment", "trap_rejections",

@@ -9,7 +9,9 @@ clustering decays in one cycle), while ZORDER rewrites every file of a partition
 rewrites the small files, so a second run costs next to nothing.
 
 Before compaction, `hosts.known_urls` is recounted from `urls` (one scan): update keeps it by increments
-and inject by recounting its seeds' hosts, so this recount only repairs drift (e.g. rows written by hand).
+and inject by recounting its seeds' hosts, so this recount only repairs drift (e.g. rows written by hand). Hosts
+rows older than `hosts.domain` get their registered domain (per-domain budgets count them as their own domain
+until then).
 """
 
 from __future__ import annotations
@@ -19,11 +21,12 @@ import time
 from dataclasses import dataclass, field
 
 from pyspark.sql import SparkSession
+from pyspark.sql import functions as F
 
 from crawler import layout
 from crawler.config import Config
 from delta_tables.tables import TABLES, table_path
-from jobs.base import recount_known_urls, session_settings
+from jobs.base import merge_counts, merge_into, pinned_table, recount_known_urls, session_settings, with_domain
 
 log = logging.getLogger("jobs.maintain")
 
@@ -60,6 +63,7 @@ class MaintainResult:
     tables: list[TableMaintenance] = field(default_factory=list)
     missing: list[str] = field(default_factory=list)   # asked for but not created yet under the root
     known_urls_corrected: int = 0                      # hosts whose known_urls the recount changed
+    domains_filled: int = 0                            # hosts rows older than hosts.domain that got it
 
     def summary(self) -> str:
         files_before = sum(t.files_before for t in self.tables)
@@ -70,7 +74,8 @@ class MaintainResult:
         return (f"{len(self.tables)} tables: files {files_before} -> {files_after}, "
                 f"{_size(sum(t.bytes_after for t in self.tables))}, "
                 f"{sum(t.rows for t in self.tables)} rows, {vacuum}, "
-                f"{self.known_urls_corrected} hosts.known_urls corrected{missing}")
+                f"{self.known_urls_corrected} hosts.known_urls corrected, {self.domains_filled} hosts.domain filled"
+                f"{missing}")
 
     def render(self) -> str:
         header = (f"{'table':<14}{'files':>14}{'size':>20}{'rows':>12}{'compacted':>11}"
@@ -156,6 +161,20 @@ def maintain_table(spark: SparkSession, root: str, name: str, retention_hours: f
     return figures
 
 
+def fill_host_domains(spark: SparkSession, root: str) -> int:
+    """Set `hosts.domain` on rows written before the column existed (inject and update set it on the rows they
+    create); the registered domain is computed for those rows only. Returns the rows filled."""
+    missing = pinned_table(spark, root, "hosts").where(F.col("domain").isNull()).select("host_key", "bucket")
+    if not missing.limit(1).count():  # the usual case once filled: no MERGE, no commit
+        return 0
+    metrics = (
+        merge_into(spark, root, "hosts", with_domain(missing), "t.bucket = s.bucket AND t.host_key = s.host_key")
+        .whenMatchedUpdate(condition="t.domain IS NULL", set={"domain": "s.domain"})
+        .execute()
+    )
+    return merge_counts(metrics).get("num_updated_rows", 0)
+
+
 def run(spark: SparkSession, conf: Config, root: str, tables: list[str] | None = None,
         vacuum: bool = True) -> MaintainResult:
     """Compact, vacuum and measure `tables` (default: every table); tables not created yet are listed as missing."""
@@ -170,6 +189,7 @@ def run(spark: SparkSession, conf: Config, root: str, tables: list[str] | None =
         settings.update(vacuum_settings(retention_hours, listing_tasks))
     if all(DeltaTable.isDeltaTable(spark, table_path(root, name)) for name in ("urls", "hosts")):
         result.known_urls_corrected = recount_known_urls(spark, root)
+        result.domains_filled = fill_host_domains(spark, root)
     with session_settings(spark, settings):
         for name in names:
             if not DeltaTable.isDeltaTable(spark, table_path(root, name)):

@@ -16,7 +16,15 @@ from crawler.politeness import THROTTLE_STATUSES, HostBackoff, PolitenessRules
 from crawler.records import ROBOTS
 from crawler.robots import RobotsState
 from crawler.status import FetchOutcome, is_transient_sql, made_request_sql
-from jobs.base import from_micros, latest_per_key, merge_counts, merge_into, read_segment_files, to_micros
+from jobs.base import (
+    from_micros,
+    latest_per_key,
+    merge_counts,
+    merge_into,
+    read_segment_files,
+    to_micros,
+    with_domain,
+)
 from jobs.discover import hosts_part
 
 ROBOTS_COLUMNS = ["robots_state", "robots_body", "robots_status_code", "robots_fetched_at", "robots_expires_at",
@@ -109,7 +117,8 @@ def merge_hosts(spark: SparkSession, root: str, segment_id: str, fetch_counts: D
     not this segment) and discovery tally (jobs.discover.discovery_tally, hosts_part); a host without a row
     gets one when it has results or accepted URLs. Returns the rows updated or inserted."""
     found = hosts_part(segment_id)
-    source = fetch_counts.withColumn("has_fetch", F.lit(True)).join(tally, ["host_key", "bucket"], "full_outer")
+    source = with_domain(fetch_counts.withColumn("has_fetch", F.lit(True)).join(tally, ["host_key", "bucket"],
+                                                                               "full_outer"))
     seg = F.lit(segment_id)
     fetched = F.col("s.has_fetch").isNotNull()
     fetch = fetched & ~F.col("t.last_segment").eqNullSafe(seg)
@@ -139,6 +148,7 @@ def merge_hosts(spark: SparkSession, root: str, segment_id: str, fetch_counts: D
         "failing_since": when_fetch("failing_since", F.col("s.failing_since")),
         "last_segment": when_fetch("last_segment", seg),
         **found.set,
+        "domain": F.coalesce("t.domain", "s.domain"),  # a row older than the column gains it when touched
         "updated_at": F.lit(now),
     }
     inserts = {
@@ -154,6 +164,7 @@ def merge_hosts(spark: SparkSession, root: str, segment_id: str, fetch_counts: D
         "backoff_until": F.col("s.backoff_until"),
         "failing_since": F.col("s.failing_since"),
         "last_segment": F.when(fetched, seg),
+        "domain": F.col("s.domain"),
         "updated_at": F.lit(now),
         **found.values,
     }

@@ -18,7 +18,7 @@ from delta_tables import TABLES, table_df
 from jobs import events, update
 from sitefarm.judge import politeness_violations, requested_url, robots_violations
 from tests.support.crawl import BAD_SEED_LINES, CYCLES
-from tests.support.tables import snapshot
+from tests.support.tables import unchanged_tables
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
 
@@ -102,11 +102,8 @@ def test_index_events_one_per_version(spark, shared_crawl):
 
 def test_rerun_update_leaves_every_table_unchanged(spark, shared_crawl, tmp_path):
     root = shared_crawl.copy(CYCLES, "update", tmp_path / "root")
-    before = snapshot(spark, root)
-    update.run(spark, shared_crawl.conf, str(root), shared_crawl.segment(CYCLES))
-    after = snapshot(spark, root)
-    for name in TABLES:
-        assert before[name] == after[name], f"table {name} changed on re-running update"
+    with unchanged_tables(spark, root):
+        update.run(spark, shared_crawl.conf, str(root), shared_crawl.segment(CYCLES))
 
 
 def test_demo_command_end_to_end(demo_run):
@@ -146,6 +143,21 @@ def test_cycle_metrics_hold_one_row_per_step_run_agreeing_with_the_segments(spar
         assert (merged.results, merged.applied, merged.stale) == (seg.results, seg.applied, seg.stale)
         assert merged.changed <= merged.refetched and merged.run_at > chosen.run_at
     assert figures[(shared_crawl.segment(1), "update")].new_urls > 0
+    for segment in segments:
+        chosen = figures[(segment, "generate")]
+        hot = [(d.domain, d.due, d.leased) for d in chosen.hot_domains]
+        assert 0 < len(hot) <= shared_crawl.conf["generate.hot_domains"]
+        assert [due for _, due, _ in hot] == sorted((due for _, due, _ in hot), reverse=True)
+        assert all(0 <= leased <= due for _, due, leased in hot) and sum(due for _, due, _ in hot) <= chosen.due_urls
+
+
+def test_every_host_row_carries_its_registered_domain(spark, shared_crawl):
+    """Inject (seed hosts) and update (hosts of fetches and of discovered URLs) store `hosts.domain` on the rows they
+    create: what per-domain budgets and the hot-domain figures group by."""
+    from crawler.urls import host_domain
+
+    rows = table_df(spark, str(shared_crawl.root), "hosts").select("host_key", "domain").collect()
+    assert {r.host_key: r.domain for r in rows} == {r.host_key: host_domain(r.host_key) for r in rows}
 
 
 def test_stats_counts_every_table_by_status(spark, shared_crawl):

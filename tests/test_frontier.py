@@ -4,6 +4,8 @@ use of them in tests/test_inject_generate.py."""
 
 from __future__ import annotations
 
+import pytest
+
 from crawler import frontier
 
 
@@ -27,3 +29,21 @@ def test_the_adaptive_refresh_share_moves_toward_what_pays():
     assert rule.current(None, 3.0) == rule.current(0.3, None) == 0.45
     fixed = frontier.RefreshShare(share=0.45, adaptive=False, min_share=0.2, max_share=0.8, gain=0.5)
     assert fixed.current(change_rate=1.0, new_urls_per_fetch=0.0) == 0.45
+
+
+def test_domain_budgets_first_matching_pattern_else_the_default():
+    budgets = frontier.DomainBudgets(40, (("wikipedia.org", 2000), ("*.blogspot.com", 5), ("*.org", 10)))
+    assert budgets.cap("wikipedia.org") == 2000 and budgets.cap("WIKIPEDIA.org") == 2000
+    assert budgets.cap("me.blogspot.com") == 5 and budgets.cap("blogspot.com") == 40
+    assert budgets.cap("gnu.org") == 10 and budgets.cap("example.com") == 40
+    assert frontier.DomainBudgets(0).cap("example.com") is None and not frontier.DomainBudgets(0).active
+    assert frontier.DomainBudgets(0, (("x.com", 0),)).cap("x.com") == 0  # a known trap can be shut out
+    assert frontier.DomainBudgets(0, (("x.com", 3),)).cap("y.com") is None
+
+
+@pytest.mark.parametrize(("pattern", "accepted"), [
+    ("example.com", True), ("*.blogspot.com", True), ("hot?.test", True), ("", False), ("  ", False),
+    ("a[bc].com", False), ("a\\.com", False), ("a b.com", False), (3, False),
+])
+def test_domain_patterns_are_globs_of_star_and_question_mark_only(pattern, accepted):
+    assert frontier.is_domain_pattern(pattern) is accepted

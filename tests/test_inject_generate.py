@@ -14,7 +14,7 @@ from crawler.errors import Backpressure, UserError
 from crawler.records import FETCHLIST
 from delta_tables import tables
 from jobs import generate, inject, update
-from tests.support.tables import append_rows
+from tests.support.tables import append_rows, unchanged_tables
 
 
 @pytest.fixture
@@ -41,10 +41,6 @@ http://c.test/
 
 def table_rows(spark, root, name) -> list[str]:
     return sorted(str(r) for r in tables.table_df(spark, root, name).collect())
-
-
-def snapshot(spark, root) -> dict[str, list[str]]:
-    return {name: table_rows(spark, root, name) for name in ("urls", "hosts", "segments")}
 
 
 def fetchlist_rows(root: str, segment_id: str) -> dict[int, list[dict]]:
@@ -102,10 +98,9 @@ def test_inject_reports_bad_lines_injects_the_rest_and_is_idempotent(spark, base
     assert hosts["http://b.test"].fetches == 0 and hosts["http://b.test"].policy_version == 0
     assert {h: r.known_urls for h, r in hosts.items()} == {"http://a.test": 5, "http://b.test": 2, "http://c.test": 1}
 
-    before = snapshot(spark, root)
-    again = inject.run(spark, base_conf, root, seeds)
+    with unchanged_tables(spark, root):
+        again = inject.run(spark, base_conf, root, seeds)
     assert (again.injected, again.already_known, again.rejected) == (0, 8, 2)
-    assert snapshot(spark, root) == before
 
 
 @pytest.mark.slow
@@ -134,10 +129,9 @@ def test_generate_caps_sorts_leases_and_reruns_idempotently(spark, base_conf, ro
     assert sorted(segments) == expected_buckets and sum(r.url_count for r in segments.values()) == 6
     assert {r.state for r in segments.values()} == {"generated"}
 
-    before = snapshot(spark, root)
-    rerun = generate.run(spark, conf, root, "seg-1", now)
+    with unchanged_tables(spark, root):
+        rerun = generate.run(spark, conf, root, "seg-1", now)
     assert (rerun.url_count, rerun.buckets) == (6, expected_buckets)
-    assert snapshot(spark, root) == before
     assert fetchlist_rows(root, "seg-1") == listed
 
     second = generate.run(spark, conf, root, "seg-2", now)
@@ -244,12 +238,12 @@ def test_generate_waits_for_stalled_segments_and_lets_open_fetches_pile_up_to_th
     generate with Backpressure (exit 75) and leases nothing; giving it up (`record_closed`, crawl close-segment)
     or merging it (update, here of a segment with no results) lets generate go on. Segments still being fetched
     may pile up to generate.max_unmerged_segments."""
-    before = snapshot(spark, root)
+    urls_before = table_rows(spark, root, "urls")
     _open_segment(spark, root, "seg-stalled", fetch_over=True)
     _open_segment(spark, root, "seg-empty", fetch_over=True, buckets=(3,))
     with pytest.raises(Backpressure, match="segment seg-empty finished fetching but is not merged .and 1 more"):
         generate.run(spark, base_conf, root, "seg-next")
-    assert table_rows(spark, root, "urls") == before["urls"]  # nothing leased
+    assert table_rows(spark, root, "urls") == urls_before  # nothing leased
     assert not os.path.exists(layout.fetchlist_dir(root, "seg-next"))
 
     assert update.record_closed(spark, root, "seg-stalled", datetime.now(UTC)) == 2
@@ -309,3 +303,38 @@ def test_a_burst_on_one_side_leaves_the_other_its_share(spark, base_conf, root, 
     # within each side the usual order holds: every host's first URL before any host's second
     for side in (revisited, [r for r in listed if r["last_fetch_at"] is None]):
         assert max(r["rank"] for r in side) <= 2
+
+
+def test_a_domain_of_many_subdomains_gets_no_more_than_its_budget(spark, base_conf, root, tmp_path):
+    """Per-domain budgets (crawler.frontier.DomainBudgets): 500 subdomains of one registered domain share its
+    budget (round-robin: each of 40 hosts gives its first URL), a pattern gives a known domain more, a domain under
+    its budget keeps everything; the hot domains are recorded with what the segment took of each."""
+    big = [f"http://h{n}.bigsite.co.uk/{page}" for n in range(500) for page in ("a", "b")]
+    hot = [f"http://h{n}.hot.test/{page}" for n in range(30) for page in ("a", "b", "c")]
+    small = [f"http://s{n}.small.test/{page}" for n in range(3) for page in ("a", "b")]
+    seeds = tmp_path / "seeds.txt"
+    seeds.write_text("\n".join(big + hot + small) + "\n")
+    conf = base_conf.with_overrides({"generate.per_domain_max_urls": 40, "generate.domain_budgets": {"hot.t*": 75},
+                                     "generate.hot_domains": 2, "generate.segment_max_urls": 10000,
+                                     "sitemaps.probe_default_location": False})
+    inject.run(spark, conf, root, str(seeds))
+    domains = {r.host_key: r.domain for r in tables.table_df(spark, root, "hosts").collect()}
+    assert len(domains) == 533 and domains["http://h7.bigsite.co.uk"] == "bigsite.co.uk"
+    assert {domains[urls.host_key(u)] for u in hot + small} == {"hot.test", "small.test"}
+
+    result = generate.run(spark, conf, root, "seg-domains", datetime.now(UTC) + timedelta(minutes=1))
+    listed = [r for rows in fetchlist_rows(root, "seg-domains").values() for r in rows]
+    by_domain: dict[str, list[dict]] = {}
+    for row in listed:
+        by_domain.setdefault(domains[row["host_key"]], []).append(row)
+    assert {d: len(rows) for d, rows in by_domain.items()} == {"bigsite.co.uk": 40, "hot.test": 75,
+                                                               "small.test": 6}
+    assert len({r["host_key"] for r in by_domain["bigsite.co.uk"]}) == 40  # one URL from each of 40 hosts
+    assert len({r["host_key"] for r in by_domain["hot.test"]}) == 30  # every host's first and second URL first
+    assert sorted(r["rank"] for r in by_domain["hot.test"]).count(3) == 15
+    assert result.url_count == 121
+
+    figures = tables.table_df(spark, root, "cycle_metrics").where("segment_id = 'seg-domains'").first()
+    assert [hot.asDict() for hot in figures.hot_domains] == [
+        {"domain": "bigsite.co.uk", "due": 1000, "leased": 40}, {"domain": "hot.test", "due": 90, "leased": 75}]
+    assert figures.due_urls == 1096 and figures.leased_urls == 121

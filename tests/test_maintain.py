@@ -12,7 +12,7 @@ from pyspark.sql import functions as F
 from crawler.config import ConfigError
 from delta_tables.tables import table_df, table_path
 from jobs import maintain
-from tests.support.tables import append_rows
+from tests.support.tables import append_rows, table_versions
 
 APPENDS = 5
 WHEN = datetime(2026, 1, 2, 3, 4, 5, tzinfo=timezone.utc)
@@ -26,7 +26,8 @@ def _fill(spark, root: str) -> None:
              "counters": {"x": i}} for b in range(3)
         ], WHEN)
         append_rows(spark, root, "hosts", [
-            {"host_key": f"http://h{i}-{b}.test", "bucket": b, "fetches": i * b} for b in range(4)
+            {"host_key": f"http://h{i}-{b}.test", "bucket": b, "fetches": i * b, "domain": f"h{i}-{b}.test"}
+            for b in range(4)
         ], WHEN)
 
 
@@ -48,6 +49,21 @@ def _parquet_on_disk(root: str, name: str) -> int:
     return count
 
 
+def test_hosts_rows_older_than_the_domain_column_get_their_registered_domain_once(spark, base_conf, tables_root):
+    append_rows(spark, tables_root, "hosts", [
+        {"host_key": "http://a.b.example.co.uk", "bucket": 1},
+        {"host_key": "https://www.example.com:8443", "bucket": 2},
+        {"host_key": "http://127.0.0.1:8080", "bucket": 3},
+        {"host_key": "http://set.test", "bucket": 0, "domain": "kept.test"}])
+    assert maintain.run(spark, base_conf, tables_root, tables=["hosts"], vacuum=False).domains_filled == 3
+    assert {r.host_key: r.domain for r in table_df(spark, tables_root, "hosts").collect()} == {
+        "http://a.b.example.co.uk": "example.co.uk", "https://www.example.com:8443": "example.com",
+        "http://127.0.0.1:8080": "127.0.0.1", "http://set.test": "kept.test"}
+    versions = table_versions(tables_root)
+    assert maintain.fill_host_domains(spark, tables_root) == 0
+    assert table_versions(tables_root) == versions  # nothing left to fill: no MERGE, no commit
+
+
 @pytest.mark.slow
 def test_optimize_compacts_to_one_file_per_partition_and_keeps_contents(spark, base_conf, tables_root):
     root = tables_root
@@ -66,7 +82,7 @@ def test_optimize_compacts_to_one_file_per_partition_and_keeps_contents(spark, b
     assert figures["hosts"].files_compacted == figures["hosts"].files_before >= 4 * APPENDS
     assert figures["hosts"].files_written == 4
     assert figures["segments"].rows == 3 * APPENDS and figures["hosts"].rows == 4 * APPENDS
-    assert figures["hosts"].vacuum_removed == 0
+    assert figures["hosts"].vacuum_removed == 0 and result.domains_filled == 0
     for name, rows in before.items():
         assert _snapshot(spark, root, name) == rows
 

@@ -75,9 +75,11 @@ def crawled(spark, tmp_path_factory) -> str:
         {"host_key": "http://norobots.test", "robots_state": "disallow_all"},
     ])
     append_rows(spark, root, "cycle_metrics", [
-        {"segment_id": OTHER, "step": "generate", "run_at": T0 - timedelta(hours=1), "due_urls": 40},
+        {"segment_id": OTHER, "step": "generate", "run_at": T0 - timedelta(hours=1), "due_urls": 40,
+         "hot_domains": [{"domain": "big.test", "due": 30, "leased": 3}]},
         {"segment_id": SEG, "step": "generate", "run_at": T0, "due_urls": 30, "oldest_due_age_s": 7200.0,
-         "due_high_priority": 12, "high_priority_not_leased": 2, "leased_urls": 11, "unmerged_segments": 1},
+         "due_high_priority": 12, "high_priority_not_leased": 2, "leased_urls": 11, "unmerged_segments": 1,
+         "hot_domains": [{"domain": "big.test", "due": 20, "leased": 5}, {"domain": "a.test", "due": 8, "leased": 6}]},
         {"segment_id": SEG, "step": "update", "run_at": T0 + timedelta(minutes=5), "results": 11, "applied": 8,
          "stale": 3, "new_urls": 5, "refetched": 4, "changed": 1, "change_rate": 0.25},
     ])
@@ -148,6 +150,12 @@ def test_host_states_now_and_the_recent_frontier_figures(data):
             "1 other segments not merged") in summary
     assert "change:          5 new URLs; 1 of 4 refetched pages changed (25%)" in summary
     assert "host states:     ok=3, backing_off=1, dead=1, robots_unreachable=1" in summary
+
+
+def test_hot_domains_with_what_this_cycle_and_earlier_ones_took(data):
+    assert render.hot_domain_rows(data) == [("big.test", 20, 5, "25.0%", "10.0%"), ("a.test", 8, 6, "75.0%", "-")]
+    assert ("hot domains:     big.test 5 of 20 due (25.0%); a.test 6 of 8 due (75.0%)"
+            in render.terminal_summary(data))
 
 
 class _Page(HTMLParser):
@@ -259,7 +267,10 @@ def test_every_crawl_string_is_escaped():
         robots_denied_hosts=[(hostile, 1)], shared_addresses=[(hostile, 2, 3)], trap_hosts=[(hostile, {hostile: 1})],
         trap_reasons={hostile: 1},
         new_urls={hostile: 1}, sitemap_refused={hostile: 1}, counters={hostile: 1}, host_states={hostile: 1},
-        frontier=[{"segment_id": hostile, "step": "generate", "due_urls": 3}]))
+        frontier=[{"segment_id": hostile, "step": "generate", "due_urls": 3},
+                  {"segment_id": "seg-x", "step": "generate", "due_urls": 3, "oldest_due_age_s": None,
+                   "due_high_priority": 0, "high_priority_not_leased": 0, "unmerged_segments": 0,
+                   "hot_domains": [{"domain": hostile, "due": 3, "leased": 1}]}]))
     parsed = _parse(page)
     assert "script" not in parsed.tags
     assert hostile in "".join(parsed.text)

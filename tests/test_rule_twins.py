@@ -193,3 +193,18 @@ def test_refresh_quota_agrees(spark):
         expected = frontier.refresh_quota(budget, share, refresh, discovery)
         assert (row.a, row.b) == expected, cases[i]
         assert sum(expected) == min(budget, refresh + discovery)  # a side's unused quota goes to the other
+
+
+@pytest.mark.parametrize("budgets", [
+    frontier.DomainBudgets(40, (("wikipedia.org", 2000), ("*.blogspot.com", 5), ("a_b?.org", 7), ("100%.net", 1))),
+    frontier.DomainBudgets(0, (("hot.*", 90),)),
+    frontier.DomainBudgets(12),
+    frontier.DomainBudgets(0),
+])
+def test_domain_budget_agrees(spark, budgets):
+    domains = ["wikipedia.org", "WikiPedia.org", "en.wikipedia.org", "x.blogspot.com", "blogspot.com", "a_b1.org",
+               "axb1.org", "a_b12.org", "100%.net", "1000.net", "hot.test", "hot", "example.co.uk", "127.0.0.1",
+               "[::1]", "o'brien.ie"]
+    got = spark.createDataFrame([(d,) for d in domains], "domain string").selectExpr(
+        "domain", f"{budgets.cap_sql('domain')} as cap").collect()
+    assert {row.domain: row.cap for row in got} == {d: budgets.cap(d) for d in domains}
