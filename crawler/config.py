@@ -20,6 +20,7 @@ from typing import Any
 
 import yaml
 
+from crawler.bucketing import POLITENESS_KEYS
 from crawler.dedup import MAX_SUPPORTED_HAMMING
 from crawler.errors import UserError
 from crawler.ownership import check_timing
@@ -112,6 +113,7 @@ _RULES: dict[str, tuple[Any, str]] = {
     "politeness.max_crawl_delay_s": (_non_negative, "must be >= 0"),
     "politeness.max_concurrency_per_host": (_positive, "must be > 0"),
     "politeness.dead_after_days": (_positive, "must be > 0"),
+    "politeness.key": (lambda v: v in POLITENESS_KEYS, f"must be one of {', '.join(POLITENESS_KEYS)}"),
     "politeness.max_concurrency_per_ip": (_non_negative, "must be >= 0 (0: no cap)"),
     "politeness.min_delay_per_ip_s": (_non_negative, "must be >= 0"),
     "politeness.backoff_base_s": (_non_negative, "must be >= 0"),

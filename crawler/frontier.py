@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from crawler import traps, urls
+from crawler.bucketing import Bucketing
 from crawler.scope import Scope
 from crawler.sitemaps import SITEMAP_FILE_PRIORITY, SitemapEntry, first_schedule
 from crawler.status import FetchOutcome, IndexEventKind, UrlSource, is_gone
@@ -42,7 +43,7 @@ class Discovery:
     reject_reason: str | None
 
 
-def classify_discovery(raw_url: str, scope: Scope, rules: traps.TrapRules, buckets: int) -> Discovery | None:
+def classify_discovery(raw_url: str, scope: Scope, rules: traps.TrapRules, bucketing: Bucketing) -> Discovery | None:
     """Keys and verdict of a discovered URL under the scope and per-URL trap rules; None when it is not a
     valid http(s) URL at all (no host to count it against)."""
     try:
@@ -50,7 +51,7 @@ def classify_discovery(raw_url: str, scope: Scope, rules: traps.TrapRules, bucke
     except ValueError:
         return None
     host = urls.parts(canonical)[0]
-    keys = UrlKeys(canonical, urls.url_id(canonical), host, urls.bucket_of(host, buckets))
+    keys = UrlKeys(canonical, urls.url_id(canonical), host, bucketing.bucket(host))
     reason = scope.reject_reason(canonical) or traps.trap_reason(canonical, rules)
     return Discovery(keys, traps.url_template(canonical), reason)
 

@@ -35,6 +35,7 @@ TABLES = ("urls", "hosts", "fetches", "pages", "links", "index_events", "segment
 BUCKET_DIR = re.compile(r"^bucket=(\d{5})$")
 DONE_MANIFEST = "_DONE.json"
 CLOSED_MARKER = "_CLOSED.json"
+CRAWL_RECORD = "_crawl.json"
 # A segment id names a folder and goes into SQL predicates: letters, digits, '_', '.', '-', starting with a letter or
 # digit (so never '.', '..', a hidden name or an option), at most 128 characters.
 SEGMENT_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,127}$")
@@ -168,6 +169,11 @@ def cdxj_filename(warc_filename: str) -> str:
 
 def done_manifest(root: str, segment_id: str, bucket: int) -> str:
     return join(fetched_dir(root, segment_id, bucket), DONE_MANIFEST)
+
+
+def crawl_record(root: str) -> str:
+    """`_crawl.json`: the bucketing a crawl was started with (crawler.bucketing)."""
+    return join(root, CRAWL_RECORD)
 
 
 def closed_marker(root: str, segment_id: str) -> str:

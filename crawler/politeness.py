@@ -19,12 +19,17 @@ Per-host overrides: an operator may set `hosts.min_delay_s` and `hosts.max_concu
 concurrency as a cap when a bucket run first sees the host (`PolitenessRules.limit`). Overrides only ever make a
 host's gate stricter.
 
+Politeness key (`politeness.key`): `host` (the default) gives every host name its own gate. `domain` also holds
+every host of one registered domain by one `SharedGate` (at most `max_concurrency_per_host` requests in flight
+across them, starts `min_delay_s` apart and that long after the end of the last one), and keys buckets by the
+domain (`crawler/bucketing.py`), so one daemon owns all of a domain's hosts and its gate covers them all.
+
 Per-IP guard (off by default): many host names can share one server, and each name has its own gate. With
 `politeness.max_concurrency_per_ip` or `min_delay_per_ip_s` set, every host a daemon process resolved to one IP
-address is also held by that address's `AddressGate`: at most that many requests in flight there, starts that far
+address is also held by that address's `SharedGate`: at most that many requests in flight there, starts that far
 apart and that long after the end of the last one, across all the names and buckets of the process. A host is
 bound to its address when its bucket run prepares it (the first permitted address of its name). It is a guard per
-process: buckets are keyed by host name, so names of one address can be owned by different daemons.
+process: buckets are keyed by host name (or domain), so names of one address can be owned by different daemons.
 
 Across segments (`host_backoff`, applied by update): a segment whose requests to a host met failures — the same
 transient failures the gate counts, `crawler.status.is_transient`, and a robots.txt found unreachable (DNS,
@@ -123,6 +128,7 @@ class PolitenessRules:
     dead_after_days: float
     max_concurrency_per_ip: int = 0
     min_delay_per_ip_s: float = 0.0
+    key: str = "host"  # crawler.bucketing.POLITENESS_KEYS: what one gate (and one bucket) covers
 
     @classmethod
     def from_config(cls, conf: Config) -> PolitenessRules:
@@ -157,11 +163,17 @@ class PolitenessRules:
         self.limit(gate, floor_delay_s, host_max_concurrency)
         return gate
 
-    def address_gate(self) -> AddressGate | None:
+    def address_gate(self) -> SharedGate | None:
         """A new gate for one IP address (the per-IP guard), or None while the guard is off (both settings 0)."""
         if not self.max_concurrency_per_ip and not self.min_delay_per_ip_s:
             return None
-        return AddressGate(self.min_delay_per_ip_s, self.max_concurrency_per_ip)
+        return SharedGate(self.min_delay_per_ip_s, self.max_concurrency_per_ip)
+
+    def domain_gate(self) -> SharedGate | None:
+        """A new gate for one registered domain's hosts with `politeness.key: domain` (None with `host`)."""
+        if self.key != "domain":
+            return None
+        return SharedGate(self.min_delay_s, self.max_concurrency_per_host)
 
     def limit(self, gate: HostGate, floor_delay_s: float | None, host_max_concurrency: int | None) -> None:
         """Apply a host's limits from its fetch list row to its gate (new, or kept from an earlier segment): the
@@ -224,12 +236,13 @@ class PolitenessRules:
 
 
 @dataclass
-class AddressGate:
-    """The per-IP guard of one IP address inside one process: at most `max_concurrency` requests in flight (0: no
-    cap) and starts `min_delay_s` apart, each also `min_delay_s` after the end of the last one, across every host
-    name of that process that resolved to the address. Many names on one shared server then get one allowance,
-    not one each. Per process: hosts of one address can sit in buckets of different daemons (the bucket is keyed
-    by host name), so a fleet of N processes may send up to N times this."""
+class SharedGate:
+    """A gate many hosts of one process share: at most `max_concurrency` requests in flight (0: no cap) and starts
+    `min_delay_s` apart, each also `min_delay_s` after the end of the last one, across every host it holds. Two
+    uses: an IP address's per-IP guard (every host name that resolved to it: many names on one shared server get one
+    allowance, not one each; per process, since hosts of one address can sit in buckets of different daemons, so a
+    fleet of N processes may send up to N times this), and a registered domain's gate with `politeness.key: domain`
+    (all its hosts; one daemon owns them, since buckets are then keyed by the domain)."""
 
     min_delay_s: float
     max_concurrency: int
@@ -279,7 +292,8 @@ class HostGate:
     last_end_at: float | None = None
     paused: bool = False
     concurrency_cap: int = 0            # the configured concurrency (defaults to max_concurrency)
-    address: AddressGate | None = None  # the per-IP guard of the address the host resolved to (None: off)
+    address: SharedGate | None = None   # the per-IP guard of the address the host resolved to (None: off)
+    domain: SharedGate | None = None    # the gate of the host's registered domain (politeness.key: domain)
 
     def __post_init__(self) -> None:
         self.concurrency_cap = self.concurrency_cap or self.max_concurrency
@@ -291,21 +305,24 @@ class HostGate:
     def delay_s(self) -> float:
         return max(self._delay_without_backoff(), self.backoff_s)
 
+    def shared(self) -> tuple[SharedGate, ...]:
+        """The gates the host shares with other hosts: its domain's and its address's (those in force)."""
+        return tuple(g for g in (self.domain, self.address) if g is not None)
+
     def can_start(self, now: float) -> bool:
         return (not self.paused and self.in_flight < self.max_concurrency and now >= self.next_allowed_at
-                and (self.address is None or self.address.can_start(now)))
+                and all(g.can_start(now) for g in self.shared()))
 
     def full(self) -> bool:
-        """No request may start before one in flight ends: the host's or its address's concurrency is taken."""
-        return self.in_flight >= self.max_concurrency or (self.address is not None and self.address.full())
+        """No request may start before one in flight ends: the host's, its domain's or its address's concurrency is
+        taken."""
+        return self.in_flight >= self.max_concurrency or any(g.full() for g in self.shared())
 
     def opens_at(self) -> float:
-        """The earliest time a request may start, as far as delays go (the host's and its address's)."""
-        if self.address is None:
-            return self.next_allowed_at
-        return max(self.next_allowed_at, self.address.next_allowed_at)
+        """The earliest time a request may start, as far as delays go (the host's, its domain's, its address's)."""
+        return max([self.next_allowed_at, *(g.next_allowed_at for g in self.shared())])
 
-    def bind_address(self, address: AddressGate | None) -> None:
+    def bind_address(self, address: SharedGate | None) -> None:
         """Put the host under the per-IP guard of the address it resolved to (or none). A host with requests in
         flight keeps its address until they end: each one is released where it was counted."""
         if self.in_flight == 0:
@@ -318,16 +335,16 @@ class HostGate:
         self.in_flight += 1
         self.last_start_at = now
         self.next_allowed_at = max(self.next_allowed_at, now + self.delay_s())
-        if self.address is not None:
-            self.address.started(now)
+        for shared in self.shared():
+            shared.started(now)
 
     def abandoned(self, now: float) -> None:
         """Every request still counted in flight was cancelled (its bucket run stopped) and will never call
         `finished`: release them all, holding the host for one delay from now, since the server may have seen
         them. Only for a host none of whose requests is still running."""
         if self.in_flight:
-            if self.address is not None:
-                self.address.released(self.in_flight, now)
+            for shared in self.shared():
+                shared.released(self.in_flight, now)
             self.in_flight = 0
             self.next_allowed_at = max(self.next_allowed_at, now + self.delay_s())
 
@@ -337,8 +354,8 @@ class HostGate:
         term and backoff, maybe pause, and hold the host for one delay (as it now stands) counted from now,
         or from a later start still in flight."""
         self.in_flight -= 1
-        if self.address is not None:
-            self.address.released(1, now)
+        for shared in self.shared():
+            shared.released(1, now)
         self.response_delay_s = response_time_delay(elapsed_s, self.response_time_factor,
                                                     self.max_response_time_delay_s)
         if is_transient_status(status_code):
@@ -387,3 +404,5 @@ class HostGate:
         if not crawl_delay_known:
             owed = max(owed, effective_delay(self.min_delay_s, self.max_crawl_delay_s, self.max_crawl_delay_s, 0.0))
         self.next_allowed_at = max(self.next_allowed_at, at + owed)
+        if self.domain is not None:  # the previous owner held the whole domain (its bucket is keyed by it)
+            self.domain.next_allowed_at = max(self.domain.next_allowed_at, at + self.domain.min_delay_s)

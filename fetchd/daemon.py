@@ -24,10 +24,11 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from crawler import layout, urls
+from crawler import layout
+from crawler.bucketing import Bucketing
 from crawler.clock import SYSTEM_CLOCK, Clock
-from crawler.config import Config
-from crawler.politeness import AddressGate, HostGate, PolitenessRules
+from crawler.config import Config, ConfigError
+from crawler.politeness import HostGate, PolitenessRules, SharedGate
 from fetchd.bucketrun import BucketRun
 from fetchd.exchange import STOP_POLL_S, Transport
 from fetchd.fetcher import Fetcher
@@ -70,6 +71,7 @@ class Daemon:
                  peers_dir: str | None = None):
         self.conf = conf
         self.rules = PolitenessRules.from_config(conf)  # every gate's settings; each host's fetch-list limits on top
+        self.bucketing = Bucketing.from_config(conf)
         self.clock = clock
         self.store = store or open_store(conf, layout.normalize_root(root))
         self.root = self.store.local_root  # where files are written: the root itself, or an S3 root's staging
@@ -81,6 +83,7 @@ class Daemon:
         memory = thread_memory()
         self.gates = memory.gates
         self.addresses = memory.addresses
+        self.domains = memory.domains
         self.robots_cache = memory.robots
         self.rng = random.Random()
         self.metrics = Metrics(started=clock.monotonic())
@@ -97,7 +100,11 @@ class Daemon:
 
     async def open(self) -> None:
         """Start the lease heartbeat, and the `/metrics` + `/status` endpoint when `fetch.metrics_port` asks (with
-        the command's other processes' figures, `peers_dir`); a process without it leaves its figures there."""
+        the command's other processes' figures, `peers_dir`); a process without it leaves its figures there. A
+        config whose bucketing is not the crawl's (crawler.bucketing) stops here, before any bucket is taken."""
+        problem = self.bucketing.refusal(await asyncio.to_thread(self.store.crawl_record))
+        if problem is not None:
+            raise ConfigError(*problem)
         self._heartbeat = asyncio.create_task(self.heartbeat_loop())
         if self.conf["fetch.metrics_port"]:
             folder = self.peers_dir
@@ -168,7 +175,7 @@ class Daemon:
         """Whether this daemon may send `host_key` a request that no fetch list asked for (a robots.txt redirect to
         another host): it owns the host's bucket, or takes it now because no other daemon holds it. A bucket taken
         now carries its previous owner's last request end onto the host's gate, as every takeover does."""
-        bucket = urls.bucket_of(host_key, self.conf["crawl.buckets"])
+        bucket = self.bucketing.bucket(host_key)
         held = self.leases.get(bucket)
         if held is not None and not held.fenced():
             return True
@@ -181,13 +188,18 @@ class Daemon:
         return True
 
     def gate_for(self, host_key: str) -> HostGate:
-        """The host's politeness gate, shared by all buckets and segments this daemon fetches."""
+        """The host's politeness gate, shared by all buckets and segments this daemon fetches; with
+        `politeness.key: domain` held by its registered domain's gate too (one per domain and process: the crawl's
+        key is fixed, so a gate keeps the domain it was made with)."""
         gate = self.gates.get(host_key)
         if gate is None:
             gate = self.gates[host_key] = self.rules.gate()
+            fresh = self.rules.domain_gate()
+            if fresh is not None:
+                gate.domain = self.domains.setdefault(self.bucketing.key_of(host_key), fresh)
         return gate
 
-    def address_gate_for(self, address: str) -> AddressGate | None:
+    def address_gate_for(self, address: str) -> SharedGate | None:
         """The per-IP guard's gate of an IP address, shared by every host of this process that resolved to it (None
         while `politeness.max_concurrency_per_ip` and `min_delay_per_ip_s` are both 0: the guard is off)."""
         fresh = self.rules.address_gate()

@@ -25,7 +25,7 @@ from typing import Any
 from crawler import urls
 from crawler.clock import Clock
 from crawler.config import Config
-from crawler.politeness import AddressGate, HostGate
+from crawler.politeness import HostGate, SharedGate
 from crawler.robots import (
     ROBOTS_PATH,
     CachedRobots,
@@ -53,7 +53,8 @@ class HostMemory:
 
     gates: dict[str, HostGate] = field(default_factory=dict)
     robots: dict[str, CachedRobots] = field(default_factory=dict)  # on the monotonic clock
-    addresses: dict[str, AddressGate] = field(default_factory=dict)  # the per-IP guard's gates, by IP address
+    addresses: dict[str, SharedGate] = field(default_factory=dict)  # the per-IP guard's gates, by IP address
+    domains: dict[str, SharedGate] = field(default_factory=dict)  # politeness.key domain: gates by registered domain
 
 
 class _ThreadMemory(threading.local):
@@ -89,7 +90,7 @@ class HostPreparer:
     def __init__(self, conf: Config, clock: Clock, resolver: GuardedResolver,
                  robots_cache: dict[str, CachedRobots], exchange: Exchange, out: BucketOutput,
                  previous_robots: dict[str, dict[str, Any]], previous_end: float | None,
-                 owns_host: Callable[[str], bool], address_gate_for: Callable[[str], AddressGate | None]):
+                 owns_host: Callable[[str], bool], address_gate_for: Callable[[str], SharedGate | None]):
         self.conf = conf
         self.clock = clock
         self.resolver = resolver

@@ -84,6 +84,14 @@ class LocalStore:
     def lease_store(self, conf: Config, owner: str, clock: Clock = SYSTEM_CLOCK) -> LeaseStore:
         return LeaseStore(conf, self.root, owner, clock)
 
+    def crawl_record(self) -> dict[str, Any] | None:
+        """The root's `_crawl.json` (crawler.bucketing), None before any job wrote one."""
+        path = layout.crawl_record(self.root)
+        if not os.path.exists(path):
+            return None
+        with open(path, encoding="utf-8") as handle:
+            return json.load(handle)
+
     def prepare_bucket(self, segment_id: str, bucket: int) -> None:
         """Make the local copy of the bucket current before its recovery and run (nothing to do here)."""
 
@@ -196,6 +204,20 @@ class S3Store(LocalStore):
 
     def is_done(self, segment_id: str, bucket: int) -> bool:
         return self._exists(layout.done_manifest(self.local_root, segment_id, bucket))
+
+    def crawl_record(self) -> dict[str, Any] | None:
+        """The root's `_crawl.json` (crawler.bucketing), None before any job wrote one (one GET)."""
+        from botocore.exceptions import ClientError
+
+        try:
+            with s3_errors():
+                body = self.client.get_object(Bucket=self.bucket, Key=self.key(layout.CRAWL_RECORD))["Body"].read()
+        except OSError as exc:
+            if isinstance(exc.__cause__, ClientError) and exc.__cause__.response["Error"]["Code"] in (
+                    "404", "NoSuchKey", "NotFound"):
+                return None
+            raise
+        return json.loads(body)
 
     def is_closed(self, segment_id: str) -> bool:
         return self._exists(layout.closed_marker(self.local_root, segment_id))

@@ -6,6 +6,7 @@ Per-record logic lives in `crawler/` as plain functions; jobs here are set-based
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import sys
@@ -17,12 +18,14 @@ from pathlib import Path
 
 import pandas as pd
 import pyarrow as pa
+import pyarrow.fs as pafs
 from pyspark.sql import Column, DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 from pyspark.sql.pandas.types import from_arrow_schema
 
 from crawler import layout
-from crawler.config import Config
+from crawler.bucketing import Bucketing
+from crawler.config import Config, ConfigError
 from delta_tables import tables
 from jobs.storage import Storage
 
@@ -172,6 +175,24 @@ def pinned_table(spark: SparkSession, root: str, name: str) -> DataFrame:
     path = tables.table_path(root, name)
     version = DeltaTable.forPath(spark, path).history(1).select("version").first()[0]
     return spark.read.format("delta").option("versionAsOf", version).load(path)
+
+
+def check_bucketing(conf: Config, root: str) -> None:
+    """Refuse (ConfigError, exit 2) a config whose `crawl.buckets` or `politeness.key` is not the crawl's, as
+    recorded in `ROOT/_crawl.json` (crawler.bucketing); the first job on a root records this config's. Called by
+    the jobs that assign buckets (inject, update)."""
+    bucketing, storage = Bucketing.from_config(conf), Storage.from_conf(conf)
+    path = layout.crawl_record(root)
+    filesystem, local = storage.filesystem(path)
+    recorded = None
+    if filesystem.get_file_info(local).type != pafs.FileType.NotFound:
+        with storage.open_input(path) as handle:
+            recorded = json.loads(handle.read())
+    problem = bucketing.refusal(recorded)
+    if problem is not None:
+        raise ConfigError(*problem)
+    if recorded is None:
+        storage.write_bytes(path, json.dumps(bucketing.identity(), sort_keys=True).encode("utf-8"))
 
 
 def latest_per_key(df: DataFrame, keys: list[str], order: list[Column]) -> DataFrame:

@@ -62,6 +62,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--table", action="append", dest="tables", choices=layout.TABLES,
                    help="only this table (repeatable)")
     p.add_argument("--out", help="local folder for the report and Data Docs (default: ROOT/validation)")
+    sub.add_parser("rebucket", parents=[common],
+                   help="move every URL and host to its bucket under crawl.buckets and politeness.key, and make those "
+                        "the crawl's (between cycles: refused while a segment is open)")
     sub.add_parser("stats", parents=[common], help="row counts by status for each table")
     p = sub.add_parser("report", parents=[common], help="write the segment's HTML cycle report and print a summary")
     p.add_argument("--segment", type=commandline.segment_id, required=True, help="segment id")
@@ -201,6 +204,10 @@ def _command(args: argparse.Namespace) -> int:
         from jobs import maintain
 
         print(maintain.run(spark, conf, root, tables=args.tables, vacuum=not args.no_vacuum).render())
+    elif args.command == "rebucket":
+        from jobs import rebucket
+
+        print(f"rebucket: {rebucket.run(spark, conf, root).summary()}")
     elif args.command == "stats":
         from jobs.stats import render_stats
 

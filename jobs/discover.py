@@ -24,6 +24,7 @@ from pyspark import StorageLevel
 from pyspark.sql import Column, DataFrame, Window
 from pyspark.sql import functions as F
 
+from crawler.bucketing import Bucketing
 from crawler.config import Config
 from crawler.frontier import (
     classify_discovery,
@@ -193,12 +194,12 @@ def _classified_targets(conf: Config, segment_id: str, candidates: DataFrame, ur
     per-template and per-host caps on new URLs per cycle and the host's allowance under the known-URL cap.
     "Known" excludes rows this segment inserted (discovered_in = segment), so a re-run ranks the same set and
     keeps the same URLs; for the same reason the allowance adds back what this segment already counted."""
-    scope, rules, buckets = Scope.from_config(conf), TrapRules.from_config(conf), conf["crawl.buckets"]
+    scope, rules, bucketing = Scope.from_config(conf), TrapRules.from_config(conf), Bucketing.from_config(conf)
 
     @F.pandas_udf(CLASSIFIED)
     def classify(raw_urls: pd.Series) -> pd.DataFrame:
         # Arrow batches in and out (no per-row pickling); a URL with no keys gets a null `url`, dropped below.
-        found = [classify_discovery(raw, scope, rules, buckets) for raw in raw_urls]
+        found = [classify_discovery(raw, scope, rules, bucketing) for raw in raw_urls]
         return pd.DataFrame({
             "url": [f and f.keys.url for f in found], "url_id": [f and f.keys.url_id for f in found],
             "host_key": [f and f.keys.host_key for f in found],

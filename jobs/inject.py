@@ -18,13 +18,14 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from crawler import urls
+from crawler.bucketing import Bucketing
 from crawler.config import Config
 from crawler.scope import Scope
 from crawler.seeds import SeedEntry, is_skipped, read_seeds, split_lines
 from crawler.sitemaps import SITEMAP_FILE_PRIORITY, FoundVia, SitemapOrigin, probe_url
 from crawler.status import UrlSource, UrlStatus
 from delta_tables import tables
-from jobs.base import insert_if_absent, recount_known_urls, step, with_domain
+from jobs.base import check_bucketing, insert_if_absent, recount_known_urls, step, with_domain
 
 log = logging.getLogger("jobs.inject")
 
@@ -73,9 +74,9 @@ _URL_ROW = ("url_id string, url string, host_key string, bucket int, priority do
 
 
 def _url_row(url: str, priority: float, interval_s: int, source: UrlSource, origin: str | None,
-             buckets: int) -> tuple:
+             bucketing: Bucketing) -> tuple:
     host = urls.host_key(url)
-    return (urls.url_id(url), url, host, urls.bucket_of(host, buckets), float(priority), int(interval_s),
+    return (urls.url_id(url), url, host, bucketing.bucket(host), float(priority), int(interval_s),
             source.value, origin)
 
 
@@ -85,7 +86,7 @@ def _probe_rows(conf: Config, entries: list[SeedEntry]) -> list[tuple]:
     probes = sorted({probe_url(urls.host_key(entry.url)) for entry in entries} - seeded)
     origin = SitemapOrigin(FoundVia.PROBE).encode()
     return [_url_row(url, SITEMAP_FILE_PRIORITY, conf["revisit.default_interval_s"], UrlSource.SITEMAP, origin,
-                     conf["crawl.buckets"]) for url in probes]
+                     Bucketing.from_config(conf)) for url in probes]
 
 
 def _merge_new_urls(spark: SparkSession, root: str, rows: DataFrame, now: datetime) -> int:
@@ -115,6 +116,7 @@ def _merge_new_urls(spark: SparkSession, root: str, rows: DataFrame, now: dateti
 def run(spark: SparkSession, conf: Config, root: str, seeds_path: str) -> InjectResult:
     """Inject the seeds file at `seeds_path` into the tables under `root`."""
     tables.ensure_tables(spark, root)
+    check_bucketing(conf, root)
     with open(seeds_path, "rb") as handle:
         lines = split_lines(handle.read())
     seed_lines = sum(1 for line in lines if not is_skipped(line))
@@ -125,11 +127,11 @@ def run(spark: SparkSession, conf: Config, root: str, seeds_path: str) -> Inject
     result = InjectResult(seed_lines, 0, 0, len(errors), duplicates, errors=errors)
     if entries:
         now = datetime.now(UTC)
-        buckets, default_interval = conf["crawl.buckets"], conf["revisit.default_interval_s"]
+        bucketing, default_interval = Bucketing.from_config(conf), conf["revisit.default_interval_s"]
         seeded_origin = SitemapOrigin(FoundVia.LINK).encode()
         seeds = spark.createDataFrame([
             _url_row(entry.url, entry.priority, entry.interval_s or default_interval, UrlSource.SEED,
-                     seeded_origin if entry.sitemap else None, buckets)
+                     seeded_origin if entry.sitemap else None, bucketing)
             for entry in entries
         ], _URL_ROW)
         with step("inject: merge urls"):

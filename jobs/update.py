@@ -47,6 +47,7 @@ from delta_tables import tables
 from jobs import cycle_metrics, discover
 from jobs.base import (
     EPOCH,
+    check_bucketing,
     from_micros,
     insert_if_absent,
     latest_per_key,
@@ -122,6 +123,7 @@ def run(spark: SparkSession, conf: Config, root: str, segment_id: str) -> Update
     """Fold segment `segment_id` into the tables under `root`."""
     layout.check_segment_id(segment_id)
     tables.ensure_tables(spark, root)
+    check_bucketing(conf, root)
     result = UpdateResult(segment_id)
     fetched = read_segment_files(spark, layout.fetched_dir(root, segment_id), FETCHED)
     now = datetime.now(UTC)

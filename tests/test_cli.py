@@ -10,7 +10,7 @@ from jobs.generate import GenerateResult
 from jobs.update import UpdateResult
 
 COMMANDS = ("init", "inject", "generate", "fetch", "parse", "dedup", "update", "index", "cycle", "demo", "maintain",
-            "stats", "report", "fetchd", "validate", "close-segment")
+            "rebucket", "stats", "report", "fetchd", "validate", "close-segment")
 
 
 def test_help_lists_every_command():

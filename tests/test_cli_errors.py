@@ -50,6 +50,7 @@ def _cases(tmp: Path) -> list[tuple[str, list[str], str]]:
     cases += [(f"{command}-no-segment", [command], "--segment") for command in SEGMENT_COMMANDS]
     cases += [
         ("generate-now-not-a-date", ["generate", "--now", "notadate"], "notadate"),
+        ("rebucket-unknown-key", ["rebucket", "--set", "politeness.key=ip"], "politeness.key"),
         ("generate-zero-budget", ["generate", "--set", "generate.segment_max_urls=0"], "generate.segment_max_urls"),
         ("inject-missing-seeds", ["inject", "--seeds", str(tmp / "no-seeds.txt")], "no-seeds.txt"),
         ("inject-seeds-folder", ["inject", "--seeds", str(tmp)], "folder"),

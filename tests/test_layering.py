@@ -26,7 +26,7 @@ FORBIDDEN = {
 # `fetchd.progress` (the daemons' own listing of done buckets) whether an open segment's fetch is over.
 JOBS_USING_FETCHD = {"cli": {"fetchd"}, "cycle": {"fetchd"}, "demo": {"fetchd"}, "generate": {"fetchd.progress"}}
 JOBS_USING_SITEFARM = {"demo"}
-STEPS = {"inject", "generate", "parse", "dedup", "update", "index", "maintain", "validate", "discover",
+STEPS = {"inject", "generate", "parse", "dedup", "update", "index", "maintain", "validate", "rebucket", "discover",
          "update_hosts", "dedup_index", "cycle_metrics"}
 # What a step may import of `jobs` beyond its base (`base.py`, `storage.py`): its own halves, and the figures.
 STEP_PARTS = {

@@ -16,6 +16,7 @@ from warcio.warcwriter import WARCWriter
 
 from crawler import config as config_mod
 from crawler import layout, pages
+from crawler.bucketing import Bucketing
 from crawler.fingerprints import content_hash
 from crawler.frontier import classify_discovery
 from crawler.records import FETCHED
@@ -423,7 +424,7 @@ def test_sitemap_entries_are_keyed_by_the_url_discovery_stores(tmp_path):
     rules = TrapRules.from_config(config_mod.load())
 
     def stored_id(raw: str) -> str:
-        return classify_discovery(raw, scope, rules, 16).keys.url_id
+        return classify_discovery(raw, scope, rules, Bucketing(16)).keys.url_id
 
     [entry] = entries  # both entries are one stored URL
     assert (entry["to_url"], entry["to_url_id"]) == ("http://a.test/p?q=1", stored_id("http://a.test/p?sid=5&q=1"))

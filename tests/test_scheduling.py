@@ -18,7 +18,8 @@ from typing import Any
 
 import pytest
 
-from crawler.politeness import AddressGate, HostGate
+from crawler.bucketing import Bucketing
+from crawler.politeness import HostGate, PolitenessRules, SharedGate
 from crawler.robots import RobotsPolicy
 from crawler.scheduling import Dispatch, HostScheduler, Prepare, Report
 from crawler.status import FetchOutcome
@@ -355,7 +356,7 @@ def test_hosts_on_one_address_share_its_guard_judged_from_the_servers_log(ip_con
     start or an end at the address sooner than its delay, and every URL is still requested once."""
     hosts = [f"http://name{i}.test" for i in range(10)]
     specs = {key: HostSpec(key, 0.0, 404, "", pages=12) for key in hosts}
-    address = AddressGate(ip_delay_s, ip_concurrency)
+    address = SharedGate(ip_delay_s, ip_concurrency)
 
     def gate_for(host_key: str) -> HostGate:
         gate = HostGate(0.0, MAX_CRAWL_DELAY_S, 2, BACKOFF_BASE_S, MAX_BACKOFF_S, MAX_FAILURES)
@@ -379,6 +380,42 @@ def test_hosts_on_one_address_share_its_guard_judged_from_the_servers_log(ip_con
     assert peak == ip_concurrency  # the address's allowance is used, not just respected
 
 
+def test_with_the_domain_as_key_the_hosts_of_one_domain_share_one_gate() -> None:
+    """`politeness.key: domain`: six hosts of big.test and two of other.test, each allowed two requests in flight
+    and no delay of its own. Each domain's gate (crawler.politeness.PolitenessRules.domain_gate) holds all its hosts
+    to one request in flight and `min_delay_s` from the end of one to the start of the next; the two domains do not
+    hold each other; every URL is requested once."""
+    rules = PolitenessRules(min_delay_s=0.5, max_crawl_delay_s=MAX_CRAWL_DELAY_S, max_concurrency_per_host=1,
+                            backoff_base_s=BACKOFF_BASE_S, max_backoff_s=MAX_BACKOFF_S,
+                            max_consecutive_failures=MAX_FAILURES, backoff_recovery_factor=0.5,
+                            response_time_factor=0.0, max_response_time_delay_s=60.0, dead_after_days=7.0,
+                            key="domain")
+    bucketing = Bucketing(4, "domain")
+    hosts = [f"http://p{i}.big.test" for i in range(6)] + ["http://a.other.test", "http://b.other.test"]
+    specs = {key: HostSpec(key, 0.0, 404, "", pages=4) for key in hosts}
+    domains: dict[str, SharedGate] = {}
+
+    def gate_for(host_key: str) -> HostGate:  # as fetchd.daemon.Daemon.gate_for builds one
+        gate = HostGate(0.0, MAX_CRAWL_DELAY_S, 2, BACKOFF_BASE_S, MAX_BACKOFF_S, MAX_FAILURES)
+        gate.domain = domains.setdefault(bucketing.key_of(host_key), rules.domain_gate())
+        return gate
+
+    rows = [{"url": f"{key}/page/{i}", "host_key": key, "rank": i} for key in hosts for i in range(4)]
+    sim = VirtualBucketRun(rows, gate_for, QuietServer(specs, random.Random(7)), seed=7)
+    sim.run()
+
+    log = sorted(sim.server.log, key=lambda r: r.start)
+    assert Counter(f"{r.host}{r.path}" for r in log if r.path != "/robots.txt") == Counter(r["url"] for r in rows)
+    assert not sim.reports and set(domains) == {"big.test", "other.test"}
+    for domain in domains:
+        mine = [r for r in log if r.host.endswith(domain)]
+        for before, after in zip(mine, mine[1:], strict=False):
+            assert after.start >= before.end + 0.5 - EPS, (before, after)  # one at a time, the delay between
+    overlapping = [(a, b) for a in log for b in log if a.host.endswith("big.test") and b.host.endswith("other.test")
+                   and a.start < b.end and b.start < a.end]
+    assert overlapping  # one gate per domain, not one for the whole daemon
+
+
 class QuietServer(Server):
     """Every request answers 200 (robots.txt: the spec's status) after a seeded response time."""
 
@@ -396,7 +433,7 @@ def test_a_full_address_holds_a_host_whose_own_gate_is_open_until_a_request_ther
     waits (the recheck) instead of spinning; a host keeps the address its requests were counted on until they end;
     an abandoned request gives its address slot back."""
     clock = VirtualClock()
-    address = AddressGate(0.0, 1)
+    address = SharedGate(0.0, 1)
     gates = {key: _gate(0.0, 2) for key in ("http://a.test", "http://b.test")}
     for gate in gates.values():
         gate.bind_address(address)

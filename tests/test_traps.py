@@ -14,6 +14,7 @@ from pyspark.sql import functions as F
 
 from crawler import config as config_mod
 from crawler import layout, traps, urls
+from crawler.bucketing import Bucketing
 from crawler.frontier import classify_discovery
 from crawler.records import FETCHED
 from crawler.scope import Scope
@@ -115,15 +116,16 @@ def test_scope_domain_keys_come_from_config():
 
 
 def test_classify_discovery():
-    assert classify_discovery("javascript:alert(1)", SCOPE, RULES, 4) is None
-    assert classify_discovery("http://[bad/", SCOPE, RULES, 4) is None
-    found = classify_discovery("HTTP://A.test:80/cal/2026/01/01/#x", SCOPE, RULES, 4)
+    assert classify_discovery("javascript:alert(1)", SCOPE, RULES, Bucketing(4)) is None
+    assert classify_discovery("http://[bad/", SCOPE, RULES, Bucketing(4)) is None
+    found = classify_discovery("HTTP://A.test:80/cal/2026/01/01/#x", SCOPE, RULES, Bucketing(4))
     assert found.keys.url == "http://a.test/cal/2026/01/01/" and found.keys.host_key == "http://a.test"
     assert (found.keys.url_id, found.keys.bucket) == (uid(found.keys.url), bucket(found.keys.url))
     assert (found.template, found.reject_reason) == ("http://a.test/cal/{n}/{n}/{n}/", None)
-    assert classify_discovery("http://a.test/a/b/a/b/a/b/a", SCOPE, RULES, 4).reject_reason == traps.REPEATED_SEGMENT
+    repeated = classify_discovery("http://a.test/a/b/a/b/a/b/a", SCOPE, RULES, Bucketing(4))
+    assert repeated.reject_reason == traps.REPEATED_SEGMENT
     denied = replace(SCOPE, deny_domains=("evil.test",))
-    assert classify_discovery("http://www.evil.test/", denied, RULES, 4).reject_reason == (
+    assert classify_discovery("http://www.evil.test/", denied, RULES, Bucketing(4)).reject_reason == (
         "denied domain (scope.deny_domains)")
 
 

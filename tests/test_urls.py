@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from crawler import urls
+from crawler.bucketing import Bucketing
 
 
 @pytest.mark.parametrize(
@@ -118,7 +119,7 @@ def test_scope_rewrite_applies_to_seeds_and_discoveries():
     conf = config.load().with_overrides({"scope.strip_query_params": {"*.shop.test": ["sid"]}})
     scope = Scope.from_config(conf)
     assert parse_seed_line("http://www.shop.test/p?sid=1&q=2", scope).url == "http://www.shop.test/p?q=2"
-    found = classify_discovery("http://WWW.shop.test/p?sid=7#f", scope, TrapRules.from_config(conf), 4)
+    found = classify_discovery("http://WWW.shop.test/p?sid=7#f", scope, TrapRules.from_config(conf), Bucketing(4))
     assert found.keys.url == "http://www.shop.test/p" and found.keys.url_id == urls.url_id("http://www.shop.test/p")
     assert Scope.from_config(config.load()).stored_url("http://www.shop.test/p?sid=1") == "http://www.shop.test/p?sid=1"
 

@@ -11,11 +11,15 @@ import pyarrow.parquet as pq
 from fastwarc.warc import ArchiveIterator
 
 from crawler import layout, records, urls
+from crawler.bucketing import Bucketing
 
 
-def write_fetchlist(root: str, segment_id: str, items: list[dict], buckets: int) -> dict[int, list[dict]]:
-    """Fetch-list Parquet per bucket, as generate writes it (sorted by host then rank). Items: url, etag,
-    last_modified, delay_s and max_concurrency (the host's limits: none unless given), last_fetch_at."""
+def write_fetchlist(root: str, segment_id: str, items: list[dict], buckets: int,
+                    bucketing: Bucketing | None = None) -> dict[int, list[dict]]:
+    """Fetch-list Parquet per bucket, as generate writes it (sorted by host then rank), bucketed by host name (or
+    by `bucketing`). Items: url, etag, last_modified, delay_s and max_concurrency (the host's limits: none unless
+    given), last_fetch_at."""
+    bucket_of = (bucketing or Bucketing(buckets)).bucket
     by_bucket: dict[int, list[dict]] = {}
     ranks: Counter[str] = Counter()
     for item in items:
@@ -29,7 +33,7 @@ def write_fetchlist(root: str, segment_id: str, items: list[dict], buckets: int)
             "max_concurrency": item.get("max_concurrency"),
             "last_fetch_at": item.get("last_fetch_at"),
         }
-        by_bucket.setdefault(urls.bucket_of(key, buckets), []).append(row)
+        by_bucket.setdefault(bucket_of(key), []).append(row)
     for bucket, rows in by_bucket.items():
         folder = layout.fetchlist_dir(root, segment_id, bucket)
         os.makedirs(folder, exist_ok=True)
