@@ -319,6 +319,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--master", default="local[2]", help="spark.master")
     parser.add_argument("--driver-memory", default="8g", help="spark.driver.memory")
     parser.add_argument("--shuffle-partitions", type=int, default=8, help="spark.sql.shuffle.partitions")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", dest="settings",
+                        help="a config key for the jobs (YAML value), e.g. generate.per_domain_max_urls=50; repeatable")
     args = parser.parse_args(argv)
     args.sizes = [int(s.replace("_", "")) for s in args.urls.split(",") if s.strip()]
     if not args.sizes or min(args.sizes) <= 0 or args.hosts <= 0 or args.results <= 0 or args.links < 0:
@@ -328,7 +330,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
-    conf = config_mod.load().with_overrides({
+    conf = config_mod.load(None, args.settings).with_overrides({
         "spark.master": args.master,
         "spark.shuffle_partitions": args.shuffle_partitions,
         "spark.driver_memory": args.driver_memory,

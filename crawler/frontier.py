@@ -32,6 +32,7 @@ class UrlKeys:
     url_id: str
     host_key: str
     bucket: int
+    domain: str  # the host's registered domain (hosts.domain)
 
 
 @dataclass(frozen=True)
@@ -51,7 +52,7 @@ def classify_discovery(raw_url: str, scope: Scope, rules: traps.TrapRules, bucke
     except ValueError:
         return None
     host = urls.parts(canonical)[0]
-    keys = UrlKeys(canonical, urls.url_id(canonical), host, bucketing.bucket(host))
+    keys = UrlKeys(canonical, urls.url_id(canonical), host, bucketing.bucket(host), urls.host_domain(host))
     reason = scope.reject_reason(canonical) or traps.trap_reason(canonical, rules)
     return Discovery(keys, traps.url_template(canonical), reason)
 

@@ -247,6 +247,7 @@ def registered_domain(host: str) -> str:
     return _public_suffixes().privatesuffix(host) or host
 
 
+@functools.lru_cache(maxsize=65536)  # discovery asks once per discovered URL: a batch repeats few hosts
 def host_domain(host_key_: str) -> str:
     """The registered domain of a host_key (scheme://host[:port]): what per-domain budgets group hosts by."""
     return registered_domain(ada_url.URL(host_key_).hostname)

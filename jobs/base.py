@@ -16,7 +16,6 @@ from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
-import pandas as pd
 import pyarrow as pa
 import pyarrow.fs as pafs
 from pyspark.sql import Column, DataFrame, SparkSession, Window
@@ -199,18 +198,6 @@ def latest_per_key(df: DataFrame, keys: list[str], order: list[Column]) -> DataF
     """The first row of each `keys` group in `order` (e.g. the latest observation per host)."""
     return df.withColumn("_rn", F.row_number().over(Window.partitionBy(*keys).orderBy(*order))).where("_rn = 1").drop(
         "_rn")
-
-
-def with_domain(df: DataFrame) -> DataFrame:
-    """`df` with a `domain` column, the registered domain of each row's `host_key` (crawler.urls.host_domain), as
-    a `hosts` row stores it. Python per row: give it the hosts a step creates, not the table."""
-    from crawler.urls import host_domain
-
-    @F.pandas_udf("string")
-    def domain(host_keys: pd.Series) -> pd.Series:
-        return pd.Series([host_domain(h) for h in host_keys], dtype=object)
-
-    return df.withColumn("domain", domain("host_key"))
 
 
 def to_micros(moment: datetime | None) -> int | None:

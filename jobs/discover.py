@@ -50,7 +50,7 @@ from jobs.base import step
 log = logging.getLogger("jobs.discover")
 
 TRAP_SAMPLE_SIZE = 5  # rejected URLs kept per host in hosts.trap_sample
-CLASSIFIED = "url string, url_id string, host_key string, bucket int, template string, reason string"
+CLASSIFIED = "url string, url_id string, host_key string, bucket int, domain string, template string, reason string"
 
 
 @dataclass(frozen=True)
@@ -204,6 +204,7 @@ def _classified_targets(conf: Config, segment_id: str, candidates: DataFrame, ur
             "url": [f and f.keys.url for f in found], "url_id": [f and f.keys.url_id for f in found],
             "host_key": [f and f.keys.host_key for f in found],
             "bucket": pd.array([f.keys.bucket if f else None for f in found], dtype="Int32"),
+            "domain": [f and f.keys.domain for f in found],
             "template": [f and f.template for f in found], "reason": [f and f.reject_reason for f in found]})
 
     keyed = candidates.select("to_url").distinct().withColumn("k", classify("to_url")).where(
@@ -212,7 +213,7 @@ def _classified_targets(conf: Config, segment_id: str, candidates: DataFrame, ur
         "known"), F.col("sitemap_origin").alias("known_origin"))
     targets = (
         candidates.join(keyed, "to_url")
-        .groupBy("k.url_id", "k.url", "k.host_key", "k.bucket", "k.template", "k.reason")
+        .groupBy("k.url_id", "k.url", "k.host_key", "k.bucket", "k.domain", "k.template", "k.reason")
         .agg(
             F.min("cand_depth").alias("depth"),
             F.max("cand_priority").alias("priority"),
@@ -258,13 +259,14 @@ def _classified_targets(conf: Config, segment_id: str, candidates: DataFrame, ur
 
 
 def discovery_tally(fresh: DataFrame) -> DataFrame:
-    """Per host of this segment's new link targets (`fresh`): `accepted` URLs, `rejections` (reason -> count) and
+    """Per host of this segment's new link targets (`fresh`): `accepted` URLs (and the host's `domain`, for its row
+    if it gets one), `rejections` (reason -> count) and
     a `sample` of at most TRAP_SAMPLE_SIZE rejected URLs, for `hosts.known_urls`, `trap_rejections` and
     `trap_sample` (hosts_part), `has_tally` true. A host the crawl never accepted a URL of gets no row just for
     being rejected."""
     rejected = fresh.where(F.col("reason").isNotNull())
     accepted = fresh.where(F.col("reason").isNull()).groupBy("host_key", "bucket").agg(
-        F.count("*").alias("accepted"))
+        F.count("*").alias("accepted"), F.first("domain").alias("domain"))
     counts = rejected.groupBy("host_key", "bucket", "reason").agg(F.count("*").alias("n")).groupBy(
         "host_key", "bucket").agg(F.map_from_entries(F.collect_list(F.struct("reason", "n"))).alias("rejections"))
     sample_rank = F.row_number().over(Window.partitionBy("host_key").orderBy("url"))

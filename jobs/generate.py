@@ -117,7 +117,7 @@ def select_due(spark: SparkSession, conf: Config, root: str, segment_id: str, no
         F.col("backoff_until").alias("h_backoff_until"),
         F.when(rules_in_force, F.col("robots_body")).alias("h_robots_rules"),
         F.expr(politeness.is_dead_sql("failing_since", "gen_now")).alias("h_dead"),
-        F.coalesce("domain", "host_key").alias("h_domain"),  # a row older than hosts.domain: its own domain
+        F.col("domain").alias("h_domain"),
     )
     token, max_bytes = conf["crawl.robots_token"], conf["robots.max_bytes"]
 
@@ -136,6 +136,7 @@ def select_due(spark: SparkSession, conf: Config, root: str, segment_id: str, no
         candidates.where(has_rules).where(robots_allow("h_robots_rules", "url")))
     ranked = (
         allowed
+        .withColumn("h_domain", F.coalesce("h_domain", "host_key"))  # no row, or one older than hosts.domain: its own
         .withColumn("delay_s", F.expr(delay))
         .withColumn("host_cap", F.expr(per_host_cap_sql(conf["generate.per_host_max_urls"],
                                                         conf["generate.segment_seconds"], "delay_s",

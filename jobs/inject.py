@@ -25,7 +25,7 @@ from crawler.seeds import SeedEntry, is_skipped, read_seeds, split_lines
 from crawler.sitemaps import SITEMAP_FILE_PRIORITY, FoundVia, SitemapOrigin, probe_url
 from crawler.status import UrlSource, UrlStatus
 from delta_tables import tables
-from jobs.base import check_bucketing, insert_if_absent, recount_known_urls, step, with_domain
+from jobs.base import check_bucketing, insert_if_absent, recount_known_urls, step
 
 log = logging.getLogger("jobs.inject")
 
@@ -50,7 +50,7 @@ def insert_hosts_if_absent(spark: SparkSession, root: str, host_rows: DataFrame,
     inserted."""
     zero = F.lit(0).cast("bigint")
     source = tables.conform(
-        with_domain(host_rows.select("host_key", "bucket").dropDuplicates(["host_key"])).select(
+        host_rows.select("host_key", "bucket", "domain").dropDuplicates(["host_key"]).select(
             "host_key",
             "bucket",
             "domain",
@@ -70,14 +70,14 @@ def insert_hosts_if_absent(spark: SparkSession, root: str, host_rows: DataFrame,
 
 
 _URL_ROW = ("url_id string, url string, host_key string, bucket int, priority double, fetch_interval_s bigint, "
-            "source string, sitemap_origin string")
+            "source string, sitemap_origin string, domain string")
 
 
 def _url_row(url: str, priority: float, interval_s: int, source: UrlSource, origin: str | None,
              bucketing: Bucketing) -> tuple:
     host = urls.host_key(url)
     return (urls.url_id(url), url, host, bucketing.bucket(host), float(priority), int(interval_s),
-            source.value, origin)
+            source.value, origin, urls.host_domain(host))
 
 
 def _probe_rows(conf: Config, entries: list[SeedEntry]) -> list[tuple]:

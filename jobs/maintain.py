@@ -20,13 +20,14 @@ import logging
 import time
 from dataclasses import dataclass, field
 
-from pyspark.sql import SparkSession
+import pandas as pd
+from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from crawler import layout
 from crawler.config import Config
 from delta_tables.tables import TABLES, table_path
-from jobs.base import merge_counts, merge_into, pinned_table, recount_known_urls, session_settings, with_domain
+from jobs.base import merge_counts, merge_into, pinned_table, recount_known_urls, session_settings
 
 log = logging.getLogger("jobs.maintain")
 
@@ -159,6 +160,18 @@ def maintain_table(spark: SparkSession, root: str, name: str, retention_hours: f
              name, figures.files_before, figures.files_after, figures.files_compacted, figures.files_written,
              figures.vacuum_removed, figures.rows, figures.version, figures.seconds)
     return figures
+
+
+def with_domain(df: DataFrame) -> DataFrame:
+    """`df` with a `domain` column, the registered domain of each row's `host_key` (crawler.urls.host_domain), as
+    a `hosts` row stores it. Python per row: only for the rows that lack one."""
+    from crawler.urls import host_domain
+
+    @F.pandas_udf("string")
+    def domain(host_keys: pd.Series) -> pd.Series:
+        return pd.Series([host_domain(h) for h in host_keys], dtype=object)
+
+    return df.withColumn("domain", domain("host_key"))
 
 
 def fill_host_domains(spark: SparkSession, root: str) -> int:

@@ -23,7 +23,6 @@ from jobs.base import (
     merge_into,
     read_segment_files,
     to_micros,
-    with_domain,
 )
 from jobs.discover import hosts_part
 
@@ -117,8 +116,7 @@ def merge_hosts(spark: SparkSession, root: str, segment_id: str, fetch_counts: D
     not this segment) and discovery tally (jobs.discover.discovery_tally, hosts_part); a host without a row
     gets one when it has results or accepted URLs. Returns the rows updated or inserted."""
     found = hosts_part(segment_id)
-    source = with_domain(fetch_counts.withColumn("has_fetch", F.lit(True)).join(tally, ["host_key", "bucket"],
-                                                                               "full_outer"))
+    source = fetch_counts.withColumn("has_fetch", F.lit(True)).join(tally, ["host_key", "bucket"], "full_outer")
     seg = F.lit(segment_id)
     fetched = F.col("s.has_fetch").isNotNull()
     fetch = fetched & ~F.col("t.last_segment").eqNullSafe(seg)
