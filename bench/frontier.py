@@ -89,6 +89,14 @@ def timed(action) -> tuple[float, object]:
     return time.monotonic() - started, value
 
 
+def _as_table(df: DataFrame, name: str) -> DataFrame:
+    """`df` as rows of table `name`: its columns, and null for every other (nullable) column of the table, so the
+    synthetic rows keep up with columns added to the schema."""
+    fields = tables.TABLES[name].schema.fields
+    missing = [F.lit(None).cast(f.dataType).alias(f.name) for f in fields if f.nullable and f.name not in df.columns]
+    return tables.conform(df.select("*", *missing), name)
+
+
 def build_hosts(spark: SparkSession, root: str, host_count: int, buckets: int, now: datetime) -> DataFrame:
     """Write `hosts` (zero counters, no robots yet) and return (host_index, host_key, bucket) read back from it."""
 
@@ -208,7 +216,7 @@ def write_segment_results(spark: SparkSession, root: str, segment_id: str, links
         F.lit(links_per_result).alias("outlink_count"),
         F.sha1("url").alias("content_hash"), F.xxhash64("url").alias("simhash"),
     )
-    tables.conform(pages, "pages").write.format("delta").mode("append").save(tables.table_path(root, "pages"))
+    _as_table(pages, "pages").write.format("delta").mode("append").save(tables.table_path(root, "pages"))
     if links_per_result:
         link = F.explode(F.sequence(F.lit(1), F.lit(links_per_result))).alias("link_no")
         to_url = F.concat("host_key", F.lit("/new/"), F.col("url_id"), F.lit("-"), F.col("link_no").cast("string"))
@@ -224,7 +232,7 @@ def write_segment_results(spark: SparkSession, root: str, segment_id: str, links
             *[F.lit(None).alias(c) for c in ("sitemap_lastmod", "sitemap_changefreq", "sitemap_priority",
                                              "sitemap_origin")],
         )
-        tables.conform(links, "links").write.format("delta").mode("append").save(tables.table_path(root, "links"))
+        _as_table(links, "links").write.format("delta").mode("append").save(tables.table_path(root, "links"))
     results.unpersist()
 
 
