@@ -10,18 +10,16 @@ checked on the virtual clock (`tests/test_scheduling.py`).
 
 from __future__ import annotations
 
-import asyncio
 import json
 
 import pytest
-from aiohttp import web
 
 from crawler import layout
 from crawler.bucketing import Bucketing
 from crawler.config import ConfigError
 from fetchd.commands import fetch_segment
 from tests.support.fetchlists import by_url, read_results, write_fetchlist
-from tests.support.servers import ScriptedServer
+from tests.support.servers import ScriptedServer, slow_pages
 
 SEGMENT = "seg-domain"
 ADDRESSES = ("127.0.0.4", "127.0.0.5")  # their own loopback addresses: no other test's server listens there
@@ -31,16 +29,9 @@ PAGE_SECONDS = 0.1
 DELAY_S = 0.15
 
 
-async def _answer(_server: ScriptedServer, _host: str, request: web.Request) -> web.StreamResponse:
-    if request.path == "/robots.txt":
-        return web.Response(status=404)
-    await asyncio.sleep(PAGE_SECONDS)  # long enough for requests to overlap if nothing holds them
-    return web.Response(text=f"<html><title>{request.path}</title></html>", content_type="text/html")
-
-
 @pytest.fixture
 def domain_server():
-    server = ScriptedServer(_answer, addresses=ADDRESSES)
+    server = ScriptedServer(slow_pages(PAGE_SECONDS), addresses=ADDRESSES)
     yield server
     server.stop()
 

@@ -9,14 +9,11 @@ moment, and (a lower bound on two busy cores) nothing sooner than the address's 
 
 from __future__ import annotations
 
-import asyncio
-
 import pytest
-from aiohttp import web
 
 from fetchd.commands import fetch_segment
 from tests.support.fetchlists import by_url, read_results, write_fetchlist
-from tests.support.servers import ScriptedServer
+from tests.support.servers import ScriptedServer, slow_pages
 
 SEGMENT = "seg-per-ip"
 ADDRESS = "127.0.0.3"  # its own loopback address: no other test's server listens there
@@ -25,16 +22,9 @@ PAGES = 3
 PAGE_SECONDS = 0.15
 
 
-async def _answer(_server: ScriptedServer, _host: str, request: web.Request) -> web.StreamResponse:
-    if request.path == "/robots.txt":
-        return web.Response(status=404)
-    await asyncio.sleep(PAGE_SECONDS)  # long enough for requests to overlap if nothing holds them
-    return web.Response(text=f"<html><title>{request.path}</title></html>", content_type="text/html")
-
-
 @pytest.fixture
 def shared_server():
-    server = ScriptedServer(_answer, addresses=(ADDRESS,))
+    server = ScriptedServer(slow_pages(PAGE_SECONDS), addresses=(ADDRESS,))
     yield server
     server.stop()
 

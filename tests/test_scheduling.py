@@ -348,6 +348,18 @@ def test_rows_added_later_are_scheduled_and_a_new_host_starts_unpaused() -> None
 # --- the per-IP guard ----------------------------------------------------------------------------------------------
 
 
+def _every_page_once(hosts: list[str], pages: int, gate_for, specs: dict, seed: int) -> list[Request]:
+    """`pages` URLs of each host through a bucket run on the virtual clock against a server answering 200: the
+    server's log in start order, after checking that every URL was requested once and none was reported unfetched."""
+    rows = [{"url": f"{key}/page/{i}", "host_key": key, "rank": i} for key in hosts for i in range(pages)]
+    sim = VirtualBucketRun(rows, gate_for, QuietServer(specs, random.Random(seed)), seed=seed)
+    sim.run()
+    log = sorted(sim.server.log, key=lambda r: r.start)
+    assert Counter(f"{r.host}{r.path}" for r in log if r.path != "/robots.txt") == Counter(r["url"] for r in rows)
+    assert not sim.reports
+    return log
+
+
 @pytest.mark.parametrize("ip_concurrency, ip_delay_s", [(3, 0.0), (1, 0.5), (2, 0.25)])
 def test_hosts_on_one_address_share_its_guard_judged_from_the_servers_log(ip_concurrency: int,
                                                                           ip_delay_s: float) -> None:
@@ -363,13 +375,8 @@ def test_hosts_on_one_address_share_its_guard_judged_from_the_servers_log(ip_con
         gate.bind_address(address)
         return gate
 
-    rows = [{"url": f"{key}/page/{i}", "host_key": key, "rank": i} for key in hosts for i in range(12)]
-    sim = VirtualBucketRun(rows, gate_for, QuietServer(specs, random.Random(5)), seed=5)
-    sim.run()
-
-    log = sorted(sim.server.log, key=lambda r: r.start)
-    assert Counter(f"{r.host}{r.path}" for r in log if r.path != "/robots.txt") == Counter(r["url"] for r in rows)
-    assert not sim.reports and address.in_flight == 0
+    log = _every_page_once(hosts, 12, gate_for, specs, seed=5)
+    assert address.in_flight == 0
     peak = 0
     for request in log:  # what was in flight at the address when each request started (the server's view)
         in_flight = sum(1 for other in log if other.start <= request.start < other.end)
@@ -400,13 +407,8 @@ def test_with_the_domain_as_key_the_hosts_of_one_domain_share_one_gate() -> None
         gate.domain = domains.setdefault(bucketing.key_of(host_key), rules.domain_gate())
         return gate
 
-    rows = [{"url": f"{key}/page/{i}", "host_key": key, "rank": i} for key in hosts for i in range(4)]
-    sim = VirtualBucketRun(rows, gate_for, QuietServer(specs, random.Random(7)), seed=7)
-    sim.run()
-
-    log = sorted(sim.server.log, key=lambda r: r.start)
-    assert Counter(f"{r.host}{r.path}" for r in log if r.path != "/robots.txt") == Counter(r["url"] for r in rows)
-    assert not sim.reports and set(domains) == {"big.test", "other.test"}
+    log = _every_page_once(hosts, 4, gate_for, specs, seed=7)
+    assert set(domains) == {"big.test", "other.test"}
     for domain in domains:
         mine = [r for r in log if r.host.endswith(domain)]
         for before, after in zip(mine, mine[1:], strict=False):

@@ -106,6 +106,20 @@ class ScriptedServer(LoopbackServer):
         return response
 
 
+
+def slow_pages(page_seconds: float) -> Handler:
+    """A ScriptedServer handler: robots.txt 404 (allow all), every other path a small HTML page after
+    `page_seconds`, long enough for requests to overlap if nothing holds them."""
+
+    async def answer(_server: ScriptedServer, _host: str, request: web.Request) -> web.StreamResponse:
+        if request.path == "/robots.txt":
+            return web.Response(status=404)
+        await asyncio.sleep(page_seconds)
+        return web.Response(text=f"<html><title>{request.path}</title></html>", content_type="text/html")
+
+    return answer
+
+
 class EdgeServer(ScriptedServer):
     """The cases the farm does not cover, by Host name and path: robots.txt answering 503 (broken.test),
     redirected to a gzip body (moved.test) or to another host (elsewhere.test -> edge.test), a host answering 500
