@@ -3,7 +3,7 @@ host_key, or its registered domain with `politeness.key: domain`) modulo `crawl.
 
 Buckets are written into `urls` and `hosts` (the `bucket` partition column) when a row is created, name the fetch
 lists, and are what a daemon owns; so neither setting may change under an existing crawl. The first job that writes
-a root records both in `ROOT/_crawl.json` (`crawl_identity`); every job that assigns buckets, and every daemon,
+a root records both in `ROOT/_crawl.json` (`Bucketing.identity`); every job that assigns buckets, and every daemon,
 compares its config with it (`refusal`) and stops with exit 2 on a difference, until `crawl rebucket` has rewritten
 the buckets of every row under the new settings and recorded them.
 """

@@ -53,6 +53,14 @@ def _warc_stem(result_name: str) -> str:
     return result_name.rsplit("-", 1)[0]
 
 
+def _not_found(exc: OSError) -> bool:
+    """Whether an S3 error (as `s3_errors` raises it) says the object does not exist."""
+    from botocore.exceptions import ClientError
+
+    cause = exc.__cause__
+    return isinstance(cause, ClientError) and cause.response["Error"]["Code"] in ("404", "NoSuchKey", "NotFound")
+
+
 class LocalStore:
     """Files written in place under a local root; nothing to upload."""
 
@@ -190,14 +198,11 @@ class S3Store(LocalStore):
 
     def _exists(self, local_path: str) -> bool:
         """Whether the object of a path under the local root exists on S3 (one HEAD)."""
-        from botocore.exceptions import ClientError
-
         try:
             with s3_errors():
                 self.client.head_object(Bucket=self.bucket, Key=self.key(self._relative(local_path)))
         except OSError as exc:
-            if isinstance(exc.__cause__, ClientError) and exc.__cause__.response["Error"]["Code"] in (
-                    "404", "NoSuchKey", "NotFound"):
+            if _not_found(exc):
                 return False
             raise
         return True
@@ -207,14 +212,11 @@ class S3Store(LocalStore):
 
     def crawl_record(self) -> dict[str, Any] | None:
         """The root's `_crawl.json` (crawler.bucketing), None before any job wrote one (one GET)."""
-        from botocore.exceptions import ClientError
-
         try:
             with s3_errors():
                 body = self.client.get_object(Bucket=self.bucket, Key=self.key(layout.CRAWL_RECORD))["Body"].read()
         except OSError as exc:
-            if isinstance(exc.__cause__, ClientError) and exc.__cause__.response["Error"]["Code"] in (
-                    "404", "NoSuchKey", "NotFound"):
+            if _not_found(exc):
                 return None
             raise
         return json.loads(body)
