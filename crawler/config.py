@@ -28,7 +28,8 @@ from crawler.ownership import check_timing
 DEFAULTS_PATH = Path(os.environ.get("CRAWL_DEFAULTS", Path(__file__).resolve().parents[1] / "conf" / "crawler.yaml"))
 
 # Keys whose value is a free-form mapping: their sub-keys are not checked against the defaults.
-_OPEN_MAPPINGS = {"fetch.static_hosts", "spark.conf", "scope.strip_query_params", "generate.domain_budgets"}
+_OPEN_MAPPINGS = {"fetch.static_hosts", "spark.conf", "scope.strip_query_params", "generate.domain_budgets",
+                  "generate.domain_daily_budgets"}
 
 
 class ConfigError(UserError, ValueError):
@@ -100,6 +101,8 @@ _RULES: dict[str, tuple[Any, str]] = {
     "generate.per_host_max_urls": (_positive, "must be > 0"),
     "generate.per_domain_max_urls": (_non_negative, "must be >= 0 (0: no domain budget)"),
     "generate.domain_budgets": (_domain_budgets, "must map domain globs (* and ? only) to budgets >= 0"),
+    "generate.per_domain_daily_max_urls": (_non_negative, "must be >= 0 (0: no daily domain budget)"),
+    "generate.domain_daily_budgets": (_domain_budgets, "must map domain globs (* and ? only) to budgets >= 0"),
     "generate.hot_domains": (_non_negative, "must be >= 0"),
     "generate.segment_seconds": (_positive, "must be > 0"),
     "generate.lease_seconds": (_positive, "must be > 0"),

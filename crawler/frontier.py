@@ -166,18 +166,27 @@ def per_host_cap_sql(per_host_max_urls: int, segment_seconds: float, delay: str,
 @dataclass(frozen=True)
 class DomainBudgets:
     """URLs one registered domain (`crawler.urls.registered_domain`: public-suffix aware, so every subdomain of
-    example.co.uk is example.co.uk's) may have in one segment, across all its hosts: `generate.per_domain_max_urls`
-    (0: no domain budget), overridden by the first pattern of `generate.domain_budgets` that matches the domain
-    (a glob, `*` any run of characters, `?` one; a known hot domain gets more, a known trap less). A domain's
-    budget is taken round-robin over its hosts, after each host's own cap (`per_host_cap`)."""
+    example.co.uk is example.co.uk's) may have, across all its hosts, in one segment (`per_segment`:
+    `generate.per_domain_max_urls`, 0: no budget) or in one UTC day (`per_day`: `generate.per_domain_daily_max_urls`),
+    each overridden by the first pattern of its map (`generate.domain_budgets`, `generate.domain_daily_budgets`) that
+    matches the domain (a glob, `*` any run of characters, `?` one; a known hot domain gets more, a known trap less).
+    A domain's budget is taken round-robin over its hosts, after each host's own cap (`per_host_cap`); what a segment
+    may take of a domain is `domain_cap`."""
 
     default: int
     patterns: tuple[tuple[str, int], ...] = ()
 
     @classmethod
-    def from_config(cls, conf) -> DomainBudgets:
-        return cls(int(conf["generate.per_domain_max_urls"]),
-                   tuple((str(p).lower(), int(n)) for p, n in conf["generate.domain_budgets"].items()))
+    def per_segment(cls, conf) -> DomainBudgets:
+        return cls._from(conf, "generate.per_domain_max_urls", "generate.domain_budgets")
+
+    @classmethod
+    def per_day(cls, conf) -> DomainBudgets:
+        return cls._from(conf, "generate.per_domain_daily_max_urls", "generate.domain_daily_budgets")
+
+    @classmethod
+    def _from(cls, conf, default_key: str, patterns_key: str) -> DomainBudgets:
+        return cls(int(conf[default_key]), tuple((str(p).lower(), int(n)) for p, n in conf[patterns_key].items()))
 
     @property
     def active(self) -> bool:
@@ -195,6 +204,40 @@ class DomainBudgets:
         cases = "".join(f" when lower({domain}) like '{_glob_like(p)}' escape '!' then {n}L" for p, n in self.patterns)
         fallback = f"{self.default}L" if self.default else "cast(null as bigint)"
         return f"(case{cases} else {fallback} end)" if cases else f"({fallback})"
+
+
+def spends_the_day(last_fetch_at: datetime | None, lease_segment: str | None, lease_expires_at: datetime | None,
+                   day_start: datetime, now: datetime, segment_id: str) -> bool:
+    """Whether a URL counts against its domain's daily budget when generate builds `segment_id` at `now`: it was
+    fetched since the UTC day began (`day_start`), or it is out on a live lease of another segment (handed out, not
+    merged yet: it is being fetched). Counted from `urls` itself, so there is no counter to keep in step; a URL
+    fetched today and leased again counts once, and this segment's own leases (a re-run) are not spent yet."""
+    if last_fetch_at is not None and last_fetch_at >= day_start:
+        return True
+    return (lease_segment is not None and lease_segment != segment_id
+            and lease_expires_at is not None and lease_expires_at >= now)
+
+
+def spends_the_day_sql(day_start: str, now: str, segment_id: str) -> str:
+    """`spends_the_day` over the `urls` columns; `day_start` and `now` SQL timestamp expressions, `segment_id` a
+    checked id."""
+    return (f"(coalesce(last_fetch_at >= {day_start}, false) or (lease_segment is not null"
+            f" and lease_segment != '{segment_id}' and coalesce(lease_expires_at >= {now}, false)))")
+
+
+def domain_cap(segment_cap: int | None, daily_cap: int | None, spent_today: int) -> int | None:
+    """What one segment may take of a domain: its per-segment budget, and what its daily budget has left after the
+    URLs that already spent the day (`spends_the_day`); None: unlimited."""
+    caps = [cap for cap in (segment_cap, None if daily_cap is None else max(daily_cap - spent_today, 0))
+            if cap is not None]
+    return min(caps) if caps else None
+
+
+def domain_cap_sql(segment_cap: str, daily_cap: str, spent_today: str) -> str:
+    """`domain_cap` in Spark SQL (bigint expressions, a null cap unlimited: `least` skips nulls, and so would
+    `greatest`, hence the CASE)."""
+    left_today = f"(case when {daily_cap} is null then null else greatest({daily_cap} - {spent_today}, 0L) end)"
+    return f"least({segment_cap}, {left_today})"
 
 
 def _glob_like(pattern: str) -> str:

@@ -5,10 +5,10 @@ not denied by the robots.txt rules stored for its host while they are in force (
 unreachable robots.txt is the daemon's to fetch and decide).
 Rank per host by score (priority + age boost), cut per host at min(per_host_max_urls, segment_seconds /
 delay) — one probe URL for a dead host (crawler.politeness.is_dead) — then per registered domain at its budget
-(crawler.frontier.DomainBudgets, when configured; round-robin over the domain's hosts), then keep the lowest ranks
-across hosts up to the segment budget (round-robin over hosts); with `generate.budget_split`, revisits and
-never-fetched URLs each take their share of it (`generate.refresh_share`, crawler.frontier.RefreshShare and
-refresh_quota).
+(crawler.frontier.DomainBudgets and domain_cap, when configured: per segment, and what the domain's daily budget has
+left; round-robin over the domain's hosts), then keep the lowest ranks across hosts up to the segment budget
+(round-robin over hosts); with `generate.budget_split`, revisits and never-fetched URLs each take their share of it
+(`generate.refresh_share`, crawler.frontier.RefreshShare and refresh_quota).
 The fetch list goes to segments/<id>/fetchlist/bucket=NNNNN, each bucket's file sorted by rank then host, so
 hosts are interleaved: a daemon streaming the list (fetch.max_queued_urls) keeps many hosts busy.
 Leasing bumps state_version, so only a result carrying the new version can complete the URL. The frontier's
@@ -39,9 +39,11 @@ from crawler.frontier import (
     DomainBudgets,
     RefreshShare,
     backpressure,
+    domain_cap_sql,
     per_host_cap_sql,
     refresh_quota_sql,
     score_sql,
+    spends_the_day_sql,
 )
 from crawler.leases import is_due_sql, leased_version_sql
 from crawler.politeness import PolitenessRules
@@ -147,10 +149,15 @@ def select_due(spark: SparkSession, conf: Config, root: str, segment_id: str, no
             Window.partitionBy("host_key").orderBy(F.desc("score"), F.asc("url_id"))))
         .where(F.col("rank") <= F.col("host_cap"))
     )
-    domains = DomainBudgets.from_config(conf)
-    if domains.active:  # round-robin over a domain's hosts: every host's first URL before any host's second
+    per_segment, per_day = DomainBudgets.per_segment(conf), DomainBudgets.per_day(conf)
+    if per_segment.active or per_day.active:  # round-robin over a domain's hosts: every host's first URL first
+        spent = "cast(0 as bigint)"
+        if per_day.active:
+            ranked = ranked.join(spent_today(urls, hosts, segment_id, now), "h_domain", "left")
+            spent = "coalesce(spent_today, 0L)"
         ranked = (
-            ranked.withColumn("domain_cap", F.expr(domains.cap_sql("h_domain")))
+            ranked.withColumn("domain_cap", F.expr(domain_cap_sql(per_segment.cap_sql("h_domain"),
+                                                                  per_day.cap_sql("h_domain"), spent)))
             .withColumn("domain_rank", F.row_number().over(
                 Window.partitionBy("h_domain").orderBy("rank", F.desc("score"), "url_id")))
             .where(F.col("domain_cap").isNull() | (F.col("domain_rank") <= F.col("domain_cap")))
@@ -177,6 +184,19 @@ def select_due(spark: SparkSession, conf: Config, root: str, segment_id: str, no
         F.col("state_version").alias("old_state_version"),
         F.col("h_domain").alias("domain"),
     )
+
+
+def spent_today(urls: DataFrame, hosts: DataFrame, segment_id: str, now: datetime) -> DataFrame:
+    """(h_domain, spent_today): per registered domain, the URLs that spent its daily budget so far
+    (crawler.frontier.spends_the_day), counted per host and then per domain (a host without a row or a domain is its
+    own)."""
+    day_start = now.replace(hour=0, minute=0, second=0, microsecond=0)
+    per_host = (urls.withColumn("gen_now", F.lit(now)).withColumn("day_start", F.lit(day_start))
+                .where(spends_the_day_sql("day_start", "gen_now", segment_id))
+                .groupBy("host_key").agg(F.count("*").alias("spent")))
+    return (per_host.join(hosts.select("host_key", "h_domain"), "host_key", "left")
+            .groupBy(F.coalesce("h_domain", "host_key").alias("h_domain"))
+            .agg(F.sum("spent").alias("spent_today")))
 
 
 def write_fetchlist(selected: DataFrame, path: str) -> None:

@@ -1,8 +1,10 @@
-"""Generate's budget split between revisits and never-fetched URLs (crawler.frontier.refresh_quota) and the
-adaptive refresh share (RefreshShare): pure rules; their SQL twin is in tests/test_rule_twins.py and generate's
-use of them in tests/test_inject_generate.py."""
+"""Generate's budget split between revisits and never-fetched URLs (crawler.frontier.refresh_quota), the
+adaptive refresh share (RefreshShare) and the per-domain budgets (DomainBudgets, domain_cap, spends_the_day): pure
+rules; their SQL twins are in tests/test_rule_twins.py and generate's use of them in tests/test_inject_generate.py."""
 
 from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
 
 import pytest
 
@@ -39,6 +41,28 @@ def test_domain_budgets_first_matching_pattern_else_the_default():
     assert frontier.DomainBudgets(0).cap("example.com") is None and not frontier.DomainBudgets(0).active
     assert frontier.DomainBudgets(0, (("x.com", 0),)).cap("x.com") == 0  # a known trap can be shut out
     assert frontier.DomainBudgets(0, (("x.com", 3),)).cap("y.com") is None
+
+
+def test_a_segment_takes_the_smaller_of_a_domains_segment_budget_and_what_its_day_has_left():
+    assert frontier.domain_cap(40, 100, 0) == 40 and frontier.domain_cap(40, 100, 75) == 25
+    assert frontier.domain_cap(40, 100, 100) == 0 and frontier.domain_cap(40, 100, 130) == 0  # overspent: nothing
+    assert frontier.domain_cap(None, 100, 30) == 70 and frontier.domain_cap(40, None, 30) == 40
+    assert frontier.domain_cap(None, None, 30) is None
+
+
+def test_what_spends_a_domains_day_fetched_since_midnight_or_out_on_another_segments_live_lease():
+    now = datetime(2026, 5, 2, 15, 0, tzinfo=UTC)
+    midnight = datetime(2026, 5, 2, tzinfo=UTC)
+
+    def spends(last_fetch_at=None, lease_segment=None, lease_expires_at=None):
+        return frontier.spends_the_day(last_fetch_at, lease_segment, lease_expires_at, midnight, now, "seg-b")
+
+    assert spends(last_fetch_at=midnight) and spends(last_fetch_at=now - timedelta(hours=1))
+    assert not spends(last_fetch_at=midnight - timedelta(seconds=1)) and not spends()
+    assert spends(lease_segment="seg-a", lease_expires_at=now + timedelta(hours=1))
+    assert not spends(lease_segment="seg-a", lease_expires_at=now - timedelta(seconds=1))  # expired: due again
+    assert not spends(lease_segment="seg-b", lease_expires_at=now + timedelta(hours=1))  # this segment's own (re-run)
+    assert spends(last_fetch_at=now, lease_segment="seg-b", lease_expires_at=now + timedelta(hours=1))
 
 
 @pytest.mark.parametrize(("pattern", "accepted"), [

@@ -8,6 +8,8 @@ from datetime import UTC, datetime, timedelta
 
 import pyarrow.parquet as pq
 import pytest
+from delta.tables import DeltaTable
+from pyspark.sql import functions as F
 
 from crawler import frontier, layout, urls
 from crawler.errors import Backpressure, UserError
@@ -308,25 +310,36 @@ def test_a_burst_on_one_side_leaves_the_other_its_share(spark, base_conf, root, 
 def test_a_domain_of_many_subdomains_gets_no_more_than_its_budget(spark, base_conf, root, tmp_path):
     """Per-domain budgets (crawler.frontier.DomainBudgets): 500 subdomains of one registered domain share its
     budget (round-robin: each of 40 hosts gives its first URL), a pattern gives a known domain more, a domain under
-    its budget keeps everything; the hot domains are recorded with what the segment took of each."""
+    its budget keeps everything; the hot domains are recorded with what the segment took of each. Then the daily
+    budgets: later segments of the same UTC day take what the day has left (leased to an open segment or fetched
+    since midnight: crawler.frontier.spends_the_day), a re-run takes the same, and the next day starts afresh."""
     big = [f"http://h{n}.bigsite.co.uk/{page}" for n in range(500) for page in ("a", "b")]
     hot = [f"http://h{n}.hot.test/{page}" for n in range(30) for page in ("a", "b", "c")]
     small = [f"http://s{n}.small.test/{page}" for n in range(3) for page in ("a", "b")]
     seeds = tmp_path / "seeds.txt"
     seeds.write_text("\n".join(big + hot + small) + "\n")
     conf = base_conf.with_overrides({"generate.per_domain_max_urls": 40, "generate.domain_budgets": {"hot.t*": 75},
+                                     "generate.per_domain_daily_max_urls": 100,
+                                     "generate.domain_daily_budgets": {"hot.t*": 80},
                                      "generate.hot_domains": 2, "generate.segment_max_urls": 10000,
+                                     "generate.max_unmerged_segments": 5,
                                      "sitemaps.probe_default_location": False})
     inject.run(spark, conf, root, str(seeds))
     domains = {r.host_key: r.domain for r in tables.table_df(spark, root, "hosts").collect()}
     assert len(domains) == 533 and domains["http://h7.bigsite.co.uk"] == "bigsite.co.uk"
     assert {domains[urls.host_key(u)] for u in hot + small} == {"hot.test", "small.test"}
 
-    result = generate.run(spark, conf, root, "seg-domains", datetime.now(UTC) + timedelta(minutes=1))
-    listed = [r for rows in fetchlist_rows(root, "seg-domains").values() for r in rows]
-    by_domain: dict[str, list[dict]] = {}
-    for row in listed:
-        by_domain.setdefault(domains[row["host_key"]], []).append(row)
+    noon = datetime.now(UTC).replace(hour=12, minute=0, second=0, microsecond=0) + timedelta(days=1)
+
+    def listed_per_domain(segment_id: str) -> dict[str, list[dict]]:
+        by_domain: dict[str, list[dict]] = {}
+        for rows in fetchlist_rows(root, segment_id).values():
+            for row in rows:
+                by_domain.setdefault(domains[row["host_key"]], []).append(row)
+        return by_domain
+
+    result = generate.run(spark, conf, root, "seg-domains", noon)
+    by_domain = listed_per_domain("seg-domains")
     assert {d: len(rows) for d, rows in by_domain.items()} == {"bigsite.co.uk": 40, "hot.test": 75,
                                                                "small.test": 6}
     assert len({r["host_key"] for r in by_domain["bigsite.co.uk"]}) == 40  # one URL from each of 40 hosts
@@ -338,3 +351,21 @@ def test_a_domain_of_many_subdomains_gets_no_more_than_its_budget(spark, base_co
     assert [hot.asDict() for hot in figures.hot_domains] == [
         {"domain": "bigsite.co.uk", "due": 1000, "leased": 40}, {"domain": "hot.test", "due": 90, "leased": 75}]
     assert figures.due_urls == 1096 and figures.leased_urls == 121
+
+    # Same day: the first segment's live leases spent 40 of bigsite's 100 and 75 of hot.test's 80.
+    generate.run(spark, conf, root, "seg-domains-2", noon + timedelta(minutes=1))
+    second = {d: len(rows) for d, rows in listed_per_domain("seg-domains-2").items()}
+    assert second == {"bigsite.co.uk": 40, "hot.test": 5}
+    generate.run(spark, conf, root, "seg-domains-2", noon + timedelta(minutes=1))  # its own leases are not spent
+    assert {d: len(rows) for d, rows in listed_per_domain("seg-domains-2").items()} == second
+    # The first segment merged (as update leaves a fetched URL): fetched today still spends the day.
+    DeltaTable.forPath(spark, tables.table_path(root, "urls")).update(
+        "lease_segment = 'seg-domains'",
+        {"lease_segment": "null", "lease_expires_at": "null", "last_fetch_at": F.lit(noon + timedelta(seconds=30)),
+         "next_fetch_at": F.lit(noon + timedelta(days=1))})
+    generate.run(spark, conf, root, "seg-domains-3", noon + timedelta(minutes=2))
+    assert {d: len(rows) for d, rows in listed_per_domain("seg-domains-3").items()} == {"bigsite.co.uk": 20}
+    # The next day: yesterday's fetches and the expired leases spend nothing; only the per-segment budgets hold.
+    generate.run(spark, conf, root, "seg-domains-4", noon + timedelta(days=1))
+    assert {d: len(rows) for d, rows in listed_per_domain("seg-domains-4").items()} == {
+        "bigsite.co.uk": 40, "hot.test": 75, "small.test": 6}

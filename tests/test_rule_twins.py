@@ -208,3 +208,23 @@ def test_domain_budget_agrees(spark, budgets):
     got = spark.createDataFrame([(d,) for d in domains], "domain string").selectExpr(
         "domain", f"{budgets.cap_sql('domain')} as cap").collect()
     assert {row.domain: row.cap for row in got} == {d: budgets.cap(d) for d in domains}
+
+
+def test_daily_domain_budget_rules_agree(spark):
+    segment, midnight, now = "seg-b", T0, T0 + timedelta(hours=15)
+    moments = [None, midnight - timedelta(seconds=1), midnight, now - timedelta(seconds=1), now,
+               now + timedelta(hours=1)]
+    cases = list(itertools.product(moments, [None, "seg-a", segment], moments))
+    frame = spark.createDataFrame([(i, *case) for i, case in enumerate(cases)],
+                                  "i int, last_fetch_at timestamp, lease_segment string, lease_expires_at timestamp")
+    got = frame.withColumn("now", F.lit(now)).withColumn("day_start", F.lit(midnight)).selectExpr(
+        "i", f"{frontier.spends_the_day_sql('day_start', 'now', segment)} as spends").collect()
+    for row in got:
+        last, lease, expires = cases[row.i]
+        assert row.spends == frontier.spends_the_day(last, lease, expires, midnight, now, segment), cases[row.i]
+    assert {row.spends for row in got} == {True, False}
+
+    caps = list(itertools.product([None, 0, 40], [None, 0, 30, 100], [0, 30, 75, 130]))
+    frame = spark.createDataFrame(caps, "s long, d long, spent long")
+    got = frame.selectExpr("s", "d", "spent", f"{frontier.domain_cap_sql('s', 'd', 'spent')} as cap").collect()
+    assert [(r.s, r.d, r.spent, r.cap) for r in got] == [(*c, frontier.domain_cap(*c)) for c in caps]
