@@ -34,7 +34,7 @@ from fetchd.exchange import STOP_POLL_S, Transport
 from fetchd.fetcher import Fetcher
 from fetchd.hostprep import thread_memory
 from fetchd.metrics import DaemonState, Metrics, MetricsServer, progress_line, snapshot
-from fetchd.output import recover_bucket_output
+from fetchd.output import ResumeState, recover_bucket_output
 from fetchd.ownership import Lease, LeaseStore
 from fetchd.processes import PUBLISH_S, peer_snapshots, publish_snapshot
 from fetchd.progress import read_fetchlist
@@ -270,6 +270,17 @@ class Daemon:
             self.log_progress()
         return [m for m in manifests if m is not None]
 
+    def _open_bucket(self, segment_id: str, bucket: int, lease: Lease) -> ResumeState | None:
+        """The bucket's local files brought in and made consistent, and what is already done (None: the lease was
+        lost first). Run in a thread: recovering a large torn WARC takes seconds, and on the event loop it would
+        hold up the lease heartbeat (a lease not renewed within ttl - margin is fenced) and every host's timers."""
+        self.store.prepare_bucket(segment_id, bucket)
+        if lease.fenced():
+            return None
+        resume = recover_bucket_output(self.root, segment_id, bucket)
+        self.store.sync_bucket(segment_id, bucket, lease.fenced)  # what recovery closed goes up
+        return resume
+
     async def _fetch_bucket(self, segment_id: str, bucket: int, max_queued: int) -> dict[str, Any] | None:
         """One owned bucket to its end. When its files cannot be written (a full disk, I/O errors), the bucket
         stops fetching at once (nothing is fetched that cannot be stored), waits with growing pauses up to
@@ -280,9 +291,9 @@ class Daemon:
             if lease is None or lease.fenced() or self.stopping():  # lost since it was claimed, or stopping
                 return None
             try:
-                await asyncio.to_thread(self.store.prepare_bucket, segment_id, bucket)
-                resume = recover_bucket_output(self.root, segment_id, bucket)
-                self.store.sync_bucket(segment_id, bucket, lease.fenced)  # what recovery closed goes up
+                resume = await asyncio.to_thread(self._open_bucket, segment_id, bucket, lease)
+                if resume is None:
+                    return None
                 run = BucketRun(self, segment_id, bucket, read_fetchlist(self.root, segment_id, bucket), lease,
                                 resume, max_queued)
             except OSError as exc:

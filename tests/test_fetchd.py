@@ -27,7 +27,10 @@ from crawler import layout, records, urls
 from crawler.politeness import PolitenessRules
 from crawler.robots import RobotsPolicy
 from fetchd import cli
+from fetchd import daemon as fetchd_daemon
 from fetchd.commands import fetch_segment, serve
+from fetchd.output import recover_bucket_output
+from fetchd.ownership import LeaseStore
 from sitefarm.judge import politeness_violations
 from sitefarm.server import SiteFarm, read_request_log
 from sitefarm.sites import FarmSpec
@@ -380,6 +383,29 @@ def test_unfinished_bucket_is_resumed_from_what_was_published(edge, base_conf, r
     manifest = json.loads(Path(layout.done_manifest(root, SEGMENT, bucket)).read_text())
     assert manifest["urls"] == 2 and manifest["resumed"] == 1
     assert manifest["outcomes"] == {"network_error": 1, "success": 1}
+
+
+def test_a_slow_recovery_does_not_hold_up_the_lease_heartbeat(edge, base_conf, root, monkeypatch):
+    """Recovering a bucket's torn WARC (seconds for a large one; here a recovery that takes longer than the whole
+    lease) runs off the event loop, so the heartbeat renews the lease meanwhile: the bucket is fetched under its
+    first epoch, never fenced and taken again."""
+    conf = edge_conf(base_conf, **{"ownership.lease_ttl_s": 2.0, "ownership.renew_interval_s": 0.3,
+                                   "ownership.fence_margin_s": 0.8, "ownership.takeover_grace_s": 0.2})
+    fetchlist = write_fetchlist(root, SEGMENT, [{"url": edge.url("edge.test", "/a")}], conf["crawl.buckets"])
+    [bucket] = fetchlist
+    recoveries = []
+
+    def slow_recovery(*args):
+        recoveries.append(time.monotonic())
+        time.sleep(2.5)  # longer than lease_ttl_s: on the event loop, no renewal could happen in time
+        return recover_bucket_output(*args)
+
+    monkeypatch.setattr(fetchd_daemon, "recover_bucket_output", slow_recovery)
+    summary = fetch_segment(conf, root, SEGMENT)
+    assert summary["buckets"] == [bucket] and len(recoveries) == 1
+    lease = LeaseStore(conf, root, "observer").latest(bucket)
+    assert (lease.epoch, lease.released) == (1, True)
+    assert [r["path"] for r in edge.requests("edge.test")] == ["/robots.txt", "/a"]
 
 
 def test_serve_picks_up_new_fetch_lists_and_stops(edge, base_conf, root):
