@@ -8,8 +8,8 @@ Spark's work, and the two lanes share no process, port range (`tests/support/ser
 
 Shared, built once per session: the SparkSession, and the work that starts in the background as soon as it is up
 when any selected test reads it — the shared crawl (`tests/support/crawl.py`, in a thread of this process on its
-own SparkSession over the same SparkContext), the crash tests' references and kills once that crawl is done
-(`tests/support/crash.py`, in another such thread, the kills in child processes), and, niced as the suite's slack,
+own SparkSession over the same SparkContext), the crash tests' references, kills and re-runs once that crawl is
+done (`tests/support/crash.py`, in another such thread, the kills in child processes), and, niced as the suite's slack,
 the Airflow cycle on a standalone cluster (`tests/support/airflow.py`), the S3 cycle (`tests/support/s3_cycle.py`)
 and the demo command (`tests/support/demo.py`), all three in child processes. In the Spark lane the tests that read
 none of them run first, then the readers of each, in the order the work is done (`READ_LATE`), so each has the

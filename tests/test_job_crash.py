@@ -2,13 +2,12 @@
 
 Update and inject start from the shared crawl's root after the second cycle's dedup, generate from it after that
 cycle's update (as in a cycle: backpressure refuses a new segment while one is fetched and not merged). Copy A is
-the job run once to
-completion (for update, the shared crawl's own update of that segment); copy B runs the same `crawl` command in a
-child process that is killed with SIGKILL (its whole process group: the Python driver, its JVM and its Python
-workers) at a seeded random point inside the job's working window. Both happen in the background once the shared
-crawl is done (`tests/support/crash.py`); each test then runs the command again on copy B in this process, on
-the suite's Spark session, to completion. Every table of B must then equal A's, column for column, except columns
-the job stamps from the wall clock.
+the job run once to completion (for update, the shared crawl's own update of that segment); copy B runs the same
+`crawl` command in a child process that is killed with SIGKILL (its whole process group: the Python driver, its
+JVM and its Python workers) at a seeded random point inside the job's working window, and then the job again, with
+the command's config and arguments, in this process on the suite's SparkContext, to completion. All of that happens
+in the background once the shared crawl is done (`tests/support/crash.py`). Every table of B must then equal A's,
+column for column, except columns the job stamps from the wall clock.
 """
 
 from __future__ import annotations
@@ -20,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from delta_tables import TABLES, table_df
-from tests.support.crash import GENERATED_SEGMENT, SCENARIOS, CrashKills, command, run_here
+from tests.support.crash import GENERATED_SEGMENT, SCENARIOS, CrashKills
 from tests.support.tables import snapshot
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(3600)]
@@ -42,14 +41,14 @@ UNIQUE_KEYS = {
 
 
 def _rerun_after_kill(crash_kills: CrashKills, scenario: str) -> Path:
-    """Copy B of `scenario` (killed in the background), its command run again here to completion."""
+    """Copy B of `scenario`: killed, then its job run again to completion (both in the background)."""
     job = SCENARIOS[scenario][0]
     killed = crash_kills.killed_copy(scenario)
     assert killed.run.killed and killed.run.returncode == -signal.SIGKILL
     print(f"{job}: killed {killed.point[1]:.1f}s after step {killed.point[0]!r} started (fraction "
           f"{killed.fraction:.2f}); last step started: {killed.run.last_step()!r}")
-    rerun = run_here(command(job, crash_kills.prepared, killed.root))
-    assert rerun.returncode == 0, f"re-run of {job} after the kill failed:\n{rerun.tail()}"
+    assert killed.rerun is not None and killed.rerun.returncode == 0 and killed.rerun.steps, (
+        f"re-run of {job} after the kill did not complete")
     return killed.root
 
 

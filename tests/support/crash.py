@@ -5,14 +5,17 @@ merged cycle plus a fetched, parsed and deduplicated second segment that update 
 is the reference: the job run once to completion in the suite's JVM (for update, the shared crawl's own update of
 that segment is that run already: the same job on the same state with the same config). Copy B runs the same
 `crawl` command in a child process of its own process group — the only process killed — with SIGKILL (the Python
-driver, its JVM and its Python workers) at a seeded random point inside the job's working window. The test then
-runs the command again on copy B in its own process, to completion, and compares every table with copy A's.
+driver, its JVM and its Python workers) at a seeded random point inside the job's working window. The job is then
+run again on copy B in this process (the same call as the reference, with the command's config and arguments), to
+completion, and the test compares every table with copy A's.
 
-The references and the kills run in a thread of the Spark worker (`crash_kills_started` in `tests/conftest.py`),
-while the lane's other tests run: a killed job's JVM is mostly start-up and its own work, which the second core
-takes while the in-process tests keep about one busy. The killed jobs run niced, like the rest of the suite's
-slack (`tests/support/config.py::BACKGROUND_NICE`): a kill point is anchored on a step's start, so a slower child
-is killed at an earlier point of the same step, never outside the job's working window.
+The references, the kills and the re-runs run in a thread of the Spark worker (`crash_kills_started` in
+`tests/conftest.py`), while the lane's other tests run: a killed job's JVM is mostly start-up and its own work,
+which the second core takes while the in-process tests keep about one busy, and a re-run there overlaps them too
+(run by the tests themselves, the four re-runs were the lane's last minute or more, on one core). The killed jobs
+run niced, like the rest of the suite's slack (`tests/support/config.py::BACKGROUND_NICE`): a kill point is
+anchored on a step's start, so a slower child is killed at an earlier point of the same step, never outside the
+job's working window.
 """
 
 from __future__ import annotations
@@ -32,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from crawler import config as config_mod
-from jobs import cli, generate, inject
+from jobs import generate, inject, update
 from jobs.base import STEP_STARTED
 from tests.support.config import at_background_priority
 from tests.support.crawl import SharedCrawl, recording_steps
@@ -89,12 +92,13 @@ class Run:
 
 @dataclass
 class Killed:
-    """Copy B of one scenario after its kill, waiting for the test's re-run."""
+    """Copy B of one scenario: killed, then its job run again to completion."""
 
     root: Path
     run: Run
     point: tuple[str, float]   # (step, seconds after its start) the kill was aimed at
     fraction: float            # of the reference's working window
+    rerun: Run | None = None
 
 
 class CrashKills:
@@ -144,14 +148,6 @@ def command(job: str, prepared: Prepared, root: Path) -> list[str]:
     if job == "inject":
         return [*argv, "--seeds", str(prepared.seeds)]
     raise ValueError(job)
-
-
-def run_here(argv: list[str]) -> Run:
-    """Run a `crawl` command line in this process, on the suite's Spark session, noting its steps."""
-    with recording_steps() as recorder:
-        returncode = cli.main(argv[argv.index("jobs.cli") + 1:])
-    log = recorder.take()
-    return Run(returncode=returncode, seconds=log.seconds, steps=log.starts, lines=recorder.lines)
 
 
 def _step_name(line: str) -> str | None:
@@ -246,21 +242,28 @@ def _kill(prepared: Prepared, reference_run: Run, job: str, dest: Path, seed: in
     raise AssertionError(f"{job} finished before every kill point")
 
 
-def _reference(spark, prepared: Prepared, job: str) -> tuple[Path, Run]:
-    """Copy A of generate or inject: the job run to completion on `spark` (this thread's session over the suite's
-    SparkContext) with the command's config and arguments, its steps noted."""
-    root = prepared.base / f"ref-{job}"
-    shutil.copytree(prepared.start_for(job), root)
+def _run_job(spark, prepared: Prepared, job: str, root: Path) -> Run:
+    """`job` run to completion on `root` on `spark` (this thread's session over the suite's SparkContext), with the
+    command's config and arguments (`command`), its steps noted."""
     conf = config_mod.load(prepared.config).with_overrides({"storage.root": str(root)})
     with recording_steps() as recorder:
         if job == "generate":
             generate.run(spark, conf, str(root), segment_id=GENERATED_SEGMENT,
                          now=datetime.fromisoformat(prepared.now))
-        else:
+        elif job == "inject":
             inject.run(spark, conf, str(root), str(prepared.seeds))
+        else:
+            update.run(spark, conf, str(root), prepared.segment)
     log = recorder.take()
-    assert log.starts, f"reference {job} logged no step:\n" + "\n".join(recorder.lines[-40:])
-    return root, Run(returncode=0, seconds=log.seconds, steps=log.starts, lines=recorder.lines)
+    assert log.starts, f"{job} on {root} logged no step:\n" + "\n".join(recorder.lines[-40:])
+    return Run(returncode=0, seconds=log.seconds, steps=log.starts, lines=recorder.lines)
+
+
+def _reference(spark, prepared: Prepared, job: str) -> tuple[Path, Run]:
+    """Copy A of generate or inject: the job run once to completion."""
+    root = prepared.base / f"ref-{job}"
+    shutil.copytree(prepared.start_for(job), root)
+    return root, _run_job(spark, prepared, job, root)
 
 
 def run_crash_kills(kills: CrashKills, spark, shared: Callable[[], SharedCrawl], base: Path) -> None:
@@ -284,7 +287,9 @@ def run_crash_kills(kills: CrashKills, spark, shared: Callable[[], SharedCrawl],
             kills.put(f"reference-{job}", (root, runs[job]))
         for scenario, (job, seed, window) in SCENARIOS.items():
             try:
-                kills.put(scenario, _kill(prepared, runs[job], job, base / scenario, seed, window))
+                killed = _kill(prepared, runs[job], job, base / scenario, seed, window)
+                killed.rerun = _run_job(spark, prepared, job, killed.root)
+                kills.put(scenario, killed)
             except Exception as error:
                 kills.put(scenario, error)
     except BaseException as error:
