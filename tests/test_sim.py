@@ -69,8 +69,9 @@ def test_sigterm_hands_buckets_over_with_nothing_repeated():
 
 
 def test_a_storage_outage_stops_every_bucket_and_loses_nothing():
+    # A world whose outage (seed 4) catches results in flight; without discovery, so its draws stay this world's.
     run = simulate(SimSettings(hosts=120, urls=6000, daemons=2, hours=1.0, kills=0, freezes=0, sigterms=0,
-                               outages=1, buckets=16, giant_hosts=0, due_spread_days=0.04, seed=4))
+                               outages=1, buckets=16, giant_hosts=0, due_spread_days=0.04, seed=4, new_share=0.0))
     outage = run.faults[0]
     assert outage.kind == "outage"
     figures = run.figures
@@ -130,11 +131,50 @@ def test_generate_leaves_backing_off_hosts_out_and_gives_a_dead_host_a_probe():
     assert frontier.backoff[1].failing_since is None and not frontier.is_dead(1, now + 2)
 
 
+def test_fetched_pages_reveal_unknown_urls_and_the_budget_split_divides_the_segment():
+    """Discovery in the simulated frontier: unknown URLs are never due until a fetched page reveals them (due at
+    once, never fetched); with `generate.budget_split` a segment takes revisits and new URLs as
+    `crawler.frontier.refresh_quota` says, and the adaptive share moves toward discovery when fetches yield many
+    new URLs."""
+    settings = SimSettings(hosts=6, urls=1200, giant_hosts=0, budget_split=True, refresh_share=0.25)
+    hosts = draw_hosts(6, 1000, 0, 0, 1.0, random.Random(2))
+    frontier = Frontier(hosts, sim_config(settings), np.random.default_rng(2), due_spread_s=60.0, new_share=0.5,
+                        new_links_per_fetch=3.0)
+    unknown = int((~frontier.fetched_before).sum())
+    assert unknown == sum(h.urls // 2 for h in hosts) and (frontier.next_due[~frontier.fetched_before] == np.inf).all()
+    now = 3600.0
+    rows, first = frontier.generate(0, now, 10_000, 1000, 600, 1200)
+    assert first.discovery_listed == 0 and first.refresh_listed == len(rows) > 0  # nothing known is new yet
+    assert first.refresh_share == 0.25
+    for row in rows:
+        frontier.apply(row["url_index"], row["state_version"], 0, "success", 200, now + 1)
+    revealed = ~frontier.fetched_before & (frontier.next_due == now + 1)
+    assert int(revealed.sum()) == frontier.discovered > 30 and frontier.discovered <= unknown
+    rows, second = frontier.generate(1, now + 2, 40, 1000, 600, 1200)
+    assert (second.refresh_listed, second.discovery_listed) == (10, 30)  # round(40 x 0.25) revisits, the rest new
+    assert {r["url_index"] for r in rows if not frontier.fetched_before[r["url_index"]]} <= set(
+        np.flatnonzero(revealed).tolist())
+
+    # Adaptive: the same fetches (so the same change rate), with and without new URLs behind them.
+    adaptive = sim_config(SimSettings(hosts=6, urls=1200, giant_hosts=0, budget_split=True, adaptive_share=True))
+    shares = []
+    for links in (0.0, 3.0):
+        frontier = Frontier(hosts, adaptive, np.random.default_rng(2), due_spread_s=60.0, new_share=0.5,
+                            new_links_per_fetch=links)
+        rows, first = frontier.generate(0, now, 10_000, 1000, 600, 1200)
+        assert first.refresh_share == 0.45  # no figures yet: the configured share
+        for row in rows:
+            frontier.apply(row["url_index"], row["state_version"], 0, "success", 200, now + 1)
+        shares.append(frontier.generate(1, now + 2, 40, 1000, 600, 1200)[1].refresh_share)
+    assert shares[1] < shares[0]  # more new URLs per fetch: a smaller share for revisits
+
+
 def test_the_report_draws_one_chart_per_figure(small, tmp_path):
     path = write_report(small, str(tmp_path), 1.0)
     with open(path, encoding="utf-8") as fh:
         text = fh.read()
     assert small.figures.line() in text
+    assert f"{small.figures.discovery_listed:,} never-fetched URLs" in text and "budget_split` was off" in text
     charts = sorted(p.name for p in (tmp_path / "simulation").iterdir())
     assert len(charts) >= 8
     for name in charts:

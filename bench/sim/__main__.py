@@ -10,12 +10,21 @@ import time
 from bench.sim.run import SimSettings, simulate
 
 
+def _flag(value: str) -> bool:
+    if value.lower() in ("true", "1", "yes", "on"):
+        return True
+    if value.lower() in ("false", "0", "no", "off"):
+        return False
+    raise argparse.ArgumentTypeError(f"not a yes/no value: {value!r}")
+
+
 def main() -> None:
     defaults = SimSettings()
     parser = argparse.ArgumentParser(prog="python -m bench.sim", description=__doc__)
     for field in dataclasses.fields(SimSettings):
-        parser.add_argument(f"--{field.name.replace('_', '-')}", type=type(getattr(defaults, field.name)),
-                            default=getattr(defaults, field.name))
+        default = getattr(defaults, field.name)
+        parser.add_argument(f"--{field.name.replace('_', '-')}", default=default,
+                            type=_flag if isinstance(default, bool) else type(default))
     parser.add_argument("--report", metavar="DIR", help="write DIR/simulation.md and DIR/simulation/*.svg")
     args = vars(parser.parse_args())
     report = args.pop("report")

@@ -5,7 +5,13 @@ The rules are the project's: due URLs (`crawler.leases.is_due`) and their rankin
 in array form — `due_mask` and `scores` below, which `tests/test_sim.py` holds equal to the Python forms on random
 rows, as the rule-twin tests hold the SQL forms —, per-host caps (`crawler.frontier.per_host_cap`, dead hosts get
 a probe), host delays, backoff across segments and dead hosts (`crawler.politeness.PolitenessRules`), and revisits
-(`crawler.revisit.RevisitPolicy.decide`, with content that changes at each host's rate).
+(`crawler.revisit.RevisitPolicy.decide`, with content that changes at each host's rate), and, with
+`generate.budget_split`, the division of each segment between revisits and never-fetched URLs
+(`crawler.frontier.refresh_quota`, the share from `crawler.frontier.RefreshShare`).
+
+Discovery: a share of each host's URLs (`new_share`) is unknown at the start (never due); each page fetched for the
+first time or again reveals a Poisson number (mean `new_links_per_fetch`) of its host's unknown URLs, which are due
+at once and have never been fetched: the discovery side of the budget.
 
 Segments are numbered (segment n is `seg-<n>` for the rules that take an id).
 """
@@ -21,7 +27,7 @@ import numpy as np
 
 from bench.sim.world import EPOCH, SimHost
 from crawler.config import Config
-from crawler.frontier import per_host_cap
+from crawler.frontier import RefreshShare, per_host_cap, refresh_quota
 from crawler.politeness import HostBackoff, PolitenessRules
 from crawler.revisit import PreviousState, RevisitPolicy
 from crawler.status import is_transient, made_request
@@ -58,20 +64,28 @@ class Backlog:
     oldest_due_age_within_cap_s: float
     listed: int
     open_leases: int  # URLs leased and not completed (no result for their version yet)
+    refresh_listed: int = 0    # of the listed URLs, revisits (fetched before)
+    discovery_listed: int = 0  # and URLs never fetched
+    refresh_share: float | None = None  # the share the budget split used (None: generate.budget_split off)
 
 
 class Frontier:
     """Every URL's schedule and lease, every host's cross-segment state, and the generate and update rules."""
 
-    def __init__(self, hosts: list[SimHost], conf: Config, rng: np.random.Generator, due_spread_s: float):
+    def __init__(self, hosts: list[SimHost], conf: Config, rng: np.random.Generator, due_spread_s: float,
+                 new_share: float = 0.0, new_links_per_fetch: float = 0.0):
         self.hosts = hosts
         self.conf = conf
+        self.rng = rng
         self.rules = PolitenessRules.from_config(conf)
         self.revisit = RevisitPolicy.from_config(conf)
+        self.refresh_share = RefreshShare.from_config(conf)
+        self.new_links_per_fetch = new_links_per_fetch
         counts = np.array([h.urls for h in hosts], dtype=np.int64)
         size = int(counts.sum())
         self.host_of = np.repeat(np.arange(len(hosts), dtype=np.int32), counts)
-        self.index_in_host = (np.arange(size) - np.repeat(np.cumsum(counts) - counts, counts)).astype(np.int32)
+        first_of_host = np.cumsum(counts) - counts
+        self.index_in_host = (np.arange(size) - np.repeat(first_of_host, counts)).astype(np.int32)
         # Known URLs were fetched before: each is due once in its revisit interval, spread over `due_spread_s`.
         self.next_due = rng.uniform(0.0, due_spread_s, size)
         self.priority = np.where(rng.random(size) < HIGH_PRIORITY_SHARE, HIGH_PRIORITY, 1.0)
@@ -84,6 +98,13 @@ class Frontier:
         self.change_s = np.array([h.change_interval_s for h in hosts])
         self.change_phase = rng.uniform(0.0, 1.0, size) * self.change_s[self.host_of]
         self.seen_content = self.content_at(np.arange(size), self.next_due - self.interval)
+        # A host's last `new_share` of URLs are unknown (never due) until fetched pages reveal them, in order.
+        self.fetched_before = np.ones(size, dtype=bool)
+        self.next_unknown = first_of_host + counts - np.floor(counts * new_share).astype(np.int64)
+        self.host_end = first_of_host + counts
+        unknown = self.index_in_host >= (self.next_unknown - first_of_host)[self.host_of]
+        self.next_due[unknown] = np.inf
+        self.fetched_before[unknown] = False
         self.crawl_delay: dict[int, float | None] = {}   # host -> Crawl-delay of its last robots.txt (hosts table)
         self.backoff = [HostBackoff(0, None, moment(-h.dead_for_days * SECONDS_PER_DAY) if h.dead_for_days else None)
                         for h in hosts]
@@ -94,6 +115,9 @@ class Frontier:
         self.stale = 0
         self.changed = 0
         self.refetched = 0
+        self.first_fetches = 0  # fetches of URLs never fetched before
+        self.discovered = 0     # unknown URLs revealed by fetched pages
+        self._signals_from = (0, 0, 0, 0)  # (refetched, changed, fetches, discovered) at the last generate
 
     def content_at(self, url: np.ndarray | int, at: np.ndarray | float) -> np.ndarray:
         """The content version of URLs at virtual times: it changes every `change_interval_s` of its host."""
@@ -159,10 +183,21 @@ class Frontier:
         oldest_within = float(age[within].max()) if within.any() else 0.0
         keep = rank < caps[host]
         candidates, rank, score = candidates[keep], rank[keep], score[keep]
-        chosen = candidates[np.lexsort((candidates, -score, rank))[:budget]]
+        ordered = candidates[np.lexsort((candidates, -score, rank))]
+        share = None
+        if self.conf["generate.budget_split"]:  # jobs/generate.py::within_budget: each side in the same order
+            share = self.refresh_share.current(*self._update_signals()) if self.refresh_share.adaptive \
+                else self.refresh_share.share
+            revisits, new = ordered[self.fetched_before[ordered]], ordered[~self.fetched_before[ordered]]
+            quota_refresh, quota_new = refresh_quota(budget, share, len(revisits), len(new))
+            chosen = np.concatenate([revisits[:quota_refresh], new[:quota_new]])
+        else:
+            chosen = ordered[:budget]
         ranks = dict(zip(candidates.tolist(), rank.tolist(), strict=True))
         open_leases = int(((self.lease_segment != NO_SEGMENT) & (self.result_version != self.version)).sum())
-        backlog = Backlog(backlog_due, oldest, oldest_within, int(len(chosen)), open_leases)
+        refreshes = int(self.fetched_before[chosen].sum())
+        backlog = Backlog(backlog_due, oldest, oldest_within, int(len(chosen)), open_leases, refreshes,
+                          int(len(chosen)) - refreshes, share)
         self.version[chosen] += 1
         self.lease_segment[chosen] = segment
         self.lease_expires[chosen] = now + lease_seconds
@@ -176,6 +211,29 @@ class Frontier:
                          "state_version": int(self.version[url]), "due": float(self.next_due[url]),
                          "priority": float(self.priority[url]), "delay_s": self.host_delay(number)})
         return rows, backlog
+
+    def _update_signals(self) -> tuple[float | None, float | None]:
+        """(change rate of refetched pages, new URLs per fetch) since the last generate: what the adaptive share
+        moves by, as `jobs/cycle_metrics.py::update_signals` reads them from the last update."""
+        refetched, changed, fetches, discovered = (self.refetched, self.changed,
+                                                   self.refetched + self.first_fetches, self.discovered)
+        before = self._signals_from
+        self._signals_from = (refetched, changed, fetches, discovered)
+        if fetches == before[2]:
+            return None, None
+        change_rate = (changed - before[1]) / (refetched - before[0]) if refetched > before[0] else None
+        return change_rate, (discovered - before[3]) / (fetches - before[2])
+
+    def discover(self, url: int, at: float) -> None:
+        """A fetched page's links to its host's unknown URLs: a Poisson number of them become known, due now."""
+        host = int(self.host_of[url])
+        left = int(self.host_end[host] - self.next_unknown[host])
+        count = min(int(self.rng.poisson(self.new_links_per_fetch)), left) if left else 0
+        if count > 0:
+            revealed = slice(int(self.next_unknown[host]), int(self.next_unknown[host]) + count)
+            self.next_due[revealed] = at
+            self.next_unknown[host] += count
+            self.discovered += count
 
     # --- update: results ----------------------------------------------------------------------------------
 
@@ -191,12 +249,19 @@ class Frontier:
             self.count(segment, int(self.host_of[url]), is_transient(outcome, status), at)
         seen = int(self.seen_content[url])
         now_content = int(self.content_at(url, at))
-        previous = PreviousState("fetched", int(self.interval[url]), int(self.failures[url]), str(seen))
+        before = bool(self.fetched_before[url])
+        previous = PreviousState("fetched" if before else "unfetched", int(self.interval[url]),
+                                 int(self.failures[url]), str(seen) if before else None)
         decision = self.revisit.decide(outcome, status, previous, moment(at), str(now_content))
         if decision.status == "fetched":
-            self.refetched += 1
-            self.changed += now_content != seen
+            if before:
+                self.refetched += 1
+                self.changed += now_content != seen
+            else:
+                self.first_fetches += 1
+                self.fetched_before[url] = True
             self.seen_content[url] = now_content
+            self.discover(url, at)
         self.interval[url], self.failures[url] = decision.fetch_interval_s, decision.failure_count
         self.next_due[url] = (decision.next_fetch_at - moment(0)).total_seconds()
         self.lease_segment[url], self.lease_expires[url] = NO_SEGMENT, np.inf

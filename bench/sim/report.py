@@ -73,6 +73,21 @@ def charts(run: SimRun) -> dict[str, tuple[str, str]]:
     return out
 
 
+def _share(refresh: int, discovery: int) -> str:
+    return f"{refresh / (refresh + discovery):.1%}" if refresh + discovery else "n/a"
+
+
+def _split(settings, figures) -> str:
+    """What divided each segment between the two: generate's budget split (fixed or adaptive share), or nothing."""
+    if not settings.budget_split:
+        return ("`generate.budget_split` was off (the default): one ranking for both, so the split is what the due "
+                "URLs' scores gave.")
+    how = "adaptive (moved by each cycle's change rate and new URLs per fetch)" if settings.adaptive_share else "fixed"
+    return (f"`generate.budget_split` was on with a {how} revisit share of {settings.refresh_share:g}: the share used "
+            f"averaged {figures.refresh_share_used:.2f}, and a side that could not fill its share left it to the "
+            "other.")
+
+
 def write_report(run: SimRun, folder: str, wall_s: float) -> str:
     """Write `folder`/simulation.md and `folder`/simulation/*.svg; returns the Markdown file's path."""
     images = os.path.join(folder, "simulation")
@@ -129,6 +144,12 @@ at most {s.segment_max_urls:,} URLs; {s.kills} kill -9, {s.freezes} freezes, {s.
 Also: {f.fetches:,} page requests, {f.takeovers} takeovers, {f.stale} stale results, {f.lost_to_storage}
 results lost to the storage outage (fetched again), change rate of refetched pages {f.change_rate:.3f},
 {f.dead_hosts} hosts dead at the end.
+
+Refresh and discovery: {s.new_share:.0%} of each host's URLs start unknown and each fetched page reveals
+{s.new_links_per_fetch:g} of them on average ({f.discovered:,} revealed). Generate listed {f.refresh_listed:,}
+revisits and {f.discovery_listed:,} never-fetched URLs ({_share(f.refresh_listed, f.discovery_listed)} revisits; a
+URL listed again after an attempt that did not complete it, such as on a host whose robots.txt times out, counts
+each time); {_split(s, f)}
 
 ## Reading the figures
 

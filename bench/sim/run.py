@@ -57,6 +57,11 @@ class SimSettings:
     giant_hosts: int = 3
     giant_urls: int = 1_000_000
     due_spread_days: float = 7.0  # known URLs fall due uniformly over this span (the default revisit interval)
+    new_share: float = 0.1        # share of each host's URLs unknown at the start, revealed by links from fetched pages
+    new_links_per_fetch: float = 0.2  # mean unknown URLs of its host a fetched page reveals (Poisson)
+    budget_split: bool = False    # generate.budget_split: divide each segment between revisits and never-fetched URLs
+    refresh_share: float = 0.45   # generate.refresh_share (with budget_split)
+    adaptive_share: bool = False  # generate.refresh_share_adaptive (with budget_split)
 
 
 @dataclass(frozen=True)
@@ -104,12 +109,18 @@ class SimFigures:
     change_rate: float
     dead_hosts: int
     lost_to_storage: int
+    refresh_listed: int      # URLs listed that were fetched before (revisits)
+    discovery_listed: int    # URLs listed that were never fetched (discovered during the run)
+    discovered: int          # unknown URLs revealed by fetched pages
+    refresh_share_used: float  # mean share the budget split gave revisits (nan: generate.budget_split off)
 
     def line(self) -> str:
         return (f"sim: hosts={self.hosts} urls={self.urls} daemons={self.daemons} hours={self.hours:g} "
                 f"fetches={self.fetches} violations={self.violations} lost={self.lost} "
                 f"dup_fetches={self.dup_fetches} bound_ratio={self.bound_ratio:.3f} "
-                f"fresh_p99_s={self.fresh_p99_s:.0f} slo_10min={self.slo_10min:.3f}")
+                f"fresh_p99_s={self.fresh_p99_s:.0f} slo_10min={self.slo_10min:.3f} "
+                f"refresh/discovery={self.refresh_listed}/{self.discovery_listed} "
+                f"refresh_share_used={self.refresh_share_used:.2f}")
 
 
 @dataclass
@@ -136,6 +147,9 @@ def sim_config(settings: SimSettings) -> Config:
         "generate.segment_seconds": segment_s,
         "generate.segment_max_urls": settings.segment_max_urls,
         "generate.lease_seconds": 2 * segment_s,
+        "generate.budget_split": settings.budget_split,
+        "generate.refresh_share": settings.refresh_share,
+        "generate.refresh_share_adaptive": settings.adaptive_share,
     })
 
 
@@ -160,7 +174,8 @@ def simulate(settings: SimSettings, gate_factory=None, progress=None) -> SimRun:
     max_urls = max(1, round(tail_urls / max(1, settings.hosts - settings.giant_hosts) * 5))  # mean of 1 + m u^4: m / 5
     hosts = draw_hosts(settings.hosts, max_urls, settings.giant_hosts, settings.giant_urls, settings.hours, rng)
     server = SimServer({h.key: h for h in hosts}, random.Random(settings.seed + 1))
-    frontier = Frontier(hosts, conf, np.random.default_rng(settings.seed + 2), settings.due_spread_days * 86400)
+    frontier = Frontier(hosts, conf, np.random.default_rng(settings.seed + 2), settings.due_spread_days * 86400,
+                        settings.new_share, settings.new_links_per_fetch)
     fleet = Fleet(conf, server, frontier, settings.daemons, settings.buckets, random.Random(settings.seed + 3),
                   gate_factory)
     fleet.start()
@@ -218,6 +233,10 @@ def _apply_fault(fleet: Fleet, fault: Fault) -> None:
 
 def _quantile(values: np.ndarray, q: float) -> float:
     return float(np.sort(values)[min(len(values) - 1, int(q * len(values)))]) if len(values) else math.nan
+
+
+def _mean(values: list[float]) -> float:
+    return sum(values) / len(values) if values else math.nan
 
 
 def _gap_ratios(log: list[dict], delays: dict[str, float]) -> np.ndarray:
@@ -286,6 +305,10 @@ def _finish(settings: SimSettings, hosts, server: SimServer, frontier: Frontier,
         change_rate=frontier.changed / frontier.refetched if frontier.refetched else math.nan,
         dead_hosts=sum(frontier.is_dead(n, end) for n in range(len(hosts))),
         lost_to_storage=fleet.lost_to_storage,
+        refresh_listed=sum(s.backlog.refresh_listed for s in segments),
+        discovery_listed=sum(s.backlog.discovery_listed for s in segments),
+        discovered=frontier.discovered,
+        refresh_share_used=_mean([s.backlog.refresh_share for s in segments if s.backlog.refresh_share is not None]),
     )
     return SimRun(settings, figures, segments, faults, _gap_ratios(server.log, delays), lags, fleet.fault_log,
                   server.log, giants)
