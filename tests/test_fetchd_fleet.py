@@ -47,10 +47,9 @@ def _conf_file(tmp: Path, name: str, farm: SiteFarm) -> str:
         "fetch": {"daemon_id": name, "static_hosts": farm.static_hosts(), "allow_networks": ["127.0.0.0/8"],
                   "poll_interval_s": 0.3, "progress_interval_s": 2.0, "total_timeout_s": 5.0,
                   "processes": 1},  # one process per daemon: SIGSTOP and kill act on a whole daemon
-        # Short leases, so a freeze is taken over in seconds, but with 4 s between a renewal and its fence: a daemon
-        # on a loaded machine (the suite's Spark lane beside it, a slow fsync of a lease file) stalled for 2 s once,
-        # lost its buckets at once and failed the test's premise that each daemon gets work.
-        "ownership": {"lease_ttl_s": 6.0, "renew_interval_s": 1.0, "fence_margin_s": 2.0, "takeover_grace_s": 0.3,
+        # Short leases, so a freeze is taken over while b still has work left to be killed in (a longer lease let b
+        # finish its buckets first).
+        "ownership": {"lease_ttl_s": 3.0, "renew_interval_s": 0.5, "fence_margin_s": 1.0, "takeover_grace_s": 0.3,
                       "max_buckets_per_daemon": 3, "shutdown_grace_s": 2.0, "results_batch_rows": 3},
     }
     path = tmp / f"{name}.yaml"
