@@ -7,14 +7,20 @@ ROOT ?= ./demo-crawl
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
+# Every command here lets Python write its bytecode caches (an environment with PYTHONDONTWRITEBYTECODE set would
+# otherwise compile each module again in each of the suite's many processes).
+export PYTHONDONTWRITEBYTECODE :=
+
 .PHONY: demo test test-fast lint bench-frontier bench-fetchd bench-parse bench-cycle sim install clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 
+# --no-compile: pip would byte-compile every file of every package (Airflow's alone are thousands) one by one, half
+# of the install's time; Python compiles what is imported, once, on first import instead (below).
 $(STAMP): pyproject.toml | $(PY)
-	$(PY) -m pip install --quiet -e '.[dev,airflow]'
+	$(PY) -m pip install --quiet --no-compile -e '.[dev,airflow]'
 	touch $(STAMP)
 
 install: $(STAMP)

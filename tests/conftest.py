@@ -11,9 +11,11 @@ when any selected test reads it — the shared crawl (`tests/support/crawl.py`, 
 own SparkSession over the same SparkContext), the crash tests' references, kills and re-runs once that crawl is
 done (`tests/support/crash.py`, in another such thread, the kills in child processes), and, niced as the suite's slack,
 the Airflow cycle on a standalone cluster (`tests/support/airflow.py`), the S3 cycle (`tests/support/s3_cycle.py`)
-and the demo command (`tests/support/demo.py`), all three in child processes. In the Spark lane the tests that read
-none of them run first, then the readers of each, in the order the work is done (`READ_LATE`), so each has the
-lane's earlier time to finish: the in-process tests alone leave part of the two cores idle.
+and the demo command (`tests/support/demo.py`), all three in child processes. In the Spark lane the readers of
+each come after tests that read none of it, in the order the work is done (`READ_LATE`), so each has the lane's
+earlier time to finish: the readers of the shared crawl (done about a third of the way through the lane) halfway
+through the other tests, the rest at the end. The lane's end is its costliest part: once the background work is
+done, the in-process tests alone keep one core busy, so what runs there should be short.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ import shutil
 import sys
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -42,6 +45,8 @@ SPARK_LANE, LIGHT_LANE = "spark", "light"
 # of work that is done sooner (the crash kills wait for the shared crawl; the niced work takes the slack).
 READ_LATE = {"shared_crawl": 1, "crash_kills": 2, "airflow_cycle": 3, "s3_cycle": 3, "demo_run": 4}
 BACKGROUND_WORK = tuple(READ_LATE)
+# The readers of this rank go halfway through the tests that read nothing in the background, not after them all.
+READ_MIDWAY = 1
 # Fixtures that start Spark, in this process or a child.
 SPARK_FIXTURES = frozenset({"spark", *BACKGROUND_WORK})
 
@@ -64,12 +69,14 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
                       or item.get_closest_marker("spark") is not None)
         lanes[item] = SPARK_LANE if uses_spark else LIGHT_LANE
         item.add_marker(pytest.mark.xdist_group(lanes[item]))
-    # Readers of background work go after the other tests (a stable sort keeps the order within each rank), so the
-    # work has the rest of the lane's time to finish.
+    # Readers of background work go after other tests (a stable sort keeps the order within each rank), so the
+    # work has the lane's earlier time to finish.
     def rank(item: pytest.Item) -> int:
         return max((READ_LATE.get(name, 0) for name in getattr(item, "fixturenames", ())), default=0)
 
-    items.sort(key=rank)
+    unranked = [item for item in items if rank(item) == 0 and lanes[item] == SPARK_LANE]
+    second_half = set(unranked[len(unranked) // 2:])
+    items.sort(key=lambda item: READ_MIDWAY + 0.5 if item in second_half else rank(item))
     wanted = config.getoption("lane")
     if wanted:
         config.hook.pytest_deselected(items=[item for item in items if lanes[item] != wanted])
@@ -244,8 +251,14 @@ def _tables_template(spark, tmp_path_factory):
     return path
 
 
+@pytest.fixture(scope="session")
+def new_tables_root(_tables_template) -> Callable[[Path], str]:
+    """A function: folder -> a root there (new or not) whose tables exist and are empty, copied from one created once
+    per session (creating the tables costs about 3 CPU-s a root; the jobs' own ensure_tables then finds them all)."""
+    return lambda folder: str(shutil.copytree(_tables_template, folder, dirs_exist_ok=True))
+
+
 @pytest.fixture
-def tables_root(_tables_template, tmp_path) -> str:
-    """A root whose tables exist and are empty: a copy of one created once per session (creating the tables costs
-    about 3 CPU-s a root; the jobs' own ensure_tables then finds them all)."""
-    return str(shutil.copytree(_tables_template, tmp_path / "root"))
+def tables_root(new_tables_root, tmp_path) -> str:
+    """A root whose tables exist and are empty (`new_tables_root`)."""
+    return new_tables_root(tmp_path / "root")

@@ -189,27 +189,23 @@ def test_low_priority_url_is_fetched_within_bounded_cycles_under_constant_high_p
     # Segments are generated and never fetched or merged here: backpressure must not stop the ranking under test.
     conf = base_conf.with_overrides({"generate.per_host_max_urls": 2, "generate.age_boost_per_day": 0.1,
                                      "generate.max_unmerged_segments": 10})
-    tables.create_all(spark, root)
     t0 = datetime(2026, 1, 1, tzinfo=UTC)
     step = timedelta(days=3)
 
-    def add(url: str, priority: float, due: datetime) -> None:
+    def row(url: str, priority: float, due: datetime) -> dict:
         host = urls.host_key(url)
-        row = {"url_id": urls.url_id(url), "url": url, "host_key": host, "bucket": urls.bucket_of(host, 4),
-               "status": "unfetched", "state_version": 0, "priority": priority, "depth": 0, "source": "seed",
-               "discovered_at": due, "next_fetch_at": due, "fetch_interval_s": 86400, "failure_count": 0,
-               "inlinks": 0, "updated_at": due}
-        schema = tables.TABLES["urls"].schema
-        spark.createDataFrame([tuple(row.get(f.name) for f in schema.fields)], schema).write.format("delta").mode(
-            "append").save(tables.table_path(root, "urls"))
+        return {"url_id": urls.url_id(url), "url": url, "host_key": host, "bucket": urls.bucket_of(host, 4),
+                "status": "unfetched", "state_version": 0, "priority": priority, "depth": 0, "source": "seed",
+                "discovered_at": due, "next_fetch_at": due, "fetch_interval_s": 86400, "failure_count": 0,
+                "inlinks": 0, "updated_at": due}
 
     low = "http://busy.test/low"
-    add(low, 0.15, t0)
+    # Each cycle's new URLs are known from the start and come due at their cycle (not due before it, so not listed).
+    append_rows(spark, root, "urls", [row(low, 0.15, t0)] + [
+        row(f"http://busy.test/high-{cycle}-{n}", 1.0, t0 + cycle * step) for cycle in range(4) for n in range(2)])
     chosen_in = []
     for cycle in range(4):
         now = t0 + cycle * step
-        for n in range(2):
-            add(f"http://busy.test/high-{cycle}-{n}", 1.0, now)
         generate.run(spark, conf, root, f"seg-s{cycle}", now)
         listed = {r["url"] for rows in fetchlist_rows(root, f"seg-s{cycle}").values() for r in rows}
         assert len(listed) == 2
@@ -288,7 +284,6 @@ def _due_urls(spark, root: str, rows: list[tuple[str, float, datetime | None]], 
 ])
 def test_a_burst_on_one_side_leaves_the_other_its_share(spark, base_conf, root, burst, refresh_priority,
                                                         new_priority, expected):
-    tables.create_all(spark, root)
     t0 = datetime(2026, 3, 1, tzinfo=UTC)
     revisits = 4 if burst == "few revisits" else 60
     fetched_at = t0 - timedelta(days=8)

@@ -6,8 +6,9 @@ the job run once to completion (for update, the shared crawl's own update of tha
 `crawl` command in a child process that is killed with SIGKILL (its whole process group: the Python driver, its
 JVM and its Python workers) at a seeded random point inside the job's working window, and then the job again, with
 the command's config and arguments, in this process on the suite's SparkContext, to completion. All of that happens
-in the background once the shared crawl is done (`tests/support/crash.py`). Every table of B must then equal A's,
-column for column, except columns the job stamps from the wall clock.
+in the background once the shared crawl is done, with the reading of every table of A and B
+(`tests/support/crash.py`). Every table of B must then equal A's, column for column, except columns the job stamps
+from the wall clock (`wall_clock_columns`).
 """
 
 from __future__ import annotations
@@ -19,17 +20,10 @@ from pathlib import Path
 import pytest
 
 from delta_tables import TABLES, table_df
-from tests.support.crash import GENERATED_SEGMENT, SCENARIOS, CrashKills
-from tests.support.tables import snapshot
+from tests.support.crash import GENERATED_SEGMENT, SCENARIOS, WALL_CLOCK, CrashKills, Killed, Reference
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(3600)]
 
-# Columns a job sets from datetime.now(): they differ between any two runs, crashed or not (cycle_metrics: the
-# figures of "when the step ran"; a re-run keeps the first run's row).
-WALL_CLOCK = {"urls": {"updated_at"}, "hosts": {"updated_at"}, "segments": {"created_at", "updated_at"},
-              "cycle_metrics": {"run_at", "oldest_due_age_s"}}
-# inject stamps new seeds' discovered_at and next_fetch_at with its start time as well.
-INJECT_WALL_CLOCK = {"urls": {"updated_at", "discovered_at", "next_fetch_at"}}
 # Keys that must stay unique whatever happens ("nothing doubled").
 UNIQUE_KEYS = {
     "urls": ("url_id", "url"),
@@ -40,7 +34,7 @@ UNIQUE_KEYS = {
 }
 
 
-def _rerun_after_kill(crash_kills: CrashKills, scenario: str) -> Path:
+def _rerun_after_kill(crash_kills: CrashKills, scenario: str) -> Killed:
     """Copy B of `scenario`: killed, then its job run again to completion (both in the background)."""
     job = SCENARIOS[scenario][0]
     killed = crash_kills.killed_copy(scenario)
@@ -49,26 +43,13 @@ def _rerun_after_kill(crash_kills: CrashKills, scenario: str) -> Path:
           f"{killed.fraction:.2f}); last step started: {killed.run.last_step()!r}")
     assert killed.rerun is not None and killed.rerun.returncode == 0 and killed.rerun.steps, (
         f"re-run of {job} after the kill did not complete")
-    return killed.root
+    return killed
 
 
-@pytest.fixture(scope="module")
-def reference_snapshot(spark):
-    """(reference root, excluded columns) -> its snapshot, read once however many crashed copies compare to it."""
-    done: dict[tuple[Path, str], dict[str, list[str]]] = {}
-
-    def get(root: Path, excluded: dict[str, set[str]]) -> dict[str, list[str]]:
-        key = (root, repr(sorted((name, sorted(columns)) for name, columns in excluded.items())))
-        if key not in done:
-            done[key] = snapshot(spark, root, excluded)
-        return done[key]
-
-    return get
-
-
-def _assert_same_tables(spark, expected: dict[str, list[str]], crashed_root: Path,
-                        excluded: dict[str, set[str]]) -> None:
-    got = snapshot(spark, crashed_root, excluded)
+def _assert_same_tables(reference: Reference, crashed: Killed) -> None:
+    """Every table of the re-run copy B holds exactly copy A's rows (both read in the background)."""
+    expected, got = reference.tables, crashed.tables
+    assert got is not None
     problems = []
     for name in TABLES:
         missing = Counter(expected[name]) - Counter(got[name])
@@ -93,18 +74,18 @@ def _segment_rows(spark, root: Path, segment_id: str) -> list[dict]:
 
 
 @pytest.mark.parametrize("scenario", ["update-early", "update-late"], ids=["early", "late"])
-def test_update_killed_and_rerun_equals_one_clean_run(spark, crash_kills, reference_snapshot, scenario):
+def test_update_killed_and_rerun_equals_one_clean_run(spark, crash_kills, scenario):
     segment = crash_kills.prepared.segment
-    ref_root, _ = crash_kills.reference("update")
-    ref_segments = _segment_rows(spark, ref_root, segment)
+    reference = crash_kills.reference("update")
+    ref_segments = _segment_rows(spark, reference.root, segment)
     assert ref_segments and all(r["state"] == "merged" for r in ref_segments)
     assert sum(r["applied"] for r in ref_segments) > 10, "the reference update must complete URLs"
     assert sum(r["discovered"] for r in ref_segments) > 0, "the reference update must discover URLs"
 
     crashed = _rerun_after_kill(crash_kills, scenario)
-    assert _segment_rows(spark, crashed, segment) == ref_segments
-    _assert_unique_keys(spark, crashed)
-    _assert_same_tables(spark, reference_snapshot(ref_root, WALL_CLOCK), crashed, WALL_CLOCK)
+    assert _segment_rows(spark, crashed.root, segment) == ref_segments
+    _assert_unique_keys(spark, crashed.root)
+    _assert_same_tables(reference, crashed)
 
 
 def _fetchlist(spark, root: Path) -> list[tuple]:
@@ -112,22 +93,21 @@ def _fetchlist(spark, root: Path) -> list[tuple]:
     return sorted(tuple(str(v) for v in row) for row in spark.read.parquet(str(path)).collect())
 
 
-def test_generate_killed_and_rerun_equals_one_clean_run(spark, crash_kills, reference_snapshot):
-    ref_root, _ = crash_kills.reference("generate")
-    assert sum(r["url_count"] for r in _segment_rows(spark, ref_root, GENERATED_SEGMENT)) > 10
+def test_generate_killed_and_rerun_equals_one_clean_run(spark, crash_kills):
+    reference = crash_kills.reference("generate")
+    assert sum(r["url_count"] for r in _segment_rows(spark, reference.root, GENERATED_SEGMENT)) > 10
 
     crashed = _rerun_after_kill(crash_kills, "generate")
-    _assert_unique_keys(spark, crashed)
-    _assert_same_tables(spark, reference_snapshot(ref_root, WALL_CLOCK), crashed, WALL_CLOCK)
-    assert _fetchlist(spark, crashed) == _fetchlist(spark, ref_root)
+    _assert_unique_keys(spark, crashed.root)
+    _assert_same_tables(reference, crashed)
+    assert _fetchlist(spark, crashed.root) == _fetchlist(spark, reference.root)
 
 
-def test_inject_killed_and_rerun_equals_one_clean_run(spark, crash_kills, reference_snapshot):
-    ref_root, _ = crash_kills.reference("inject")
+def test_inject_killed_and_rerun_equals_one_clean_run(spark, crash_kills):
+    reference = crash_kills.reference("inject")
     before = table_df(spark, str(crash_kills.prepared.root), "urls").count()
-    assert table_df(spark, str(ref_root), "urls").count() >= before + 40, "the reference inject must add URLs"
+    assert table_df(spark, str(reference.root), "urls").count() >= before + 40, "the reference inject must add URLs"
 
     crashed = _rerun_after_kill(crash_kills, "inject")
-    _assert_unique_keys(spark, crashed)
-    excluded = {**WALL_CLOCK, **INJECT_WALL_CLOCK}
-    _assert_same_tables(spark, reference_snapshot(ref_root, excluded), crashed, excluded)
+    _assert_unique_keys(spark, crashed.root)
+    _assert_same_tables(reference, crashed)

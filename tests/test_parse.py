@@ -148,7 +148,7 @@ def segment(root):
 
 
 def _seed_segments(spark, root: str) -> None:
-    tables.create_all(spark, root)
+    """`segments` rows of SEGMENT's buckets in several states, and of another segment (the tables exist)."""
     rows = [(SEGMENT, 1, "fetched"), (SEGMENT, 2, "fetching"), (SEGMENT, 3, "merged"), ("other", 1, "fetched")]
     df = spark.createDataFrame(rows, "segment_id string, bucket int, state string").selectExpr(
         "*", "0L as url_count", "0L as host_count", "null as owner", "1L as epoch", "null as results",
@@ -163,7 +163,8 @@ def _sorted_rows(spark, root: str, name: str) -> list:
     return sorted((tuple(r) for r in df.collect()), key=repr)
 
 
-def test_parse_segment_pages_links_errors_and_rerun(spark, base_conf, root, segment):
+def test_parse_segment_pages_links_errors_and_rerun(spark, base_conf, new_tables_root, root, segment):
+    new_tables_root(root)
     _seed_segments(spark, root)
 
     result = parse.run(spark, base_conf, root, SEGMENT)
@@ -225,11 +226,11 @@ def test_parse_segment_pages_links_errors_and_rerun(spark, base_conf, root, segm
     assert {name: _sorted_rows(spark, root, name) for name in before} == before
 
 
-def test_a_result_written_twice_is_parsed_from_the_latest_fetch(spark, base_conf, root):
+def test_a_result_written_twice_is_parsed_from_the_latest_fetch(spark, base_conf, new_tables_root, root):
     """Two results for one (url_id, state_version) (a bucket re-fetched after a crash): parse reads the latest
     fetch's record, the one update completes the URL with (crawler.leases) — it used to read the earliest — and
     a URL whose latest result is a network error gets no page, even though an earlier fetch succeeded."""
-    tables.create_all(spark, root)
+    new_tables_root(root)
     first = f"segments/{SEGMENT}/warc/{layout.bucket_dirname(1)}/first.warc.gz"
     second = f"segments/{SEGMENT}/warc/{layout.bucket_dirname(1)}/second.warc.gz"
     old, new = b"<html><title>old</title>first fetch</html>", b"<html><title>new</title>second fetch</html>"

@@ -14,7 +14,6 @@ import pytest
 from crawler import report as render
 from crawler.errors import UnknownSegment, UserError
 from crawler.report import GAP_EDGES_S, HostStats, ReportData, bin_index
-from delta_tables import tables
 from jobs import cli
 from jobs import report as report_job
 from tests.support.config import SPARK_CLI_SETTINGS
@@ -52,9 +51,8 @@ def _bins(values: list[float]) -> list[int]:
 
 
 @pytest.fixture(scope="module")
-def crawled(spark, tmp_path_factory) -> str:
-    root = str(tmp_path_factory.mktemp("report") / "root")
-    tables.create_all(spark, root)
+def crawled(spark, new_tables_root, tmp_path_factory) -> str:
+    root = new_tables_root(tmp_path_factory.mktemp("report") / "root")
     fetches = [{"segment_id": SEG, "url_id": f"u{i}", "url": f"{host}/{i}", "host_key": host,
                 "fetched_at": T0 + timedelta(seconds=at), "elapsed_ms": elapsed, "outcome": outcome,
                 "status_code": code, "content_length": length, "truncated": length == 2_000_000,
@@ -212,8 +210,8 @@ def test_cli_prints_the_summary_and_the_path(crawled, tmp_path, capsys):
     assert out.read_text(encoding="utf-8").startswith("<!DOCTYPE html>")
 
 
-def test_a_segment_without_fetches_is_an_error(spark, base_conf, root):
-    tables.create_all(spark, root)
+def test_a_segment_without_fetches_is_an_error(spark, base_conf, tables_root):
+    root = tables_root
     with pytest.raises(UnknownSegment, match=r"^unknown segment 'seg-none' under .* \(no segment exists there yet\)$"):
         report_job.build(spark, base_conf, root, "seg-none")
     append_rows(spark, root, "segments", [{"segment_id": "seg-empty", "bucket": 0, "state": "generated"}])

@@ -118,24 +118,24 @@ DEFECTS = [
 
 
 def _build(spark, root: str, rows: dict[str, list[dict]]) -> str:
-    tables.create_all(spark, root)
+    """`root` (whose tables exist) with `rows` appended."""
     for name, table_rows in rows.items():
         append_rows(spark, root, name, table_rows)
     return root
 
 
 @pytest.fixture(scope="module")
-def valid_run(spark, base_conf, tmp_path_factory) -> validate.ValidationResult:
-    root = _build(spark, str(tmp_path_factory.mktemp("valid") / "root"), VALID)
+def valid_run(spark, base_conf, new_tables_root, tmp_path_factory) -> validate.ValidationResult:
+    root = _build(spark, new_tables_root(tmp_path_factory.mktemp("valid") / "root"), VALID)
     return validate.run(spark, base_conf, root)
 
 
 @pytest.fixture(scope="module")
-def defect_run(spark, base_conf, tmp_path_factory) -> validate.ValidationResult:
+def defect_run(spark, base_conf, new_tables_root, tmp_path_factory) -> validate.ValidationResult:
     rows = {name: list(table_rows) for name, table_rows in VALID.items()}
     for _, table, _, _, row, _ in DEFECTS:
         rows[table].append(row)
-    root = _build(spark, str(tmp_path_factory.mktemp("defects") / "root"), rows)
+    root = _build(spark, new_tables_root(tmp_path_factory.mktemp("defects") / "root"), rows)
     return validate.run(spark, base_conf, root)
 
 
@@ -248,9 +248,8 @@ def test_defect_is_named_in_result_and_report(defect_run, case, table, kind, col
     assert f"`{name}`" in section and failure.rule in section
 
 
-def test_cli_passes_on_a_root_with_empty_tables(spark, tmp_path, capsys):
-    root = str(tmp_path / "root")
-    tables.create_all(spark, root)
+def test_cli_passes_on_a_root_with_empty_tables(spark, tables_root, capsys):
+    root = tables_root
     assert cli.main(["validate", "--root", root, *CLI_SETTINGS]) == 0
     out = capsys.readouterr().out
     assert "validate: passed" in out

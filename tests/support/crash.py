@@ -7,12 +7,13 @@ that segment is that run already: the same job on the same state with the same c
 `crawl` command in a child process of its own process group — the only process killed — with SIGKILL (the Python
 driver, its JVM and its Python workers) at a seeded random point inside the job's working window. The job is then
 run again on copy B in this process (the same call as the reference, with the command's config and arguments), to
-completion, and the test compares every table with copy A's.
+completion, and every table of copy B is read for the test to compare with copy A's (read here once as well).
 
 The references, the kills and the re-runs run in a thread of the Spark worker (`crash_kills_started` in
 `tests/conftest.py`), while the lane's other tests run: a killed job's JVM is mostly start-up and its own work,
 which the second core takes while the in-process tests keep about one busy, and a re-run there overlaps them too
-(run by the tests themselves, the four re-runs were the lane's last minute or more, on one core). The killed jobs
+(run by the tests themselves, the four re-runs and the tables' reads were the lane's last minute or more, on one
+core, after the rest of the background work was done). The killed jobs
 run niced, like the rest of the suite's slack (`tests/support/config.py::BACKGROUND_NICE`): a kill point is
 anchored on a step's start, so a slower child is killed at an earlier point of the same step, never outside the
 job's working window.
@@ -40,6 +41,7 @@ from jobs.base import STEP_STARTED
 from tests.support.config import at_background_priority
 from tests.support.crawl import SharedCrawl, recording_steps
 from tests.support.jvm import short_lived_jvm_env
+from tests.support.tables import snapshot
 
 GENERATED_SEGMENT = "seg-crash-generate"
 RUN_TIMEOUT_S = 900
@@ -53,6 +55,17 @@ SCENARIOS = {
     "generate": ("generate", 5, (0.3, 0.9)),
     "inject": ("inject", 3, (0.3, 0.9)),
 }
+# Columns a job sets from datetime.now(): they differ between any two runs, crashed or not (cycle_metrics: the
+# figures of "when the step ran"; a re-run keeps the first run's row).
+WALL_CLOCK = {"urls": {"updated_at"}, "hosts": {"updated_at"}, "segments": {"created_at", "updated_at"},
+              "cycle_metrics": {"run_at", "oldest_due_age_s"}}
+# inject stamps new seeds' discovered_at and next_fetch_at with its start time as well.
+INJECT_WALL_CLOCK = {"urls": {"updated_at", "discovered_at", "next_fetch_at"}}
+
+
+def wall_clock_columns(job: str) -> dict[str, set[str]]:
+    """The columns of each table that two complete runs of `job` may differ in; the tests compare all the rest."""
+    return {**WALL_CLOCK, **INJECT_WALL_CLOCK} if job == "inject" else WALL_CLOCK
 
 
 @dataclass
@@ -99,6 +112,17 @@ class Killed:
     point: tuple[str, float]   # (step, seconds after its start) the kill was aimed at
     fraction: float            # of the reference's working window
     rerun: Run | None = None
+    tables: dict[str, list[str]] | None = None  # every table after the re-run, without wall_clock_columns(job)
+
+
+@dataclass
+class Reference:
+    """Copy A of one job: its root, its run, and every table (`tests.support.tables.snapshot`) without the
+    job's `wall_clock_columns`."""
+
+    root: Path
+    run: Run
+    tables: dict[str, list[str]]
 
 
 class CrashKills:
@@ -131,7 +155,7 @@ class CrashKills:
     def prepared(self) -> Prepared:
         return self._get("prepared")
 
-    def reference(self, job: str) -> tuple[Path, Run]:
+    def reference(self, job: str) -> Reference:
         return self._get(f"reference-{job}")
 
     def killed_copy(self, scenario: str) -> Killed:
@@ -259,11 +283,12 @@ def _run_job(spark, prepared: Prepared, job: str, root: Path) -> Run:
     return Run(returncode=0, seconds=log.seconds, steps=log.starts, lines=recorder.lines)
 
 
-def _reference(spark, prepared: Prepared, job: str) -> tuple[Path, Run]:
+def _reference(spark, prepared: Prepared, job: str) -> Reference:
     """Copy A of generate or inject: the job run once to completion."""
     root = prepared.base / f"ref-{job}"
     shutil.copytree(prepared.start_for(job), root)
-    return root, _run_job(spark, prepared, job, root)
+    run = _run_job(spark, prepared, job, root)
+    return Reference(root, run, snapshot(spark, root, wall_clock_columns(job)))
 
 
 def run_crash_kills(kills: CrashKills, spark, shared: Callable[[], SharedCrawl], base: Path) -> None:
@@ -281,14 +306,17 @@ def run_crash_kills(kills: CrashKills, spark, shared: Callable[[], SharedCrawl],
         kills.put("prepared", prepared)
         update_log = crawl.step_logs[(2, "update")]
         runs = {"update": Run(returncode=0, seconds=update_log.seconds, steps=update_log.starts)}
-        kills.put("reference-update", (prepared.updated, runs["update"]))
+        kills.put("reference-update", Reference(prepared.updated, runs["update"],
+                                                snapshot(spark, prepared.updated, wall_clock_columns("update"))))
         for job in ("generate", "inject"):
-            root, runs[job] = _reference(spark, prepared, job)
-            kills.put(f"reference-{job}", (root, runs[job]))
+            reference = _reference(spark, prepared, job)
+            runs[job] = reference.run
+            kills.put(f"reference-{job}", reference)
         for scenario, (job, seed, window) in SCENARIOS.items():
             try:
                 killed = _kill(prepared, runs[job], job, base / scenario, seed, window)
                 killed.rerun = _run_job(spark, prepared, job, killed.root)
+                killed.tables = snapshot(spark, killed.root, wall_clock_columns(job))
                 kills.put(scenario, killed)
             except Exception as error:
                 kills.put(scenario, error)

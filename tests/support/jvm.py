@@ -1,11 +1,14 @@
 """The JVMs the tests start in child processes for short work (a `crawl` command killed mid-step, the Airflow
-cycle's spark-submits and the cluster's executors, the S3 cycle, `crawl demo`): their JIT settings and a shared
+cycle's spark-submits and the cluster's executors, the S3 cycle, `crawl demo`): their JIT and GC settings and a shared
 archive of Spark's classes.
 
 * C1 only. Such a JVM spent about 40 % of its CPU in C2 compiles it never profits from (inject + generate in a
   child process: 60 -> 36 CPU-s); the suite's own long-lived session keeps the default (C1 only made it 60 %
   slower). The code cache keeps the tiered default's size: C1 only reserves 48 MB, which Spark's generated code
   filled in an update ("Out of space in CodeCache"), and the JVM then fails the job.
+* The serial collector, as in the suite's own session (tests/support/config.py): G1's concurrent threads compete for
+  the two cores. Measured on `crawl demo` (two cycles) in a child process, A B A B: 197/196 -> 195/188 CPU-s,
+  184/183 -> 176/172 s wall.
 * Class data sharing (JDK 13+ dynamic archives). A Spark driver loads and verifies some 20,000 classes before its
   first job, every time. Once per session, `build_class_archive` runs a small job (create the tables and inject two
   seeds) in a driver that dumps the classes it loaded (`-XX:ArchiveClassesAtExit`); every later JVM maps them
@@ -26,7 +29,7 @@ from pathlib import Path
 from tests.support.config import at_background_priority
 
 REPO = Path(__file__).resolve().parents[2]
-SHORT_LIVED_JIT = "-XX:TieredStopAtLevel=1 -XX:ReservedCodeCacheSize=240m"
+SHORT_LIVED_JVM = "-XX:TieredStopAtLevel=1 -XX:ReservedCodeCacheSize=240m -XX:+UseSerialGC"
 QUIET_ARCHIVE = "-Xlog:cds=off -Xlog:cds+dynamic=off"
 ARCHIVE_WAIT_S = 300  # how long a child's start waits for the archive being built (then it starts without)
 
@@ -82,7 +85,7 @@ def build_class_archive(folder: Path) -> Path | None:
         done = subprocess.run(
             at_background_priority([sys.executable, "-c", _TRAIN, str(part), str(folder / "root"), str(seeds),
                                     QUIET_ARCHIVE]),
-            cwd=REPO, env={**os.environ, "JAVA_TOOL_OPTIONS": SHORT_LIVED_JIT}, capture_output=True, text=True,
+            cwd=REPO, env={**os.environ, "JAVA_TOOL_OPTIONS": SHORT_LIVED_JVM}, capture_output=True, text=True,
             timeout=ARCHIVE_WAIT_S)
         if done.returncode == 0 and part.is_file() and part.stat().st_size:
             _ARCHIVE.path = part.rename(folder / "spark-classes.jsa")
@@ -92,11 +95,11 @@ def build_class_archive(folder: Path) -> Path | None:
 
 
 def short_lived_jvm_env() -> dict[str, str]:
-    """JAVA_TOOL_OPTIONS for a child's JVMs: C1 only, and the session's class archive once it is built (a start
-    waits for a build under way, at most ARCHIVE_WAIT_S)."""
+    """JAVA_TOOL_OPTIONS for a child's JVMs: C1 only, the serial collector, and the session's class archive once it
+    is built (a start waits for a build under way, at most ARCHIVE_WAIT_S)."""
     if _ARCHIVE.started:
         _ARCHIVE.ready.wait(ARCHIVE_WAIT_S)
-    options = SHORT_LIVED_JIT
+    options = SHORT_LIVED_JVM
     if _ARCHIVE.path is not None:
         options += f" -XX:SharedArchiveFile={_ARCHIVE.path} {QUIET_ARCHIVE}"
     return {"JAVA_TOOL_OPTIONS": options}
