@@ -158,18 +158,19 @@ class Daemon:
                 log.warning("cannot release bucket %05d: %s", bucket, exc)
 
     async def heartbeat_loop(self) -> None:
-        """Renew every owned lease each `ownership.renew_interval_s`; a lease that could not be renewed in time
-        is dropped (its bucket run is fenced and stops)."""
+        """Renew every owned lease each `ownership.renew_interval_s`, in a thread: a renewal is a durable write (or
+        an S3 PUT), and a slow one on the event loop would stall every host's timers. A lease that could not be
+        renewed in time is dropped (its bucket run is fenced and stops)."""
         while True:
             await asyncio.sleep(self.conf["ownership.renew_interval_s"])
             for bucket, lease in list(self.leases.items()):
                 try:
-                    renewed = self.lease_store.renew(lease)
+                    renewed = await asyncio.to_thread(self.lease_store.renew, lease)
                 except OSError as exc:  # not renewed: the lease fences itself at its deadline if this goes on
                     log.warning("cannot renew bucket %05d: %s", bucket, exc)
                     continue
-                if not renewed:
-                    self.leases.pop(bucket, None)
+                if not renewed and self.leases.get(bucket) is lease:
+                    self.leases.pop(bucket)
 
     def owns_host(self, host_key: str) -> bool:
         """Whether this daemon may send `host_key` a request that no fetch list asked for (a robots.txt redirect to

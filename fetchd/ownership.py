@@ -15,6 +15,7 @@ import json
 import logging
 import os
 import socket
+import threading
 from collections.abc import Iterator
 from dataclasses import replace
 from typing import Any
@@ -76,7 +77,11 @@ def _process_is_gone(record: LeaseRecord) -> bool:
 
 
 class Lease:
-    """A bucket this daemon owns: its epoch record and the monotonic deadline by which it must stop (fencing)."""
+    """A bucket this daemon owns: its epoch record and the monotonic deadline by which it must stop (fencing).
+
+    The daemon renews its leases in a thread (a write and fsync, or an S3 PUT, must not stall the event loop) and
+    releases them from the loop: `writing` makes the two take turns, so a release never runs beside a renewal that
+    would then overwrite the released record."""
 
     def __init__(self, record: LeaseRecord, deadline: float, previous_end: float | None,
                  clock: Clock = SYSTEM_CLOCK):
@@ -85,6 +90,7 @@ class Lease:
         self.previous_end = previous_end  # wall time the previous owner's last request ended, at the latest
         self.lost = False
         self.clock = clock
+        self.writing = threading.Lock()
 
     @property
     def bucket(self) -> int:
@@ -172,7 +178,11 @@ class LeaseStore:
 
     def renew(self, lease: Lease) -> bool:
         """Extend the lease; False (and the lease marked lost) if it was not renewed before its deadline or a
-        higher epoch exists."""
+        higher epoch exists, or it was released meanwhile."""
+        with lease.writing:
+            return self._renew(lease)
+
+    def _renew(self, lease: Lease) -> bool:
         if lease.lost:
             return False
         started = self.clock.monotonic()
@@ -192,11 +202,13 @@ class LeaseStore:
     def release(self, lease: Lease, last_request_end: float | None) -> None:
         """Give the bucket up (clean stop): the next daemon may take it at once and keeps the delay after
         `last_request_end` (wall clock). A lease already lost is left alone."""
-        if lease.lost or lease.fenced() or self._epochs(lease.bucket)[-1] != lease.record.epoch:
-            return
-        record = replace(lease.record, released=True, expires_at=self.clock.wall(), last_request_end=last_request_end)
-        self._write(record, exclusive=False)
-        lease.record, lease.lost = record, True
+        with lease.writing:
+            if lease.lost or lease.fenced() or self._epochs(lease.bucket)[-1] != lease.record.epoch:
+                return
+            record = replace(lease.record, released=True, expires_at=self.clock.wall(),
+                             last_request_end=last_request_end)
+            self._write(record, exclusive=False)
+            lease.record, lease.lost = record, True
         log.info("released bucket %05d (epoch %d)", lease.bucket, record.epoch)
 
     def _remove(self, bucket: int, epoch: int) -> None:

@@ -408,6 +408,37 @@ def test_a_slow_recovery_does_not_hold_up_the_lease_heartbeat(edge, base_conf, r
     assert [r["path"] for r in edge.requests("edge.test")] == ["/robots.txt", "/a"]
 
 
+def test_a_renewal_stuck_in_storage_does_not_stall_the_fetches(edge, base_conf, root, monkeypatch):
+    """A lease renewal is a durable write (fsync, or an S3 PUT) and runs off the event loop: while the first one is
+    stuck in storage, the daemon goes on fetching (the server's log shows requests during it), the renewal then
+    completes in time, and the bucket ends under its first epoch, released. On the event loop, the stuck write
+    would wait for requests that could not come."""
+    conf = edge_conf(base_conf, **{"ownership.lease_ttl_s": 8.0, "ownership.renew_interval_s": 0.3,
+                                   "ownership.fence_margin_s": 1.0})
+    pages = [f"/stuck-{n}" for n in range(12)]
+    [bucket] = write_fetchlist(root, SEGMENT, [{"url": edge.url("edge.test", p)} for p in pages],
+                               conf["crawl.buckets"])
+    write = LeaseStore._write
+    seen_while_stuck: list[int] = []
+
+    def stuck_first_renewal(store, record, exclusive):
+        if not exclusive and not record.released and not seen_while_stuck:
+            before = len(edge.requests("edge.test"))
+            deadline = time.monotonic() + 4.0
+            while len(edge.requests("edge.test")) < before + 3 and time.monotonic() < deadline:
+                time.sleep(0.05)
+            seen_while_stuck.append(len(edge.requests("edge.test")) - before)
+        return write(store, record, exclusive)
+
+    monkeypatch.setattr(LeaseStore, "_write", stuck_first_renewal)
+    summary = fetch_segment(conf, root, SEGMENT)
+    assert seen_while_stuck and seen_while_stuck[0] >= 3, seen_while_stuck
+    assert summary["buckets"] == [bucket]
+    lease = LeaseStore(conf, root, "observer").latest(bucket)
+    assert (lease.epoch, lease.released) == (1, True)
+    assert sorted(r["path"] for r in edge.requests("edge.test")) == sorted(["/robots.txt", *pages])
+
+
 def test_serve_picks_up_new_fetch_lists_and_stops(edge, base_conf, root):
     conf = edge_conf(base_conf, **{"fetch.poll_interval_s": 0.2})
     stop = threading.Event()

@@ -182,6 +182,39 @@ def test_release_hands_over_at_once_with_the_last_request_end(root):
     assert a.renew(first) is False
 
 
+def test_a_release_waits_for_a_renewal_in_flight_and_the_released_record_stays(root, monkeypatch):
+    """The daemon renews in a thread and releases from its event loop: a release that comes while a renewal is
+    still writing waits for it, so the renewal cannot overwrite the released record (the next daemon would wait
+    for the lease to expire instead of taking the bucket at once); a renewal after the release writes nothing."""
+    conf = _short_conf(lease_ttl_s=30.0, renew_interval_s=5.0, fence_margin_s=5.0)
+    a = LeaseStore(conf, root, "a")
+    lease = a.try_acquire(BUCKET)
+    in_write, go_on = threading.Event(), threading.Event()
+    write = LeaseStore._write
+
+    def slow_renewal_write(store, record, exclusive):
+        if not record.released:
+            in_write.set()
+            assert go_on.wait(10)
+        return write(store, record, exclusive)
+
+    monkeypatch.setattr(LeaseStore, "_write", slow_renewal_write)
+    renewed: list[bool] = []
+    renewal = threading.Thread(target=lambda: renewed.append(a.renew(lease)))
+    renewal.start()
+    assert in_write.wait(10)
+    release = threading.Thread(target=a.release, args=(lease, time.time()))
+    release.start()
+    release.join(0.3)
+    assert release.is_alive()  # waiting for the renewal's write
+    go_on.set()
+    renewal.join(10)
+    release.join(10)
+    assert renewed == [True] and lease.lost
+    assert a.latest(BUCKET).released
+    assert a.renew(lease) is False and a.latest(BUCKET).released
+
+
 def test_renewal_after_the_fence_deadline_is_refused_even_if_nobody_took_over(root):
     conf, clock = _short_conf(), VirtualClock()
     a = LeaseStore(conf, root, "a", clock)
