@@ -71,9 +71,9 @@ def write_fetched(root: str, segment: str, version: int, results: dict[str, tupl
 
 
 @pytest.fixture(scope="module")
-def crawled(spark, base_conf, tmp_path_factory):
+def crawled(spark, base_conf, new_tables_root, tmp_path_factory):
     """One root through: dedup, dedup again, update, then a later segment's dedup; snapshots at each stage."""
-    root = str(tmp_path_factory.mktemp("dedup") / "root")
+    root = new_tables_root(tmp_path_factory.mktemp("dedup") / "root")
     seeds = tmp_path_factory.mktemp("seeds") / "seeds.txt"
     seeds.write_text("\n".join(SEEDS))
     inject.run(spark, base_conf, root, str(seeds))
