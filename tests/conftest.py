@@ -41,8 +41,8 @@ if getattr(sys.modules["__main__"], "__spec__", None) is None and not hasattr(sy
 
 SPARK_LANE, LIGHT_LANE = "spark", "light"
 # What starts in the background as soon as the session is up (`<name>_started`; a test reads `<name>`), with the
-# rank of its readers in the Spark lane: after the tests that read nothing in the background, and after the readers
-# of work that is done sooner (the crash kills wait for the shared crawl; the niced work takes the slack).
+# rank of its readers in the Spark lane: after tests that read nothing in the background (READ_MIDWAY), and after the
+# readers of work that is done sooner (the crash kills wait for the shared crawl; the niced work takes the slack).
 READ_LATE = {"shared_crawl": 1, "crash_kills": 2, "airflow_cycle": 3, "s3_cycle": 3, "demo_run": 4}
 BACKGROUND_WORK = tuple(READ_LATE)
 # The readers of this rank go halfway through the tests that read nothing in the background, not after them all.
