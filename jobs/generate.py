@@ -244,9 +244,9 @@ def lease(spark: SparkSession, root: str, selected: DataFrame, segment_id: str, 
 
 
 def record_segment(spark: SparkSession, root: str, segment_id: str, per_bucket: list, now: datetime) -> None:
-    """One `segments` row per bucket, state generated; insert-if-absent so a re-run changes nothing."""
-    from delta.tables import DeltaTable
-
+    """One `segments` row per bucket, state generated: an append (a MERGE would join against every segment's rows),
+    made idempotent by Delta's writer transaction (txnAppId generate:<segment>), so a re-run whose first run
+    committed it writes nothing. Called only when the segment has no rows yet (`run`)."""
     state = SegmentState.GENERATED.value
     rows = [(segment_id, r["bucket"], state, r["url_count"], r["host_count"]) for r in per_bucket]
     counts = spark.createDataFrame(rows, "segment_id string, bucket int, state string, url_count bigint, "
@@ -262,13 +262,8 @@ def record_segment(spark: SparkSession, root: str, segment_id: str, per_bucket: 
         ),
         "segments",
     )
-    (
-        DeltaTable.forPath(spark, tables.table_path(root, "segments"))
-        .alias("t")
-        .merge(source.alias("s"), "t.segment_id = s.segment_id AND t.bucket = s.bucket")
-        .whenNotMatchedInsertAll()
-        .execute()
-    )
+    (source.write.format("delta").mode("append").option("txnAppId", f"generate:{segment_id}")
+     .option("txnVersion", 0).save(tables.table_path(root, "segments")))
 
 
 def segment_states(spark: SparkSession, root: str, segment_id: str) -> tuple[set[str], list[str]]:
@@ -334,7 +329,8 @@ def run(spark: SparkSession, conf: Config, root: str, segment_id: str | None = N
     with step(f"generate {segment_id}: lease"):
         leased = lease(spark, root, selected, segment_id, now, conf["generate.lease_seconds"])
     selected.unpersist()
-    record_segment(spark, root, segment_id, per_bucket, now)
+    if not own_states:  # a re-run finds the rows its first run wrote (all buckets in one commit)
+        record_segment(spark, root, segment_id, per_bucket, now)
     cycle_metrics.record(spark, root, figures)
     result.url_count = sum(r["url_count"] for r in per_bucket)
     result.host_count = sum(r["host_count"] for r in per_bucket)

@@ -162,6 +162,7 @@ def test_backoff_host_skipped_and_global_cap_keeps_lowest_ranks(spark, base_conf
     assert {(r["host_key"], r["rank"]) for r in rows} == {("http://b.test", 1), ("http://c.test", 1)}
 
 
+@pytest.mark.slow
 def test_generate_skips_urls_the_stored_robots_rules_deny_until_they_expire(spark, base_conf, root, seeded):
     from delta.tables import DeltaTable
 
@@ -230,6 +231,7 @@ def _open_segment(spark, root: str, segment_id: str, fetch_over: bool, buckets=(
                 manifest.write("{}")
 
 
+@pytest.mark.slow
 def test_generate_waits_for_stalled_segments_and_lets_open_fetches_pile_up_to_the_limit(spark, base_conf, root,
                                                                                          seeded):
     """Backpressure (crawler.frontier.backpressure): a segment whose fetch is over but which is not merged stops
@@ -277,6 +279,7 @@ def _due_urls(spark, root: str, rows: list[tuple[str, float, datetime | None]], 
     spark.createDataFrame(records, schema).write.format("delta").mode("append").save(tables.table_path(root, "urls"))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("burst", "refresh_priority", "new_priority", "expected"), [
     ("discovery", 1.0, 5.0, (9, 11)),   # a burst of high-priority new URLs: revisits still get 45 % of 20
     ("refresh", 5.0, 1.0, (9, 11)),     # the reverse: new URLs still get the other 55 %
@@ -302,6 +305,7 @@ def test_a_burst_on_one_side_leaves_the_other_its_share(spark, base_conf, root, 
         assert max(r["rank"] for r in side) <= 2
 
 
+@pytest.mark.slow
 def test_a_domain_of_many_subdomains_gets_no_more_than_its_budget(spark, base_conf, root, tmp_path):
     """Per-domain budgets (crawler.frontier.DomainBudgets): 500 subdomains of one registered domain share its
     budget (round-robin: each of 40 hosts gives its first URL), a pattern gives a known domain more, a domain under

@@ -150,6 +150,7 @@ def test_update_completes_discovers_and_reruns_idempotently(spark, base_conf, ro
     assert (again.results, again.applied, again.stale, again.discovered, again.index_events) == (6, 5, 1, 2, 0)
 
 
+@pytest.mark.slow
 def test_a_segment_merged_after_its_leases_expired_applies_what_is_current_and_counts_the_rest_stale(
         spark, base_conf, root, tmp_path):
     """s1's update runs after its leases expired and s2 re-leased one of its URLs: s1's result for that URL is stale
@@ -205,6 +206,7 @@ def test_robots_denied_url_waits_for_the_hosts_robots_expiry(spark, base_conf, r
     assert rows["http://a.test/open"].status == "fetched"
 
 
+@pytest.mark.slow
 def test_failures_back_hosts_off_across_segments_and_a_long_streak_makes_a_host_dead_until_it_answers(
         spark, base_conf, root, tmp_path):
     """The failures that back a host off inside a segment (crawler.status.is_transient) carry over to the next
