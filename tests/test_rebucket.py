@@ -28,6 +28,7 @@ def _record(root: str) -> dict:
         return json.load(handle)
 
 
+@pytest.mark.slow
 def test_a_changed_bucketing_is_refused_until_rebucket_moves_every_row(spark, base_conf, tables_root, tmp_path,
                                                                          capsys):
     root, seeds = tables_root, tmp_path / "seeds.txt"
