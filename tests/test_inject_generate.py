@@ -193,17 +193,11 @@ def test_low_priority_url_is_fetched_within_bounded_cycles_under_constant_high_p
     t0 = datetime(2026, 1, 1, tzinfo=UTC)
     step = timedelta(days=3)
 
-    def row(url: str, priority: float, due: datetime) -> dict:
-        host = urls.host_key(url)
-        return {"url_id": urls.url_id(url), "url": url, "host_key": host, "bucket": urls.bucket_of(host, 4),
-                "status": "unfetched", "state_version": 0, "priority": priority, "depth": 0, "source": "seed",
-                "discovered_at": due, "next_fetch_at": due, "fetch_interval_s": 86400, "failure_count": 0,
-                "inlinks": 0, "updated_at": due}
-
     low = "http://busy.test/low"
     # Each cycle's new URLs are known from the start and come due at their cycle (not due before it, so not listed).
-    append_rows(spark, root, "urls", [row(low, 0.15, t0)] + [
-        row(f"http://busy.test/high-{cycle}-{n}", 1.0, t0 + cycle * step) for cycle in range(4) for n in range(2)])
+    append_rows(spark, root, "urls", [_url_row(low, 0.15, t0, source="seed")] + [
+        _url_row(f"http://busy.test/high-{cycle}-{n}", 1.0, t0 + cycle * step, source="seed")
+        for cycle in range(4) for n in range(2)])
     chosen_in = []
     for cycle in range(4):
         now = t0 + cycle * step
@@ -264,19 +258,20 @@ def test_generate_waits_for_stalled_segments_and_lets_open_fetches_pile_up_to_th
         generate.run(spark, roomier, root, "seg-empty")
 
 
+def _url_row(url: str, priority: float, due: datetime, fetched_at: datetime | None = None,
+             source: str = "link") -> dict:
+    """A `urls` row due at `due`, fetched once at `fetched_at` (None: never fetched)."""
+    host = urls.host_key(url)
+    return {"url_id": urls.url_id(url), "url": url, "host_key": host, "bucket": urls.bucket_of(host, 4),
+            "status": "fetched" if fetched_at else "unfetched", "state_version": 1 if fetched_at else 0,
+            "priority": priority, "depth": 0, "source": source, "discovered_at": due, "next_fetch_at": due,
+            "fetch_interval_s": 86400, "failure_count": 0, "inlinks": 0, "updated_at": due,
+            "last_fetch_at": fetched_at}
+
+
 def _due_urls(spark, root: str, rows: list[tuple[str, float, datetime | None]], due: datetime) -> None:
     """Due URLs (url, priority, last fetch time: None for a URL never fetched) in `urls`."""
-    schema = tables.TABLES["urls"].schema
-    records = []
-    for url, priority, fetched_at in rows:
-        host = urls.host_key(url)
-        row = {"url_id": urls.url_id(url), "url": url, "host_key": host, "bucket": urls.bucket_of(host, 4),
-               "status": "fetched" if fetched_at else "unfetched", "state_version": 1 if fetched_at else 0,
-               "priority": priority, "depth": 0, "source": "link", "discovered_at": due, "next_fetch_at": due,
-               "fetch_interval_s": 86400, "failure_count": 0, "inlinks": 0, "updated_at": due,
-               "last_fetch_at": fetched_at}
-        records.append(tuple(row.get(f.name) for f in schema.fields))
-    spark.createDataFrame(records, schema).write.format("delta").mode("append").save(tables.table_path(root, "urls"))
+    append_rows(spark, root, "urls", [_url_row(url, priority, due, fetched_at) for url, priority, fetched_at in rows])
 
 
 @pytest.mark.slow
