@@ -41,8 +41,8 @@ TEST_OVERRIDES = {
                    # many small, different queries kept C2 compiling Spark's broad planning code, a third of the
                    # JVM's CPU, for code that seldom ran long enough to repay it (C1's code runs meanwhile; C1 only
                    # made the driver ~60 % slower). Measured on test_update.py, then test_traps.py, default -> this:
-                   # 348 -> 306 CPU-s (252 -> 234 s wall), 255 -> 222 CPU-s (171 s wall both); thirty times: no
-                   # less CPU on test_traps.py and 32 % more wall.
+                   # 348 -> 306 CPU-s (252 -> 234 s wall), 255 -> 222 CPU-s (171 s wall both); thirty times
+                   # instead: 249 CPU-s and 226 s wall on test_traps.py.
                    "spark.driver.extraJavaOptions": "-XX:+UseSerialGC " + TIER4_TEN_TIMES},
 }
 
