@@ -169,11 +169,8 @@ def table_path(root: str, name: str) -> str:
 
 def pinned_table(spark: SparkSession, root: str, name: str) -> DataFrame:
     """A table at its current Delta version, so repeated evaluations of a plan read the same snapshot."""
-    from delta.tables import DeltaTable
-
-    path = tables.table_path(root, name)
-    version = DeltaTable.forPath(spark, path).history(1).select("version").first()[0]
-    return spark.read.format("delta").option("versionAsOf", version).load(path)
+    version = tables.table_version(spark, root, name)
+    return spark.read.format("delta").option("versionAsOf", version).load(tables.table_path(root, name))
 
 
 def check_bucketing(conf: Config, root: str) -> None:

@@ -13,19 +13,13 @@ from pyspark.sql import functions as F
 from delta_tables import tables
 
 
-def latest_version(spark: SparkSession, root: str) -> int:
-    from delta.tables import DeltaTable
-
-    return DeltaTable.forPath(spark, tables.table_path(root, "index_events")).history(1).select("version").first()[0]
-
-
 def index_events_since(spark: SparkSession, root: str, after_version: int | None,
                        up_to_version: int | None = None) -> tuple[DataFrame, int]:
     """Index events committed after table version `after_version` (every one when None) up to `up_to_version`
     (the latest when None), and the version they run to: store it and pass it next time. Each row keeps
     `_commit_version` so a consumer can process in commit order; there is nothing but inserts to read."""
     path = tables.table_path(root, "index_events")
-    latest = latest_version(spark, root) if up_to_version is None else up_to_version
+    latest = tables.table_version(spark, root, "index_events") if up_to_version is None else up_to_version
     start = 0 if after_version is None else after_version + 1
     reader = spark.read.format("delta").option("readChangeFeed", "true")
     if start > latest:  # nothing new: an empty frame of the same shape

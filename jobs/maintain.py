@@ -26,7 +26,7 @@ from pyspark.sql import functions as F
 
 from crawler import layout
 from crawler.config import Config
-from delta_tables.tables import TABLES, table_path
+from delta_tables.tables import TABLES, table_path, table_version
 from jobs.base import merge_counts, merge_into, pinned_table, recount_known_urls, session_settings
 
 log = logging.getLogger("jobs.maintain")
@@ -127,10 +127,6 @@ def _vacuum_removed(delta_table, after_version: int) -> int:
     return sum(int((row["operationMetrics"] or {}).get("numDeletedFiles", 0)) for row in rows)
 
 
-def _latest_version(delta_table) -> int:
-    return int(delta_table.history(1).select("version").first()["version"])
-
-
 def maintain_table(spark: SparkSession, root: str, name: str, retention_hours: float | None) -> TableMaintenance:
     """OPTIMIZE one table, then VACUUM it unless `retention_hours` is None, then read its figures."""
     from delta.tables import DeltaTable
@@ -147,14 +143,14 @@ def maintain_table(spark: SparkSession, root: str, name: str, retention_hours: f
     figures.files_written = int(compacted["numFilesAdded"] or 0)
 
     if retention_hours is not None:
-        version = _latest_version(delta_table)
+        version = table_version(spark, root, name)
         delta_table.vacuum(float(retention_hours))
         figures.vacuum_removed = _vacuum_removed(delta_table, version)
 
     figures.files_after, figures.bytes_after = _detail(spark, path)
     # COUNT(*) on a Delta table is answered from the per-file statistics in the log, not by a scan.
     figures.rows = spark.read.format("delta").load(path).count()
-    figures.version = _latest_version(delta_table)
+    figures.version = table_version(spark, root, name)
     figures.seconds = time.monotonic() - started
     log.info("maintain %s: files %d -> %d (compacted %d into %d), vacuum removed %d, %d rows, version %d, %.1fs",
              name, figures.files_before, figures.files_after, figures.files_compacted, figures.files_written,
