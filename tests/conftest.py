@@ -8,14 +8,15 @@ Spark's work, and the two lanes share no process, port range (`tests/support/ser
 
 Shared, built once per session: the SparkSession, and the work that starts in the background as soon as it is up
 when any selected test reads it — the shared crawl (`tests/support/crawl.py`, in a thread of this process on its
-own SparkSession over the same SparkContext), the crash tests' references, kills and re-runs once that crawl is
-done (`tests/support/crash.py`, in another such thread, the kills in child processes), and, niced as the suite's slack,
+own SparkSession over the same SparkContext), the dedup tests' small crawl (`tests/support/dedup_crawl.py`, in
+another such thread), the crash tests' references, kills and re-runs once the shared crawl is done
+(`tests/support/crash.py`, in a third such thread, the kills in child processes), and, niced as the suite's slack,
 the Airflow cycle on a standalone cluster (`tests/support/airflow.py`), the S3 cycle (`tests/support/s3_cycle.py`)
 and the demo command (`tests/support/demo.py`), all three in child processes. In the Spark lane the readers of
 each come after tests that read none of it, in the order the work is done (`READ_LATE`), so each has the lane's
-earlier time to finish: the readers of the shared crawl (done about a third of the way through the lane) halfway
-through the other tests, the rest at the end. The lane's end is its costliest part: once the background work is
-done, the in-process tests alone keep one core busy, so what runs there should be short.
+earlier time to finish: the readers of the shared crawl (done about a third of the way through the lane) and of the
+dedup crawl halfway through the other tests, the rest at the end. The lane's end is its costliest part: once the
+background work is done, the in-process tests alone keep one core busy, so what runs there should be short.
 """
 
 from __future__ import annotations
@@ -43,12 +44,13 @@ SPARK_LANE, LIGHT_LANE = "spark", "light"
 # What starts in the background as soon as the session is up (`<name>_started`; a test reads `<name>`), with the
 # rank of its readers in the Spark lane: after tests that read nothing in the background (READ_MIDWAY), and after the
 # readers of work that is done sooner (the crash kills wait for the shared crawl; the niced work takes the slack).
-READ_LATE = {"shared_crawl": 1, "crash_kills": 2, "airflow_cycle": 3, "s3_cycle": 3, "demo_run": 4}
+READ_LATE = {"dedup_crawl": 1, "shared_crawl": 1, "crash_kills": 2, "airflow_cycle": 3, "s3_cycle": 3,
+             "demo_run": 4}
 BACKGROUND_WORK = tuple(READ_LATE)
 # The readers of this rank go halfway through the tests that read nothing in the background, not after them all.
 READ_MIDWAY = 1
 # Fixtures that start Spark, in this process or a child.
-SPARK_FIXTURES = frozenset({"spark", *BACKGROUND_WORK})
+SPARK_FIXTURES = frozenset({"spark", "spark_session_only", *BACKGROUND_WORK})
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -144,6 +146,22 @@ def shared_crawl_started(spark_session_only, base_conf, tmp_path_factory):
 
     base = tmp_path_factory.mktemp("shared-crawl")
     yield from _in_background("shared-crawl", run_shared_crawl, spark_session_only.newSession(), base_conf, base)
+
+
+@pytest.fixture(scope="session")
+def dedup_crawl_started(spark_session_only, base_conf, new_tables_root, tmp_path_factory):
+    """The dedup tests' small crawl (`tests/support/dedup_crawl.py`), in a background thread on a session of its own
+    over the suite's SparkContext (dedup sets SQL confs for a while)."""
+    from tests.support.dedup_crawl import run_dedup_crawl
+
+    base = tmp_path_factory.mktemp("dedup-crawl")
+    root = new_tables_root(base / "root")
+    yield from _in_background("dedup-crawl", run_dedup_crawl, spark_session_only.newSession(), base_conf, root, base)
+
+
+@pytest.fixture(scope="session")
+def dedup_crawl(spark, dedup_crawl_started):
+    return dedup_crawl_started.result()
 
 
 @pytest.fixture(scope="session")
@@ -243,11 +261,11 @@ def root(tmp_path) -> str:
 
 
 @pytest.fixture(scope="session")
-def _tables_template(spark, tmp_path_factory):
+def _tables_template(spark_session_only, tmp_path_factory):
     from delta_tables import create_all
 
     path = tmp_path_factory.mktemp("tables-template") / "root"
-    create_all(spark, str(path))
+    create_all(spark_session_only, str(path))
     return path
 
 
