@@ -26,8 +26,6 @@ import sys
 import threading
 from pathlib import Path
 
-from tests.support.config import at_background_priority
-
 REPO = Path(__file__).resolve().parents[2]
 SHORT_LIVED_JVM = "-XX:TieredStopAtLevel=1 -XX:ReservedCodeCacheSize=240m -XX:+UseSerialGC"
 QUIET_ARCHIVE = "-Xlog:cds=off -Xlog:cds+dynamic=off"
@@ -76,15 +74,16 @@ def expect_class_archive() -> None:
 
 
 def build_class_archive(folder: Path) -> Path | None:
-    """Dump the classes of a small Spark job into `folder` (a child process, niced like the other background
-    work); afterwards `short_lived_jvm_env` names the archive. None, and no archive used, if the dump failed."""
+    """Dump the classes of a small Spark job into `folder` (a child process); afterwards `short_lived_jvm_env` names
+    the archive. None, and no archive used, if the dump failed. Not niced like the work that waits for it: niced on a
+    machine the lanes keep busy, its ~60 CPU-s took five minutes and more, so the dump ran out of ARCHIVE_WAIT_S and
+    every child started late and without the archive."""
     try:
         part = folder / "spark-classes.jsa.part"
         seeds = folder / "seeds.txt"
         seeds.write_text("http://a.test/\nhttp://b.test/\n")
         done = subprocess.run(
-            at_background_priority([sys.executable, "-c", _TRAIN, str(part), str(folder / "root"), str(seeds),
-                                    QUIET_ARCHIVE]),
+            [sys.executable, "-c", _TRAIN, str(part), str(folder / "root"), str(seeds), QUIET_ARCHIVE],
             cwd=REPO, env={**os.environ, "JAVA_TOOL_OPTIONS": SHORT_LIVED_JVM}, capture_output=True, text=True,
             timeout=ARCHIVE_WAIT_S)
         if done.returncode == 0 and part.is_file() and part.stat().st_size:
