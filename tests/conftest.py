@@ -7,16 +7,17 @@ is in the `light` group. Each group runs in one worker process, so the daemon te
 Spark's work, and the two lanes share no process, port range (`tests/support/servers.py::free_port`) or folder.
 
 Shared, built once per session: the SparkSession, and the work that starts in the background as soon as it is up
-when any selected test reads it — the shared crawl (`tests/support/crawl.py`, in a thread of this process on its
-own SparkSession over the same SparkContext), the dedup tests' small crawl (`tests/support/dedup_crawl.py`, in
-another such thread), the crash tests' references, kills and re-runs once the shared crawl is done
-(`tests/support/crash.py`, in a third such thread, the kills in child processes), and, niced as the suite's slack,
-the Airflow cycle on a standalone cluster (`tests/support/airflow.py`), the S3 cycle (`tests/support/s3_cycle.py`)
-and the demo command (`tests/support/demo.py`), all three in child processes. In the Spark lane the readers of
-each come after tests that read none of it, in the order the work is done (`READ_LATE`), so each has the lane's
-earlier time to finish: the readers of the shared crawl (done about a third of the way through the lane) and of the
-dedup crawl halfway through the other tests, the rest at the end. The lane's end is its costliest part: once the
-background work is done, the in-process tests alone keep one core busy, so what runs there should be short.
+when any selected test reads it — the shared crawl (`tests/support/crawl.py`, in a thread of this process on its own
+SparkSession over the same SparkContext), the dedup tests' small crawl (`tests/support/dedup_crawl.py`, in another
+such thread, and after it the generated corpus's dedup runs), the crash tests' references, kills and re-runs once
+the shared crawl is done (`tests/support/crash.py`, in a third such thread, the kills in child processes), and,
+niced as the suite's slack, the Airflow cycle on a standalone cluster (`tests/support/airflow.py`), the S3 cycle
+(`tests/support/s3_cycle.py`) and the demo command (`tests/support/demo.py`), all three in child processes. In the
+Spark lane the readers of each come after tests that read none of it, in the order the work is done (`READ_LATE`),
+so each has the lane's earlier time to finish: the readers of the shared crawl (done about a third of the way
+through the lane) and of the dedup crawl halfway through the other tests, the rest at the end. The lane's end is its
+costliest part: once the background work is done, the in-process tests alone keep one core busy, so what runs there
+should be short.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ import importlib.machinery
 import shutil
 import sys
 from collections.abc import Callable, Iterator
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from pathlib import Path
 from typing import Any
 
@@ -44,8 +45,8 @@ SPARK_LANE, LIGHT_LANE = "spark", "light"
 # What starts in the background as soon as the session is up (`<name>_started`; a test reads `<name>`), with the
 # rank of its readers in the Spark lane: after tests that read nothing in the background (READ_MIDWAY), and after the
 # readers of work that is done sooner (the crash kills wait for the shared crawl; the niced work takes the slack).
-READ_LATE = {"dedup_crawl": 1, "shared_crawl": 1, "crash_kills": 2, "airflow_cycle": 3, "s3_cycle": 3,
-             "demo_run": 4}
+READ_LATE = {"dedup_crawl": 1, "shared_crawl": 1, "crash_kills": 2, "dedup_corpus": 2, "airflow_cycle": 3,
+             "s3_cycle": 3, "demo_run": 4}
 BACKGROUND_WORK = tuple(READ_LATE)
 # The readers of this rank go halfway through the tests that read nothing in the background, not after them all.
 READ_MIDWAY = 1
@@ -109,6 +110,12 @@ def _in_background(name: str, work: Callable[..., Any], *args: Any) -> Iterator[
         future.exception()
 
 
+def _after(first: Future, work: Callable[..., Any], *args: Any) -> Any:
+    """`work(*args)` once `first` is done, whether it succeeded or not (its readers see its own error)."""
+    wait([first])
+    return work(*args)
+
+
 @pytest.fixture(scope="session")
 def spark_session_only(base_conf):
     """The suite's one SparkSession (`spark` is the same, with the background work started)."""
@@ -162,6 +169,23 @@ def dedup_crawl_started(spark_session_only, base_conf, new_tables_root, tmp_path
 @pytest.fixture(scope="session")
 def dedup_crawl(spark, dedup_crawl_started):
     return dedup_crawl_started.result()
+
+
+@pytest.fixture(scope="session")
+def dedup_corpus_started(spark_session_only, base_conf, new_tables_root, dedup_crawl_started, tmp_path_factory):
+    """The generated corpus's dedup runs (`tests/support/dedup_crawl.py::run_generated_corpus`), in a background
+    thread on a session of its own, once the small crawl's are done (one thread of dedup work at a time: the small
+    crawl's readers come midway through the lane)."""
+    from tests.support.dedup_crawl import run_generated_corpus
+
+    root = new_tables_root(tmp_path_factory.mktemp("dedup-corpus") / "root")
+    yield from _in_background("dedup-corpus", _after, dedup_crawl_started, run_generated_corpus,
+                              spark_session_only.newSession(), base_conf, root)
+
+
+@pytest.fixture(scope="session")
+def dedup_corpus(spark, dedup_corpus_started):
+    return dedup_corpus_started.result()
 
 
 @pytest.fixture(scope="session")

@@ -5,14 +5,10 @@ duplicate in a later segment."""
 
 from __future__ import annotations
 
-from datetime import UTC, datetime, timedelta
-
 import numpy as np
 import pytest
 
 from crawler import dedup as rules
-from delta_tables import tables
-from jobs import dedup
 from tests.support.dedup_crawl import (
     BINARY,
     COPY,
@@ -26,12 +22,11 @@ from tests.support.dedup_crawl import (
     PAGES,
     SEEDS,
     SEG,
+    SEGMENTS,
     UNIQUE,
-    page_row,
+    generated_corpus,
     uid,
-    write_fetched,
 )
-from tests.support.tables import append_rows
 
 pytestmark = pytest.mark.slow  # the module's small crawl is about two minutes of Spark (in the background)
 
@@ -140,37 +135,6 @@ def test_gone_pages_leave_the_indexes_and_the_next_holder_takes_over(dedup_crawl
 
 # ---- a generated corpus over three segments: the incremental marks against the full recompute ---------------------
 
-FAMILIES, SEGMENTS = 12, ("seg-g1", "seg-g2", "seg-g3")
-
-
-def generated_corpus(seed: int = 7) -> list[dict]:
-    """Pages of three segments: near families (a base SimHash with any subset of three family bits flipped, so
-    every two members are within k = 3 and no page bridges two families), exact copies of members in later
-    segments, and unique pages. Content never changes and nothing leaves: the incremental rule and the full
-    recompute must agree on every mark."""
-    rng = np.random.default_rng(seed)
-    start = datetime(2026, 1, 1, tzinfo=UTC)
-    pages, n = [], 0
-    for family in range(FAMILIES):
-        base = int(rng.integers(-(2**63), 2**63 - 1))
-        bits = rng.choice(64, size=3, replace=False)
-        for member in range(int(rng.integers(1, 6))):
-            mask = sum(1 << int(b) for j, b in enumerate(bits) if member >> j & 1)
-            simhash = np.int64(np.uint64(base & (2**64 - 1)) ^ np.uint64(mask)).item()
-            for _copy in range(int(rng.integers(1, 3))):
-                segment = int(rng.integers(0, 3))
-                n += 1
-                pages.append({"url": f"http://g{n % 5}.test/p{n}", "segment": SEGMENTS[segment],
-                              "at": start + timedelta(days=segment, seconds=int(rng.integers(0, 3600))),
-                              "content_hash": f"h-{family}-{member}", "simhash": simhash})
-    for _ in range(20):
-        n += 1
-        segment = int(rng.integers(0, 3))
-        pages.append({"url": f"http://g{n % 5}.test/p{n}", "segment": SEGMENTS[segment],
-                      "at": start + timedelta(days=segment, seconds=int(rng.integers(0, 3600))),
-                      "content_hash": f"h-unique-{n}", "simhash": int(rng.integers(-(2**63), 2**63 - 1))})
-    return pages
-
 
 def full_recompute_marks(pages: list[dict]) -> dict[str, tuple[str | None, str | None]]:
     """url_id -> (duplicate_of, near_duplicate_cluster) by crawler.dedup's rules over the whole corpus."""
@@ -184,19 +148,10 @@ def full_recompute_marks(pages: list[dict]) -> dict[str, tuple[str | None, str |
                      ids[r] if sizes[r] > 1 else None) for i, r in enumerate(near.representative)}
 
 
-def test_incremental_marks_equal_the_full_recompute_on_a_generated_corpus(spark, base_conf, tmp_path):
-    root = str(tmp_path / "root")
-    tables.ensure_tables(spark, root)
-    corpus = generated_corpus()
-    for segment in SEGMENTS:
-        mine = [p for p in corpus if p["segment"] == segment]
-        write_fetched(root, segment, 1, {p["url"]: (p["at"], 200) for p in mine})
-        append_rows(spark, root, "pages", [page_row(p["url"], segment, 1, p["at"], p["content_hash"], p["simhash"])
-                                           for p in mine])
-        dedup.run(spark, base_conf, root, segment)
-    # Each segment's pages were marked against the corpus of its own and earlier segments: compare per segment.
-    got = {r.url_id: (r.duplicate_of, r.near_duplicate_cluster) for r in tables.table_df(spark, root, "pages")
-           .collect()}
+def test_incremental_marks_equal_the_full_recompute_on_a_generated_corpus(dedup_corpus):
+    """Each segment's pages were marked against the corpus of its own and earlier segments (one dedup run a segment,
+    in the background: `tests/support/dedup_crawl.py::run_generated_corpus`): compare per segment."""
+    got, corpus = dedup_corpus, generated_corpus()
     for number in range(1, len(SEGMENTS) + 1):
         so_far = [p for p in corpus if p["segment"] in SEGMENTS[:number]]
         expected = full_recompute_marks(so_far)

@@ -14,6 +14,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
@@ -126,3 +127,52 @@ def run_dedup_crawl(spark, base_conf: Config, root: str, base: Path) -> dict[str
     stages["gone_urls"] = by_url(spark, root, "urls")
     stages["gone_index"] = index_rows(spark, root)
     return stages
+
+
+# ---- a generated corpus over three segments (its marks against a full recompute: tests/test_dedup_job.py) --------
+
+FAMILIES, SEGMENTS = 12, ("seg-g1", "seg-g2", "seg-g3")
+
+
+def generated_corpus(seed: int = 7) -> list[dict]:
+    """Pages of three segments: near families (a base SimHash with any subset of three family bits flipped, so
+    every two members are within k = 3 and no page bridges two families), exact copies of members in later
+    segments, and unique pages. Content never changes and nothing leaves: the incremental rule and the full
+    recompute must agree on every mark."""
+    rng = np.random.default_rng(seed)
+    start = datetime(2026, 1, 1, tzinfo=UTC)
+    pages, n = [], 0
+    for family in range(FAMILIES):
+        base = int(rng.integers(-(2**63), 2**63 - 1))
+        bits = rng.choice(64, size=3, replace=False)
+        for member in range(int(rng.integers(1, 6))):
+            mask = sum(1 << int(b) for j, b in enumerate(bits) if member >> j & 1)
+            simhash = np.int64(np.uint64(base & (2**64 - 1)) ^ np.uint64(mask)).item()
+            for _copy in range(int(rng.integers(1, 3))):
+                segment = int(rng.integers(0, 3))
+                n += 1
+                pages.append({"url": f"http://g{n % 5}.test/p{n}", "segment": SEGMENTS[segment],
+                              "at": start + timedelta(days=segment, seconds=int(rng.integers(0, 3600))),
+                              "content_hash": f"h-{family}-{member}", "simhash": simhash})
+    for _ in range(20):
+        n += 1
+        segment = int(rng.integers(0, 3))
+        pages.append({"url": f"http://g{n % 5}.test/p{n}", "segment": SEGMENTS[segment],
+                      "at": start + timedelta(days=segment, seconds=int(rng.integers(0, 3600))),
+                      "content_hash": f"h-unique-{n}", "simhash": int(rng.integers(-(2**63), 2**63 - 1))})
+    return pages
+
+
+def run_generated_corpus(spark, base_conf: Config, root: str) -> dict[str, tuple[str | None, str | None]]:
+    """The corpus's pages written and deduplicated one segment after another (one dedup run each, as a crawl would);
+    the marks dedup left: url_id -> (duplicate_of, near_duplicate_cluster). About two minutes of Spark, so it runs
+    in the background too (`dedup_corpus_started` in `tests/conftest.py`, after the small crawl)."""
+    corpus = generated_corpus()
+    for segment in SEGMENTS:
+        mine = [p for p in corpus if p["segment"] == segment]
+        write_fetched(root, segment, 1, {p["url"]: (p["at"], 200) for p in mine})
+        append_rows(spark, root, "pages", [page_row(p["url"], segment, 1, p["at"], p["content_hash"], p["simhash"])
+                                           for p in mine])
+        dedup.run(spark, base_conf, root, segment)
+    return {r.url_id: (r.duplicate_of, r.near_duplicate_cluster) for r in tables.table_df(spark, root, "pages")
+            .collect()}
