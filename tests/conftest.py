@@ -10,7 +10,8 @@ Shared, built once per session: the SparkSession, and the work that starts in th
 when any selected test reads it — the shared crawl (`tests/support/crawl.py`, in a thread of this process on its own
 SparkSession over the same SparkContext), the dedup tests' small crawl (`tests/support/dedup_crawl.py`, in another
 such thread, and after it the generated corpus's dedup runs), the crash tests' references, kills and re-runs once
-the shared crawl is done (`tests/support/crash.py`, in a third such thread, the kills in child processes), and,
+the shared crawl is done (`tests/support/crash.py`, in a third such thread, the kills in child processes), validate's
+runs over its two small crawls (`tests/support/validate_crawls.py`, in a fourth), and,
 niced as the suite's slack, the Airflow cycle on a standalone cluster (`tests/support/airflow.py`), the S3 cycle
 (`tests/support/s3_cycle.py`) and the demo command (`tests/support/demo.py`), all three in child processes. In the
 Spark lane the readers of each come after tests that read none of it, in the order the work is done (`READ_LATE`),
@@ -46,7 +47,7 @@ SPARK_LANE, LIGHT_LANE = "spark", "light"
 # rank of its readers in the Spark lane: after tests that read nothing in the background (READ_MIDWAY), and after the
 # readers of work that is done sooner (the crash kills wait for the shared crawl; the niced work takes the slack).
 READ_LATE = {"dedup_crawl": 1, "shared_crawl": 1, "crash_kills": 2, "dedup_corpus": 2, "airflow_cycle": 3,
-             "s3_cycle": 3, "demo_run": 4}
+             "s3_cycle": 3, "validate_runs": 3, "demo_run": 4}
 BACKGROUND_WORK = tuple(READ_LATE)
 # The readers of this rank go halfway through the tests that read nothing in the background, not after them all.
 READ_MIDWAY = 1
@@ -186,6 +187,23 @@ def dedup_corpus_started(spark_session_only, base_conf, new_tables_root, dedup_c
 @pytest.fixture(scope="session")
 def dedup_corpus(spark, dedup_corpus_started):
     return dedup_corpus_started.result()
+
+
+@pytest.fixture(scope="session")
+def validate_runs_started(spark_session_only, base_conf, new_tables_root, tmp_path_factory):
+    """validate over its valid crawl and its crawl of defects (`tests/support/validate_crawls.py`), in a background
+    thread on a session of its own over the suite's SparkContext. Its readers come last in the lane: in-process
+    validation in the lane waits for it (GX's current project is process-wide)."""
+    from tests.support.validate_crawls import run_validations
+
+    base = tmp_path_factory.mktemp("validate-runs")
+    yield from _in_background("validate-runs", run_validations, spark_session_only.newSession(), base_conf,
+                              new_tables_root, base)
+
+
+@pytest.fixture(scope="session")
+def validate_runs(spark, validate_runs_started):
+    return validate_runs_started.result()
 
 
 @pytest.fixture(scope="session")

@@ -3,8 +3,9 @@ passes, one crawl carrying a defect per rule fails naming each broken expectatio
 and in report.md, Data Docs are built, and the CLI exits 0 / 1 / 2 (pass / failure / malformed suite).
 
 Validation is slow (GX evaluates each expectation as Spark jobs), so the Spark runs are few and shared: one over
-the valid crawl, one over the crawl holding every defect (each defect in its own row, so each breaks exactly one
-expectation), one through the CLI over a root made by create_all only, and one CLI run of a single failing table.
+the valid crawl and one over the crawl holding every defect (each defect in its own row, so each breaks exactly one
+expectation), both made in the background (`tests/support/validate_crawls.py`), one through the CLI over a root made
+by create_all only, and one CLI run of a single failing table.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from __future__ import annotations
 import json
 import re
 import shutil
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
@@ -23,12 +24,8 @@ from crawler.robots import RobotsState
 from delta_tables import tables
 from jobs import cli, validate
 from tests.support.config import SPARK_CLI_SETTINGS, TEST_OVERRIDES
-from tests.support.tables import append_rows
+from tests.support.validate_crawls import DEFECTS
 
-SEG = "seg-v1"
-NOW = datetime.now(UTC).replace(microsecond=0) - timedelta(hours=1)
-HOST = "http://a.test"
-U1, U2, U3, U4, U5 = (f"{n:032x}" for n in range(1, 6))
 CLI_SETTINGS = [*SPARK_CLI_SETTINGS, f"--set=crawl.buckets={TEST_OVERRIDES['crawl.buckets']}"]
 
 # Each in-set expectation of the suites and the code's value set it must equal, so the two cannot drift.
@@ -41,102 +38,6 @@ ENUMS = {
     ("hosts", "robots_state"): [s.value for s in RobotsState],
     ("cycle_metrics", "step"): status.values(status.MetricsStep),
 }
-
-
-def _url(url_id: str, path: str, **values) -> dict:
-    return {"url_id": url_id, "url": f"{HOST}/{path}", "host_key": HOST, "bucket": 1, "status": "fetched",
-            "state_version": 1, "source": "seed", "discovered_at": NOW, "next_fetch_at": NOW + timedelta(days=7),
-            "fetch_interval_s": 86400, "updated_at": NOW, **values}
-
-
-VALID: dict[str, list[dict]] = {
-    "urls": [_url(U1, "one", last_fetch_at=NOW),
-             _url(U2, "two", status="unfetched", state_version=2, lease_segment=SEG,
-                  lease_expires_at=NOW + timedelta(hours=2))],
-    "hosts": [{"host_key": HOST, "bucket": 1, "robots_state": "rules", "robots_status_code": 200,
-               "robots_fetched_at": NOW, "updated_at": NOW}],
-    "fetches": [{"segment_id": SEG, "bucket": 1, "url_id": U1, "state_version": 1, "url": f"{HOST}/one",
-                 "host_key": HOST, "fetched_at": NOW, "outcome": "success", "status_code": 200, "warc_offset": 0}],
-    "pages": [{"url_id": U1, "state_version": 1, "url": f"{HOST}/one", "segment_id": SEG, "fetched_at": NOW,
-               "outlink_count": 1}],
-    "links": [{"segment_id": SEG, "from_url_id": U1, "from_state_version": 1, "to_url_id": U2,
-               "to_url": f"{HOST}/two", "rel_nofollow": False}],
-    "index_events": [{"url_id": U1, "state_version": 1, "url": f"{HOST}/one", "kind": "fetched", "segment_id": SEG,
-                      "status_code": 200, "created_at": NOW}],
-    "segments": [{"segment_id": SEG, "bucket": 1, "state": "merged", "url_count": 2, "host_count": 1, "epoch": 1,
-                  "created_at": NOW, "updated_at": NOW}],
-    "records": [{"url": f"{HOST}/one", "warc_filename": "segments/seg-v1/warc/bucket=00001/a.warc.gz",
-                 "warc_record_offset": 0, "warc_record_length": 500, "warc_segment": SEG,
-                 "warc_record_type": "response", "fetch_time": NOW, "fetch_status": 200}],
-    "dedup_hashes": [{"url_id": U1, "content_hash": "sha1:A", "seen": NOW, "representative": U1,
-                      "marked_duplicate": False, "near_members": False, "segment_id": SEG}],
-    "dedup_bands": [{"band": band, "band_key": band, "url_id": U1, "simhash": 7, "seen": NOW, "cluster": U1,
-                     "cluster_seen": NOW, "segment_id": SEG} for band in range(4)],
-    "cycle_metrics": [{"segment_id": SEG, "step": "generate", "run_at": NOW, "due_urls": 2, "oldest_due_age_s": 60.0,
-                       "due_high_priority": 1, "high_priority_not_leased": 0, "leased_urls": 2,
-                       "unmerged_segments": 0},
-                      {"segment_id": SEG, "step": "update", "run_at": NOW, "results": 2, "applied": 2, "stale": 0,
-                       "new_urls": 1, "refetched": 1, "changed": 1, "change_rate": 1.0}],
-}
-
-# (case, table, expectation type, column, the defect's row, a value the report must show as unexpected or None)
-DEFECTS = [
-    ("duplicate key", "urls", "expect_column_values_to_be_unique", "url_id", _url(U1, "dup"), repr(U1)),
-    ("malformed url", "urls", "expect_column_values_to_match_regex", "url", _url(U3, "x", url="ftp://a.test/x"),
-     "'ftp://a.test/x'"),
-    ("unknown status", "urls", "expect_column_values_to_be_in_set", "status", _url(U4, "s", status="leased"),
-     "'leased'"),
-    ("lease without expiry", "urls", "expect_column_values_to_not_be_null", "lease_expires_at",
-     _url(U5, "l", lease_segment=SEG), "None"),
-    ("expiry without lease", "urls", "expect_column_values_to_be_null", "lease_expires_at",
-     _url(f"{6:032x}", "e", lease_expires_at=NOW), None),
-    ("bucket out of range", "hosts", "expect_column_values_to_be_between", "bucket",
-     {**VALID["hosts"][0], "host_key": "http://b.test", "bucket": 99}, "99"),
-    ("fetch in 1970", "fetches", "expect_column_values_to_be_between", "fetched_at",
-     {**VALID["fetches"][0], "url_id": U2, "fetched_at": datetime(1970, 1, 1, tzinfo=UTC)}, "1970"),
-    ("unknown outcome", "fetches", "expect_column_values_to_be_in_set", "outcome",
-     {**VALID["fetches"][0], "url_id": U3, "outcome": "timeout"}, "'timeout'"),
-    ("page of an unleased version", "pages", "expect_column_values_to_be_between", "state_version",
-     {**VALID["pages"][0], "state_version": 0}, "0"),
-    ("malformed link target", "links", "expect_column_values_to_match_regex", "to_url",
-     {**VALID["links"][0], "to_url_id": U3, "to_url": "not a url"}, "'not a url'"),
-    ("duplicate index event per version", "index_events", "expect_compound_columns_to_be_unique",
-     "url_id,state_version", {**VALID["index_events"][0], "kind": "changed"}, None),
-    ("segment updated far in the future", "segments", "expect_column_values_to_be_between", "updated_at",
-     {**VALID["segments"][0], "bucket": 2, "updated_at": datetime(2999, 1, 1, tzinfo=UTC)}, "2999"),
-    ("null record key", "records", "expect_column_values_to_not_be_null", "warc_record_offset",
-     {**VALID["records"][0], "warc_record_offset": None}, "None"),
-    ("a URL twice in the hash index", "dedup_hashes", "expect_column_values_to_be_unique", "url_id",
-     {**VALID["dedup_hashes"][0], "content_hash": "sha1:B"}, repr(U1)),
-    ("SimHash 0 in the band index", "dedup_bands", "expect_column_values_to_not_be_in_set", "simhash",
-     {**VALID["dedup_bands"][0], "url_id": U2, "simhash": 0}, "0"),
-    ("a change rate above 1", "cycle_metrics", "expect_column_values_to_be_between", "change_rate",
-     {**VALID["cycle_metrics"][1], "segment_id": "seg-v2", "changed": 1, "change_rate": 2.0}, "2.0"),
-    ("a negative backlog", "cycle_metrics", "expect_column_values_to_be_between", "due_urls",
-     {**VALID["cycle_metrics"][0], "segment_id": "seg-v3", "due_urls": -4}, "-4"),
-]
-
-
-def _build(spark, root: str, rows: dict[str, list[dict]]) -> str:
-    """`root` (whose tables exist) with `rows` appended."""
-    for name, table_rows in rows.items():
-        append_rows(spark, root, name, table_rows)
-    return root
-
-
-@pytest.fixture(scope="module")
-def valid_run(spark, base_conf, new_tables_root, tmp_path_factory) -> validate.ValidationResult:
-    root = _build(spark, new_tables_root(tmp_path_factory.mktemp("valid") / "root"), VALID)
-    return validate.run(spark, base_conf, root)
-
-
-@pytest.fixture(scope="module")
-def defect_run(spark, base_conf, new_tables_root, tmp_path_factory) -> validate.ValidationResult:
-    rows = {name: list(table_rows) for name, table_rows in VALID.items()}
-    for _, table, _, _, row, _ in DEFECTS:
-        rows[table].append(row)
-    root = _build(spark, new_tables_root(tmp_path_factory.mktemp("defects") / "root"), rows)
-    return validate.run(spark, base_conf, root)
 
 
 def _suite(name: str) -> dict:
@@ -214,7 +115,8 @@ def test_latest_time_is_computed_at_run_time(base_conf):
 
 
 @pytest.mark.slow
-def test_a_valid_crawl_passes_with_a_report_and_data_docs(valid_run):
+def test_a_valid_crawl_passes_with_a_report_and_data_docs(validate_runs):
+    valid_run = validate_runs.valid
     assert valid_run.success, valid_run.summary()
     assert [t.table for t in valid_run.tables] == list(layout.TABLES)
     assert all(t.rows >= 1 and t.evaluated == len(_suite(t.table)["expectations"]) for t in valid_run.tables)
@@ -225,7 +127,8 @@ def test_a_valid_crawl_passes_with_a_report_and_data_docs(valid_run):
 
 
 @pytest.mark.slow
-def test_every_defect_and_nothing_else_fails(defect_run):
+def test_every_defect_and_nothing_else_fails(validate_runs):
+    defect_run = validate_runs.defects
     assert not defect_run.success
     assert sorted((f.table, f.name) for f in defect_run.failures) == sorted(
         (table, f"{kind}({column})") for _, table, kind, column, _, _ in DEFECTS)
@@ -237,7 +140,8 @@ def test_every_defect_and_nothing_else_fails(defect_run):
 
 
 @pytest.mark.parametrize("case, table, kind, column, row, shown", DEFECTS, ids=[d[0] for d in DEFECTS])
-def test_defect_is_named_in_result_and_report(defect_run, case, table, kind, column, row, shown):
+def test_defect_is_named_in_result_and_report(validate_runs, case, table, kind, column, row, shown):
+    defect_run = validate_runs.defects
     name = f"{kind}({column})"
     [failure] = [f for f in defect_run.failures if f.table == table and f.name == name]
     assert failure.rule and failure.error is None and failure.unexpected_count >= 1
@@ -248,7 +152,9 @@ def test_defect_is_named_in_result_and_report(defect_run, case, table, kind, col
     assert f"`{name}`" in section and failure.rule in section
 
 
-def test_cli_passes_on_a_root_with_empty_tables(spark, tables_root, capsys):
+def test_cli_passes_on_a_root_with_empty_tables(spark, validate_runs, tables_root, capsys):
+    """After the background runs (`validate_runs`): GX keeps its current project in process-wide state, so two
+    validations in one process must not overlap."""
     root = tables_root
     assert cli.main(["validate", "--root", root, *CLI_SETTINGS]) == 0
     out = capsys.readouterr().out
@@ -256,8 +162,8 @@ def test_cli_passes_on_a_root_with_empty_tables(spark, tables_root, capsys):
     assert next(Path(root, "validation").glob("*/data_docs/index.html")).is_file()
 
 
-def test_cli_exits_1_naming_the_failed_expectation(spark, defect_run, tmp_path, capsys):
-    root = str(defect_run.out_dir.parent.parent)
+def test_cli_exits_1_naming_the_failed_expectation(spark, validate_runs, tmp_path, capsys):
+    root = str(validate_runs.defects.out_dir.parent.parent)
     out = tmp_path / "reports"
     assert cli.main(["validate", "--root", root, "--table", "segments", "--out", str(out), *CLI_SETTINGS]) == 1
     printed = capsys.readouterr().out
