@@ -11,10 +11,7 @@ TIER4_TEN_TIMES = ("-XX:Tier4InvocationThreshold=50000 -XX:Tier4MinInvocationThr
 TEST_OVERRIDES = {
     "spark.master": "local[2]",
     "spark.shuffle_partitions": 2,
-    # The suite's session JVM keeps about 1.2 GB live (plans, Delta snapshots and caches of the many roots the
-    # lane and the background threads work on at once): at 2g its serial collector ran a full GC every 5-10 s from
-    # the fifth minute on (jstat: 44 s of 338 in GC), and the lane's last minutes crawled on one core.
-    "spark.driver_memory": "4g",
+    "spark.driver_memory": "2g",
     "spark.log_level": "ERROR",
     "crawl.buckets": 4,
     "politeness.min_delay_s": 0.2,
