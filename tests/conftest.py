@@ -11,8 +11,7 @@ when any selected test reads it — the shared crawl (`tests/support/crawl.py`, 
 SparkSession over the same SparkContext), the dedup tests' small crawl (`tests/support/dedup_crawl.py`, in another
 such thread, and after it the generated corpus's dedup runs), the crash tests' references, kills and re-runs once
 the shared crawl is done (`tests/support/crash.py`, in a third such thread, the kills in child processes), validate's
-runs over its two small crawls (`tests/support/validate_crawls.py`, in a fourth), the bodies of the tests marked
-`background` (in a fifth: long, self-contained tests whose outcome each test then reports), and,
+runs over its two small crawls (`tests/support/validate_crawls.py`, in a fourth), and,
 niced as the suite's slack, the Airflow cycle on a standalone cluster (`tests/support/airflow.py`), the S3 cycle
 (`tests/support/s3_cycle.py`) and the demo command (`tests/support/demo.py`), all three in child processes. In the
 Spark lane the readers of each come after tests that read none of it, in the order the work is done (`READ_LATE`),
@@ -25,7 +24,6 @@ should be short.
 from __future__ import annotations
 
 import importlib.machinery
-import inspect
 import shutil
 import sys
 from collections.abc import Callable, Iterator
@@ -49,12 +47,10 @@ SPARK_LANE, LIGHT_LANE = "spark", "light"
 # rank of its readers in the Spark lane: after tests that read nothing in the background (READ_MIDWAY), and after the
 # readers of work that is done sooner (the crash kills wait for the shared crawl; the niced work takes the slack).
 READ_LATE = {"dedup_crawl": 1, "shared_crawl": 1, "crash_kills": 2, "dedup_corpus": 2, "airflow_cycle": 3,
-             "s3_cycle": 3, "validate_runs": 3, "background_tests": 3, "demo_run": 4}
+             "s3_cycle": 3, "validate_runs": 3, "demo_run": 4}
 BACKGROUND_WORK = tuple(READ_LATE)
 # The readers of this rank go halfway through the tests that read nothing in the background, not after them all.
 READ_MIDWAY = 1
-# What a background test's body may take (`background_tests_started`).
-BACKGROUND_TEST_ARGUMENTS = frozenset({"spark", "base_conf", "tables_root", "tmp_path"})
 # Fixtures that start Spark, in this process or a child.
 SPARK_FIXTURES = frozenset({"spark", "spark_session_only", *BACKGROUND_WORK})
 
@@ -65,8 +61,6 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "spark: starts a Spark JVM in a child process (runs in the Spark lane)")
-    config.addinivalue_line("markers", "background: the test's body runs in a background thread of the Spark lane "
-                                       "(`background_tests_started`); its outcome is reported in its place")
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -75,9 +69,6 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     with --lane, keep only that lane's."""
     lanes = {}
     for item in items:
-        if item.get_closest_marker("background") is not None:
-            _check_background_test(item)
-            item.fixturenames.append("background_tests")
         uses_spark = (not SPARK_FIXTURES.isdisjoint(getattr(item, "fixturenames", ()))
                       or item.get_closest_marker("spark") is not None)
         lanes[item] = SPARK_LANE if uses_spark else LIGHT_LANE
@@ -94,26 +85,6 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     if wanted:
         config.hook.pytest_deselected(items=[item for item in items if lanes[item] != wanted])
         items[:] = [item for item in items if lanes[item] == wanted]
-
-
-def _check_background_test(item: pytest.Item) -> None:
-    """A background test's body is called with nothing but BACKGROUND_TEST_ARGUMENTS (and its parameters)."""
-    params = set(getattr(item, "callspec", None).params) if hasattr(item, "callspec") else set()
-    others = set(inspect.signature(item.obj).parameters) - BACKGROUND_TEST_ARGUMENTS - params
-    if others:
-        raise pytest.UsageError(f"{item.nodeid}: a background test takes only {sorted(BACKGROUND_TEST_ARGUMENTS)}, "
-                                f"not {sorted(others)}")
-
-
-@pytest.hookimpl(tryfirst=True)
-def pytest_pyfunc_call(pyfuncitem: pytest.Function) -> bool | None:
-    """A background test: its body ran in the background (`background_tests_started`); raise what it raised."""
-    if pyfuncitem.get_closest_marker("background") is None:
-        return None
-    error = pyfuncitem.funcargs["background_tests"][pyfuncitem.nodeid]
-    if error is not None:
-        raise error
-    return True
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
@@ -233,37 +204,6 @@ def validate_runs_started(spark_session_only, base_conf, new_tables_root, tmp_pa
 @pytest.fixture(scope="session")
 def validate_runs(spark, validate_runs_started):
     return validate_runs_started.result()
-
-
-@pytest.fixture(scope="session")
-def background_tests_started(request, spark_session_only, base_conf, new_tables_root, tmp_path_factory):
-    """The bodies of the selected tests marked `background`, one after another in a background thread, each on a
-    session of its own over the suite's SparkContext, a `tables_root` and a `tmp_path` of its own: long, self-contained
-    tests that were the lane's last minutes on one core. Each test reports its body's outcome in its place."""
-    tests = [(item.nodeid, item.obj, getattr(item, "callspec", None)) for item in request.session.items
-             if item.get_closest_marker("background") is not None]
-
-    def run() -> dict[str, BaseException | None]:
-        outcomes: dict[str, BaseException | None] = {}
-        for nodeid, body, callspec in tests:
-            folder = tmp_path_factory.mktemp("background-test")
-            given = {"spark": spark_session_only.newSession(), "base_conf": base_conf,
-                     "tables_root": new_tables_root(folder / "root"), "tmp_path": folder / "tmp",
-                     **(callspec.params if callspec else {})}
-            given["tmp_path"].mkdir()
-            try:
-                body(**{name: given[name] for name in inspect.signature(body).parameters})
-                outcomes[nodeid] = None
-            except Exception as error:  # reported by the test itself (pytest_pyfunc_call)
-                outcomes[nodeid] = error
-        return outcomes
-
-    yield from _in_background("background-tests", run)
-
-
-@pytest.fixture(scope="session")
-def background_tests(spark, background_tests_started):
-    return background_tests_started.result()
 
 
 @pytest.fixture(scope="session")

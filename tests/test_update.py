@@ -151,13 +151,11 @@ def test_update_completes_discovers_and_reruns_idempotently(spark, base_conf, ro
 
 
 @pytest.mark.slow
-@pytest.mark.background
 def test_a_segment_merged_after_its_leases_expired_applies_what_is_current_and_counts_the_rest_stale(
-        spark, base_conf, tables_root, tmp_path):
+        spark, base_conf, root, tmp_path):
     """s1's update runs after its leases expired and s2 re-leased one of its URLs: s1's result for that URL is stale
     (s2 holds a newer version), its other results are still current and complete their URLs; the segment's rows
     and its cycle_metrics row show both counts (the report draws them)."""
-    root = tables_root
     seeds = tmp_path / "seeds.txt"
     seeds.write_text("http://a.test/1\tpriority=2\nhttp://a.test/2\nhttp://a.test/3\n")
     inject.run(spark, base_conf, root, str(seeds))
@@ -187,9 +185,7 @@ def test_update_without_fetched_results_does_nothing(spark, base_conf, root):
 
 
 @pytest.mark.slow
-@pytest.mark.background
-def test_robots_denied_url_waits_for_the_hosts_robots_expiry(spark, base_conf, tables_root, tmp_path):
-    root = tables_root
+def test_robots_denied_url_waits_for_the_hosts_robots_expiry(spark, base_conf, root, tmp_path):
     seeds = tmp_path / "seeds.txt"
     seeds.write_text("http://a.test/private/x\nhttp://a.test/open\n")
     inject.run(spark, base_conf, root, str(seeds))
@@ -211,9 +207,8 @@ def test_robots_denied_url_waits_for_the_hosts_robots_expiry(spark, base_conf, t
 
 
 @pytest.mark.slow
-@pytest.mark.background
 def test_failures_back_hosts_off_across_segments_and_a_long_streak_makes_a_host_dead_until_it_answers(
-        spark, base_conf, tables_root, tmp_path):
+        spark, base_conf, root, tmp_path):
     """The failures that back a host off inside a segment (crawler.status.is_transient) carry over to the next
     segments alike — network errors, a 500, and a robots.txt that cannot be reached (the host's URLs come back
     deferred, with no request) — a 404 is no failure. A host with nothing but failures for
@@ -222,7 +217,6 @@ def test_failures_back_hosts_off_across_segments_and_a_long_streak_makes_a_host_
     unreachable robots.txt keeps the host's last good copy stored (generate ignores it while disallow_all)."""
     from crawler.politeness import PolitenessRules
 
-    root = tables_root
     seeds = tmp_path / "seeds.txt"
     seeds.write_text("http://n.test/1\nhttp://f.test/1\nhttp://g.test/1\nhttp://r.test/1\nhttp://d.test/1\n"
                      "http://d.test/2\nhttp://d.test/3\n")
