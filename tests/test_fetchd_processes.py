@@ -34,8 +34,15 @@ MIN_DELAY = 0.2
 PROJECT = Path(__file__).resolve().parents[1]
 
 
-def _farm(log_path: Path, latency_s: float = 0.02) -> SiteFarm:
-    return SiteFarm(FarmSpec(hosts=8, pages_per_host=6, cross_host_links=False, latency_s=latency_s), log_path)
+# Pages per host for the tests where both processes must fetch: each process holds at most two of the four
+# buckets at once, so the first would take all four if it could finish its first two before the spawned second
+# process is up (seconds on a loaded machine); at 24 pages a bucket's two hosts keep it busy for 5 s or more.
+OUTLASTS_A_SPAWN = 24
+
+
+def _farm(log_path: Path, latency_s: float = 0.02, pages_per_host: int = 6) -> SiteFarm:
+    return SiteFarm(FarmSpec(hosts=8, pages_per_host=pages_per_host, cross_host_links=False, latency_s=latency_s),
+                    log_path)
 
 
 def _pages(farm: SiteFarm) -> list[str]:
@@ -49,7 +56,7 @@ def test_shares_deal_every_bucket_once():
 
 
 def test_two_processes_fetch_each_url_once_and_each_host_from_one_process(base_conf, root, tmp_path):
-    farm = _farm(tmp_path / "farm.jsonl")
+    farm = _farm(tmp_path / "farm.jsonl", pages_per_host=OUTLASTS_A_SPAWN)
     farm.start()
     try:
         pages = _pages(farm)
@@ -107,7 +114,7 @@ def test_one_endpoint_serves_every_process_and_a_stop_ends_them_all(base_conf, r
     """`serve` with two processes and `fetch.metrics_port`: the first process's /metrics carries both daemons'
     series (the other leaves its figures for it), their fetch counters add up to the published results, and a
     stop ends both (the caller returns only once its child has)."""
-    farm = _farm(tmp_path / "farm.jsonl")
+    farm = _farm(tmp_path / "farm.jsonl", pages_per_host=OUTLASTS_A_SPAWN)
     farm.start()
     port = free_port()
     listed = write_fetchlist(root, "seg-metrics", [{"url": u} for u in _pages(farm)], BUCKETS)
