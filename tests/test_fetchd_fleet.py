@@ -28,6 +28,7 @@ from fetchd.progress import pending_work
 from sitefarm.judge import politeness_violations
 from sitefarm.server import SiteFarm, read_request_log
 from sitefarm.sites import FarmSpec
+from tests.support.config import TEST_OVERRIDES
 from tests.support.fetchlists import files_under, read_results, write_fetchlist
 
 pytestmark = pytest.mark.slow
@@ -41,9 +42,8 @@ PROJECT = Path(__file__).resolve().parents[1]
 def _conf_file(tmp: Path, name: str, farm: SiteFarm) -> str:
     data = {
         "crawl": {"buckets": BUCKETS, "user_agent": f"cyclecrawl-test/{name} (+http://127.0.0.1/contact)"},
-        # A daemon taking a bucket over from a dead one waits up to max_crawl_delay_s before a host whose robots.txt
-        # it does not know (the farm's largest Crawl-delay is 0.5 s; the 60 s default held one bucket for a minute).
-        "politeness": {"min_delay_s": MIN_DELAY, "max_crawl_delay_s": 2.0},
+        # The test config's takeover wait (tests/support/config.py), not the 60 s default.
+        "politeness": {"min_delay_s": MIN_DELAY, "max_crawl_delay_s": TEST_OVERRIDES["politeness.max_crawl_delay_s"]},
         "fetch": {"daemon_id": name, "static_hosts": farm.static_hosts(), "allow_networks": ["127.0.0.0/8"],
                   "poll_interval_s": 0.3, "progress_interval_s": 2.0, "total_timeout_s": 5.0,
                   "processes": 1},  # one process per daemon: SIGSTOP and kill act on a whole daemon

@@ -24,6 +24,7 @@ from sitefarm.judge import politeness_violations
 from sitefarm.server import SiteFarm, read_request_log
 from sitefarm.sites import FarmSpec
 from tests.support import virtual
+from tests.support.config import TEST_OVERRIDES
 from tests.support.fetchlists import files_under, read_results, record_at, write_fetchlist
 
 BUCKETS = 2
@@ -44,9 +45,8 @@ def _segment_and_config(farm: SiteFarm, root: str, segment: str, conf_path: Path
     write_fetchlist(root, segment, [{"url": u} for u in pages], BUCKETS)
     conf_path.write_text(yaml.safe_dump({
         "crawl": {"buckets": BUCKETS},
-        # A daemon taking over a bucket waits this long before a host whose robots.txt it does not know yet (one the
-        # stopped daemon had not reached): the 60 s default made the successor's part take a minute in one run.
-        "politeness": {"min_delay_s": MIN_DELAY, "max_crawl_delay_s": 2.0},
+        # The test config's takeover wait (tests/support/config.py), not the 60 s default.
+        "politeness": {"min_delay_s": MIN_DELAY, "max_crawl_delay_s": TEST_OVERRIDES["politeness.max_crawl_delay_s"]},
         "fetch": {"static_hosts": farm.static_hosts(), "allow_networks": ["127.0.0.0/8"], **fetch},
         "ownership": {"lease_ttl_s": 30.0, "renew_interval_s": 5.0, "shutdown_grace_s": 5.0, "fence_margin_s": 10.0},
     }))
