@@ -2,9 +2,9 @@
 
 Run on demand, never as a test:
 
-    .venv/bin/python -m bench.fetchd [--only a,b,c] [--daemons 2] [--hosts-a 200] [--pages-a 60] [--gzip-level 6]
-                                     [--hosts-b 1000] [--pages-b 5] [--rss-urls 100000,1000000]
-                                     [--root /tmp/cyclecrawl-bench-fetchd]
+    .venv/bin/python -m bench.fetchd [--only a,b,c] [--daemons 2] [--hosts-a 200] [--pages-a 60]
+                                     [--compressor zlib --gzip-level 6] [--hosts-b 1000] [--pages-b 5]
+                                     [--rss-urls 100000,1000000] [--root /tmp/cyclecrawl-bench-fetchd]
 
 Everything runs on loopback against the site farm (the sitefarm package, latency 0), which runs in its own
 `python -c` subprocess, so the CPU figures are the client's alone. Each client run is a fresh subprocess too
@@ -374,12 +374,14 @@ def role_raw(job: dict[str, Any]) -> dict[str, Any]:
             "rss_peak_kb": peak_rss_kb()}
 
 
-async def polite_loop(by_host: dict[str, list[str]], concurrency: int, warc_path: str, gzip_level: int) -> int:
+async def polite_loop(by_host: dict[str, list[str]], concurrency: int, warc_path: str, compressor: str,
+                      gzip_level: int) -> int:
     """The minimal polite fetcher: one request in flight per host (a worker per host, `concurrency` at once), each
-    response written as a gzip WARC response record with warcio, in the event loop, as it arrives, at fetchd's
-    gzip level (warcio's own is 9) so the two compress alike."""
+    response written as a gzip WARC response record with warcio, in the event loop, as it arrives, by `compressor`
+    (warcio's own is zlib) at `gzip_level` (warcio's own is 9)."""
     import zlib
 
+    from isal import isal_zlib
     from warcio import warcwriter
     from warcio.statusandheaders import StatusAndHeaders
     from warcio.warcwriter import WARCWriter
@@ -387,7 +389,8 @@ async def polite_loop(by_host: dict[str, list[str]], concurrency: int, warc_path
     class LeveledGzip(warcwriter.GzippingWrapper):
         def __init__(self, out: Any):
             super().__init__(out)
-            self.compressor = zlib.compressobj(gzip_level, zlib.DEFLATED, zlib.MAX_WBITS + 16)
+            deflater = isal_zlib if compressor == "isal" else zlib
+            self.compressor = deflater.compressobj(gzip_level, zlib.DEFLATED, zlib.MAX_WBITS + 16)
 
     warcwriter.GzippingWrapper = LeveledGzip
 
@@ -417,7 +420,7 @@ async def polite_loop(by_host: dict[str, list[str]], concurrency: int, warc_path
 def role_polite(job: dict[str, Any]) -> dict[str, Any]:
     by_host = json.loads(Path(job["by_host"]).read_text())
     cpu, wall = client_cpu_s(), time.perf_counter()
-    done = asyncio.run(polite_loop(by_host, job["concurrency"], job["warc"], job["gzip_level"]))
+    done = asyncio.run(polite_loop(by_host, job["concurrency"], job["warc"], job["compressor"], job["gzip_level"]))
     return {"wall_s": time.perf_counter() - wall, "cpu_s": client_cpu_s() - cpu, "pages": done,
             "warc_bytes": os.path.getsize(job["warc"]), "rss_peak_kb": peak_rss_kb()}
 
@@ -469,15 +472,18 @@ def run_a(args: argparse.Namespace, base: config_mod.Config, workdir: str) -> di
         overrides = conf_overrides(farm, **{
             "politeness.min_delay_s": 0.0, "politeness.max_crawl_delay_s": 0.0,
             "fetch.concurrency": args.concurrency, "politeness.max_concurrency_per_host": args.per_host,
-            "fetch.warc_gzip_level": args.gzip_level or base["fetch.warc_gzip_level"],
+            "fetch.warc_compressor": args.compressor or base["fetch.warc_compressor"],
+            "fetch.warc_gzip_level": base["fetch.warc_gzip_level"] if args.gzip_level is None else args.gzip_level,
             "fetch.processes": 1,
         })
         figures: dict[str, Any] = {"urls": len(url_list), "hosts": len(by_host),
-                                   "gzip_level": overrides["fetch.warc_gzip_level"], "page_kb": page_kb}
+                                   "compressor": overrides["fetch.warc_compressor"],
+                                   "gzip_level": overrides["fetch.warc_gzip_level"], "page_kb": page_kb,
+                                   "polite_compression": (args.polite_compressor, args.polite_gzip_level)}
         runs = [("raw", {"urls": urls_path, "concurrency": args.concurrency, "per_host": args.per_host}),
                 ("polite", {"by_host": by_host_path, "concurrency": args.concurrency,
                             "warc": os.path.join(workdir, "polite-a.warc.gz"),
-                            "gzip_level": overrides["fetch.warc_gzip_level"]}),
+                            "compressor": args.polite_compressor, "gzip_level": args.polite_gzip_level}),
                 ("fetchd", {"overrides": overrides, "segment": "bench-a"})]
         if args.processes != 1:  # `fetch.processes`: one fetch command as several daemon processes
             runs.append(("processes", {"overrides": {**overrides, "fetch.processes": args.processes},
@@ -646,11 +652,11 @@ def report(a: dict[str, Any] | None, b: dict[str, Any] | None, c: list[dict[str,
     print()
     if a is not None:
         print(f"(a) CPU bound: {a['urls']:,} URLs over {a['hosts']} hosts, delay 0, concurrency {args.concurrency}, "
-              f"{args.per_host} per host, WARC gzip level {a['gzip_level']}; client CPU = getrusage self + children; "
-              f"farm in its own process")
+              f"{args.per_host} per host, WARC by {a['compressor']} at gzip level {a['gzip_level']}; client CPU = "
+              f"getrusage self + children; farm in its own process")
         print(f"    pages {a['page_kb'][0]}-{a['page_kb'][1]} KB; polite = a minimal polite fetcher (one request in "
-              f"flight per host) writing a gzip WARC with warcio at the same level; p=N = fetchd with "
-              f"fetch.processes N")
+              f"flight per host) writing a gzip WARC with warcio, by {a['polite_compression'][0]} at level "
+              f"{a['polite_compression'][1]}; p=N = fetchd with fetch.processes N")
         print(f"    {'':8} {'pages':>7} {'wall s':>7} {'pages/s':>8} {'÷ raw':>6} {'CPU s':>7} {'CPU ms/page':>12} "
               f"{'client CPU/wall':>16} {'farm CPU/wall':>14} {'peak RSS MB':>12} {'violations':>11} {'requests':>9}")
         raw, fetchd, polite = a["raw"], a["fetchd"], a["polite"]
@@ -754,8 +760,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--page-kb", default="13,93",
                         help="(a) page sizes, LOW,HIGH KB (realistic documentation pages; 0,0: the farm's small pages)")
     parser.add_argument("--no-profile", dest="profile", action="store_false", help="(a) skip the cProfile run")
-    parser.add_argument("--gzip-level", type=int, choices=range(1, 10), metavar="1-9",
-                        help="(a) fetch.warc_gzip_level (default: the configured one)")
+    parser.add_argument("--compressor", choices=sorted(config_mod.WARC_GZIP_LEVELS),
+                        help="(a) fetch.warc_compressor (default: the configured one)")
+    parser.add_argument("--gzip-level", type=int,
+                        help="(a) fetch.warc_gzip_level, on the compressor's scale (default: the configured one)")
+    parser.add_argument("--polite-compressor", choices=sorted(config_mod.WARC_GZIP_LEVELS), default="zlib",
+                        help="(a) the polite writer's gzip (zlib: warcio's own)")
+    parser.add_argument("--polite-gzip-level", type=int, default=1, help="(a) the polite writer's gzip level")
     parser.add_argument("--hosts-b", type=int, default=1000, help="(b) farm hosts")
     parser.add_argument("--pages-b", type=int, default=5, help="(b) fetch-list URLs per host")
     parser.add_argument("--delay-b", type=float, default=1.0, help="(b) politeness.min_delay_s")

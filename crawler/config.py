@@ -27,6 +27,9 @@ from crawler.ownership import check_timing
 
 DEFAULTS_PATH = Path(os.environ.get("CRAWL_DEFAULTS", Path(__file__).resolve().parents[1] / "conf" / "crawler.yaml"))
 
+# `fetch.warc_gzip_level`'s range on each `fetch.warc_compressor`'s scale (fastest, smallest).
+WARC_GZIP_LEVELS = {"isal": (0, 3), "zlib": (1, 9)}
+
 # Keys whose value is a free-form mapping: their sub-keys are not checked against the defaults.
 _OPEN_MAPPINGS = {"fetch.static_hosts", "spark.conf", "scope.strip_query_params", "generate.domain_budgets",
                   "generate.domain_daily_budgets"}
@@ -137,7 +140,7 @@ _RULES: dict[str, tuple[Any, str]] = {
                                    "must be a list of media-type prefixes such as text/html"),
     "fetch.max_redirects": (_non_negative, "must be >= 0"),
     "fetch.warc_max_bytes": (_positive, "must be > 0"),
-    "fetch.warc_gzip_level": (lambda v: 1 <= v <= 9, "must be between 1 (fastest) and 9 (smallest)"),
+    "fetch.warc_compressor": (lambda v: v in WARC_GZIP_LEVELS, f"must be one of {', '.join(WARC_GZIP_LEVELS)}"),
     "fetch.max_queued_urls": (_positive, "must be > 0"),
     "fetch.progress_interval_s": (_positive, "must be > 0"),
     "fetch.dns_cache_ttl_s": (_non_negative, "must be >= 0"),
@@ -302,6 +305,11 @@ def _check(defaults: Mapping[str, Any], data: Mapping[str, Any], prefix: str = "
     if prefix == "" and data["generate"]["refresh_share_min"] > data["generate"]["refresh_share_max"]:
         raise ConfigError("generate.refresh_share_min", "must not exceed generate.refresh_share_max")
     if prefix == "":
+        compressor, level = data["fetch"]["warc_compressor"], data["fetch"]["warc_gzip_level"]
+        fastest, smallest = WARC_GZIP_LEVELS[compressor]
+        if not fastest <= level <= smallest:
+            raise ConfigError("fetch.warc_gzip_level", f"must be between {fastest} (fastest) and {smallest} (smallest) "
+                              f"with fetch.warc_compressor {compressor}, got {level!r}")
         lease = data["ownership"]
         problem = check_timing(lease["lease_ttl_s"], lease["renew_interval_s"], lease["fence_margin_s"])
         if problem is not None:

@@ -46,7 +46,8 @@ class BucketRun:
         self.listed_urls = len(fetchlist)  # the whole fetch list, including URLs an earlier run already reported
         self.out = BucketOutput(daemon.root, segment_id, bucket, daemon.daemon_id, self.conf["fetch.warc_max_bytes"],
                                 daemon.warcinfo(), self.conf["ownership.results_batch_rows"], lease.fenced,
-                                daemon.metrics.warc_written, self.conf["fetch.warc_gzip_level"],
+                                daemon.metrics.warc_written,
+                                (self.conf["fetch.warc_compressor"], self.conf["fetch.warc_gzip_level"]),
                                 lambda: daemon.store.sync_bucket(segment_id, bucket, lease.fenced),
                                 daemon.clock.wall)
         self.clock = daemon.clock

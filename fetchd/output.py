@@ -23,7 +23,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from crawler import layout, records
-from fetchd.warc import DEFAULT_GZIP_LEVEL, WARC_SUFFIX, WarcFile, iipc_stem
+from fetchd.warc import DEFAULT_COMPRESSOR, DEFAULT_GZIP_LEVEL, WARC_SUFFIX, WarcFile, iipc_stem
 from fetchd.warcrecovery import read_results, recover_open_warc
 
 log = logging.getLogger("fetchd")
@@ -161,7 +161,8 @@ class BucketOutput:
 
     def __init__(self, root: str, segment_id: str, bucket: int, daemon_id: str, warc_max_bytes: int,
                  warcinfo: dict[str, str], batch_rows: int, fenced: Callable[[], bool] = lambda: False,
-                 on_write: Callable[[int], None] = lambda n: None, gzip_level: int = DEFAULT_GZIP_LEVEL,
+                 on_write: Callable[[int], None] = lambda n: None,
+                 compression: tuple[str, int] = (DEFAULT_COMPRESSOR, DEFAULT_GZIP_LEVEL),
                  on_publish: Callable[[], None] = lambda: None, wall_time: Callable[[], float] = time.time):
         self.root, self.segment_id, self.bucket, self.daemon_id = root, segment_id, bucket, daemon_id
         self.warc_max_bytes = warc_max_bytes
@@ -169,7 +170,7 @@ class BucketOutput:
         self.batch_rows = batch_rows
         self.fenced = fenced
         self.on_write = on_write
-        self.gzip_level = gzip_level
+        self.compressor, self.gzip_level = compression  # `fetch.warc_compressor`, `fetch.warc_gzip_level`
         self.on_publish = on_publish  # told after rows are published or a WARC closed (an S3 root uploads them)
         self.wall_time = wall_time  # the daemon's clock: a WARC's name carries the time it was opened
         self.seq = 0
@@ -199,7 +200,7 @@ class BucketOutput:
         self.check()
         if self.current is None:
             self.current = WarcFile(os.path.join(self.warc_dir, self._stem() + WARC_SUFFIX), self.warcinfo,
-                                    self.on_write, self.gzip_level)
+                                    self.on_write, self.gzip_level, self.compressor)
             self.current_relpath = os.path.relpath(self.current.path, self.root).replace(os.sep, "/")
         return self.current
 

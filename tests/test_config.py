@@ -53,6 +53,9 @@ def test_defaults_file_is_valid_and_every_key_documented():
         ('generate.domain_daily_budgets={"x.com": -1}', "generate.domain_daily_budgets"),
         ('generate.domain_daily_budgets={"x[y].com": 1}', "generate.domain_daily_budgets"),
         ("revisit.min_interval_s=99999999", "revisit.min_interval_s"),
+        ("fetch.warc_compressor=lz4", "fetch.warc_compressor"),
+        ("fetch.warc_gzip_level=6", "fetch.warc_gzip_level"),  # above isal's scale (0-3), the default compressor
+        ("fetch.warc_gzip_level=-1", "fetch.warc_gzip_level"),
         ("noequals", "noequals"),
     ],
 )
@@ -103,6 +106,15 @@ def test_cli_exits_2_naming_the_key(tmp_path: Path):
     )
     assert result.returncode == 2
     assert "fetch.concurrency" in result.stderr
+
+
+def test_gzip_level_is_judged_on_the_chosen_compressors_scale():
+    assert config.load(assignments=["fetch.warc_gzip_level=0"])["fetch.warc_gzip_level"] == 0  # isal's fastest
+    conf = config.load(assignments=["fetch.warc_compressor=zlib", "fetch.warc_gzip_level=9"])
+    assert (conf["fetch.warc_compressor"], conf["fetch.warc_gzip_level"]) == ("zlib", 9)
+    with pytest.raises(config.ConfigError, match="between 1 .* and 9 .* zlib, got 0") as info:
+        config.load(assignments=["fetch.warc_compressor=zlib", "fetch.warc_gzip_level=0"])
+    assert info.value.key == "fetch.warc_gzip_level"
 
 
 def test_with_overrides_validates():

@@ -371,13 +371,14 @@ def test_recovery_refuses_a_closed_name(tmp_path):
 # ---- the writer thread ---------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("level", [1, 9])
-def test_writer_thread_output_reads_back_with_fastwarc_at_the_offsets_it_returned(tmp_path, level):
+@pytest.mark.parametrize(("compressor", "level"), [("isal", 0), ("isal", 3), ("zlib", 1), ("zlib", 9)])
+def test_writer_thread_output_reads_back_with_fastwarc_at_the_offsets_it_returned(tmp_path, compressor, level):
     """Exchanges submitted concurrently from an event loop: each job's records are contiguous and in order,
-    at exactly the offsets and lengths the futures returned, with sound digests."""
+    at exactly the offsets and lengths the futures returned, with sound digests, from either compressor at
+    either end of its scale."""
     rng = random.Random(level)
-    path = str(tmp_path / f"thread-{level}.warc.gz")
-    warc = WarcFile(path, {"software": "test"}, gzip_level=level)
+    path = str(tmp_path / f"thread-{compressor}-{level}.warc.gz")
+    warc = WarcFile(path, {"software": "test"}, gzip_level=level, compressor=compressor)
     non_ascii = ("X-Name", "caf\u00e9")  # percent-encoded as warcio would
 
     async def exchange(i: int) -> tuple[list[str], list]:
