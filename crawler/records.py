@@ -89,14 +89,30 @@ ROBOTS = pa.schema(
 )
 
 
+_COMPACT_JSON = json.JSONEncoder(separators=(",", ":"))
+_JSON_LAYOUTS: dict[int, tuple[pa.Schema, tuple[str, ...], tuple[str, ...]]] = {}  # keeps each schema: ids stay unique
+
+
+def _json_layout(schema: pa.Schema) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """A schema's column names in sorted order, and those of its date and time columns. Looked up by identity:
+    hashing a pyarrow schema costs more than writing the row."""
+    layout = _JSON_LAYOUTS.get(id(schema))
+    if layout is None:
+        layout = _JSON_LAYOUTS[id(schema)] = (
+            schema, tuple(sorted(schema.names)), tuple(f.name for f in schema if pa.types.is_temporal(f.type)))
+    return layout[1], layout[2]
+
+
 def row_to_json(row: dict, schema: pa.Schema) -> str:
-    """One row of `schema` as a JSON line (timestamps as ISO 8601): how the daemon keeps a result row inside
-    its WARC file, so a killed daemon's rows can be rebuilt from the records it wrote."""
-    out = {}
-    for name in schema.names:
-        value = row.get(name)
-        out[name] = value.isoformat() if hasattr(value, "isoformat") else value
-    return json.dumps(out, separators=(",", ":"), sort_keys=True)
+    """One row of `schema` as a JSON object, keys sorted (times as ISO 8601): how the daemon keeps a result row
+    inside its WARC file, so a killed daemon's rows can be rebuilt from the records it wrote. Once per fetched
+    page, so the layout is worked out once per schema."""
+    names, temporal = _json_layout(schema)
+    out = {name: row.get(name) for name in names}
+    for name in temporal:
+        if out[name] is not None:
+            out[name] = out[name].isoformat()
+    return _COMPACT_JSON.encode(out)
 
 
 def row_from_json(text: str, schema: pa.Schema) -> dict:

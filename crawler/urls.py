@@ -219,9 +219,10 @@ def host_key(canonical_url: str) -> str:
 
 
 def path_and_query(url: str) -> str:
-    """Path plus query of an absolute URL (e.g. for robots.txt matching)."""
-    parsed = ada_url.URL(url)
-    return (parsed.pathname or "/") + parsed.search
+    """Path plus query of an absolute URL (robots.txt matching, an HTTP request's target). ValueError if it is
+    not a URL. (Asks ada for the two parts only: its URL object costs twice as much, per fetched page.)"""
+    parts = ada_url.parse_url(url, attributes=("pathname", "search"))
+    return (parts["pathname"] or "/") + parts["search"]
 
 
 def host_name(canonical_url: str) -> str:

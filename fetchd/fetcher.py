@@ -18,11 +18,11 @@ import zlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-import ada_url
 import aiohttp
 import brotli
 from yarl import URL
 
+from crawler import urls
 from crawler.config import Config
 from fetchd.resolver import BlockedAddressError, GuardedResolver
 
@@ -55,9 +55,17 @@ class FetchResponse:
     blocked: bool = False                  # the SSRF guard refused the address; nothing was sent
     error: str | None = None
 
+    _by_name: tuple[list[tuple[str, str]], dict[str, str]] | None = field(default=None, init=False, repr=False,
+                                                                         compare=False)
+
     def header(self, name: str) -> str | None:
-        wanted = name.lower()
-        return next((value for key, value in self.headers if key.lower() == wanted), None)
+        """The first value of a header, by case-insensitive name (a page asks for five or more)."""
+        if self._by_name is None or self._by_name[0] is not self.headers:  # built once per headers list
+            first: dict[str, str] = {}
+            for key, value in self.headers:
+                first.setdefault(key.lower(), value)
+            self._by_name = (self.headers, first)
+        return self._by_name[1].get(name.lower())
 
     def decoded_body(self, max_bytes: int) -> bytes:
         """The body with its Content-Encoding (gzip/deflate) undone, at most `max_bytes` (bomb-safe). The WARC
@@ -138,11 +146,6 @@ def media_type_accepted(content_type: str | None, accepted: Sequence[str]) -> bo
     return any(media.startswith(prefix) for prefix in accepted)
 
 
-def _request_target(url: str) -> str:
-    parsed = ada_url.URL(url)
-    return (parsed.pathname or "/") + parsed.search
-
-
 def _is_blocked(exc: BaseException) -> bool:
     """Whether an aiohttp connect error came from the SSRF guard refusing the resolved address."""
     visited: set[int] = set()
@@ -220,11 +223,11 @@ class Fetcher:
         """GET `url` once (no redirects), reading at most `max_bytes` (default `fetch.max_body_bytes`) of the
         body. A `page` (not robots.txt) of a media type outside `fetch.accept_content_types` is not read past
         its headers. Never raises for network trouble: the result says what happened."""
-        result = FetchResponse(url=url, started_at=time.time(), request_path=_request_target(url))
+        result = FetchResponse(url=url, started_at=time.time(), request_path=urls.path_and_query(url))
         clock = time.monotonic()
         try:
             async with self.session.get(
-                URL(url, encoded=True), headers=dict(extra_headers or {}), allow_redirects=False
+                URL(url, encoded=True), headers=extra_headers or None, allow_redirects=False
             ) as response:
                 result.status = response.status
                 result.reason = response.reason or ""

@@ -144,7 +144,11 @@ def test_a_full_disk_pauses_fetching_and_the_daemon_resumes_when_space_returns(t
         assert record_at(str(root), row["warc_filename"], row["warc_offset"]).headers["WARC-Target-URI"] == row["url"]
     assert not [f for f in files_under(layout.segment_dir(str(root), SEGMENT)) if f.endswith((".open", ".tmp"))]
     requested = Counter((r["host"], r["path"]) for r in log if r["path"] != "/robots.txt")
-    repeats = sum(n - 1 for n in requested.values())
-    assert repeats <= len(farm.host_keys())  # at most the one request per host in flight when writing failed
+    repeats_by_host = Counter(host for (host, _path), n in requested.items() for _ in range(n - 1))
+    # Per host, at most two fetches were not durable when writing failed: the request in flight, and the one
+    # before it, whose result record (written after its exchange, and not awaited) may not have reached the
+    # disk yet: its next request starts without waiting for that write. Both are fetched again.
+    assert max(repeats_by_host.values(), default=0) <= 2, repeats_by_host
+    repeats = sum(repeats_by_host.values())
     assert politeness_violations(log, lambda host: farm.politeness_delay(host, MIN_DELAY)) == []
     print(f"\nrepeated requests after the disk filled: {repeats}")
