@@ -690,6 +690,12 @@ def report(a: dict[str, Any] | None, b: dict[str, Any] | None, c: list[dict[str,
         print(f"    fetchd outcomes: {summary['outcomes']}, WARC {summary['warc_bytes'] / 1e6:.1f} MB (polite's "
               f"{polite['warc_bytes'] / 1e6:.1f} MB); fetchd CPU s by thread (whole process, list loading included): "
               f"{', '.join(f'{n} {s:.2f}' for n, s in sorted(fetchd['thread_cpu_s'].items()))}")
+        if processes is not None:  # its wall includes starting the other processes (imports, list loading)
+            print(f"    p={processes['processes']} from its first request (farm log) to its return: "
+                  f"{processes['from_first_request_s']:.2f}s, "
+                  f"{processes['pages'] / processes['from_first_request_s']:.0f} pages/s, "
+                  f"{(processes['pages'] / processes['from_first_request_s']) / (raw['pages'] / raw['wall_s']):.2f}"
+                  f" of raw")
         if fleet is not None:
             n = len(fleet["daemons"])
             print(f"    fetchd from its first request (farm log) to its return, as the fleet is timed: "

@@ -306,7 +306,10 @@ class HostGate:
         return max(self._delay_without_backoff(), self.backoff_s)
 
     def shared(self) -> tuple[SharedGate, ...]:
-        """The gates the host shares with other hosts: its domain's and its address's (those in force)."""
+        """The gates the host shares with other hosts: its domain's and its address's (those in force). Asked
+        several times per request; most hosts share none."""
+        if self.domain is None and self.address is None:
+            return ()
         return tuple(g for g in (self.domain, self.address) if g is not None)
 
     def can_start(self, now: float) -> bool:

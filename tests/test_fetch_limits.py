@@ -18,7 +18,8 @@ from aiohttp import web
 from fastwarc.warc import ArchiveIterator, WarcRecordType
 
 from fetchd.commands import fetch_segment
-from fetchd.fetcher import DecodedMeter, media_type_accepted
+from fetchd.fetcher import CUT_LENGTH, DecodedMeter, Fetcher, media_type_accepted
+from fetchd.resolver import GuardedResolver
 from tests.support.fetchlists import by_url, read_results, record_at, write_fetchlist
 from tests.support.servers import LoopbackServer
 
@@ -201,6 +202,57 @@ def test_plain_gzip_page_under_the_cap_is_not_truncated(server, base_conf, root)
     [row] = crawl(server, conf, root, ["/bomb-gzip"]).values()  # 256 MiB decoded < 300 MiB cap
     assert row["outcome"] == "success" and not row["truncated"] and row["truncated_reason"] is None
     assert row["content_length"] == len(bomb("gzip"))
+
+
+# ---- the raw-body cap against a declared Content-Length --------------------------------------------------
+
+RAW_CAP = 1000
+DECLARED = {  # path -> the bytes a raw socket sends back, then it closes
+    "/exact": b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\nContent-Type: text/html\r\n\r\nhello",
+    "/at-cap": b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % RAW_CAP + b"a" * RAW_CAP,
+    "/over-cap": b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % (RAW_CAP + 1) + b"b" * (RAW_CAP + 1),
+    "/more-than-declared": b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nhello, and bytes past the length",
+    "/less-than-declared": b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\nonly this",
+    "/chunked-and-declared": b"HTTP/1.1 200 OK\r\nContent-Length: 3\r\nTransfer-Encoding: chunked\r\n\r\n"
+                             b"5\r\nhello\r\n0\r\n\r\n",
+}
+
+
+def test_a_declared_length_bounds_the_body_as_the_cap_does(base_conf):
+    """A body with a Content-Length is read in one go when the length is within `fetch.max_body_bytes`: the
+    bytes must still be exactly the declared ones (never the extra a server sends, never a short body passed
+    off as whole), and a length past the cap is cut at the cap as a streamed body is."""
+    conf = base_conf.with_overrides({"fetch.max_body_bytes": RAW_CAP, "fetch.static_hosts": {"raw.test": "127.0.0.1"},
+                                     "fetch.allow_networks": ["127.0.0.0/8"]})
+
+    async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        request = await reader.readuntil(b"\r\n\r\n")
+        writer.write(DECLARED[request.split(b" ")[1].decode()])
+        await writer.drain()
+        writer.close()
+
+    async def fetch_all() -> dict:
+        server = await asyncio.start_server(answer, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        fetcher = Fetcher(conf, GuardedResolver(conf["fetch.static_hosts"], conf["fetch.allow_networks"]))
+        try:
+            return {path: await asyncio.wait_for(fetcher.get(f"http://raw.test:{port}{path}", page=True), 10)
+                    for path in DECLARED}
+        finally:
+            await fetcher.close()
+            server.close()
+
+    got = asyncio.run(fetch_all())
+    assert (got["/exact"].status, got["/exact"].body, got["/exact"].truncated) == (200, b"hello", False)
+    assert (got["/at-cap"].body, got["/at-cap"].truncated) == (b"a" * RAW_CAP, False)
+    over = got["/over-cap"]
+    assert (over.body, over.truncated, over.truncated_reason) == (b"b" * RAW_CAP, True, CUT_LENGTH)
+    more = got["/more-than-declared"]  # aiohttp reads the extra bytes as a next response: a bad status line
+    assert b"past" not in more.body and (more.status is None or more.body == b"hello"), more
+    short = got["/less-than-declared"]
+    assert short.status is None and short.body == b"" and short.error  # a network error, not a 9-byte page
+    both = got["/chunked-and-declared"]  # RFC 9112 6.3: refused, or read as chunked; never cut at the 3 bytes
+    assert both.status is None or both.body == b"hello", both
 
 
 # ---- header size, slow drip, media types -------------------------------------------------------------
