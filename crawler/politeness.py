@@ -313,8 +313,9 @@ class HostGate:
         return tuple(g for g in (self.domain, self.address) if g is not None)
 
     def can_start(self, now: float) -> bool:
-        return (not self.paused and self.in_flight < self.max_concurrency and now >= self.next_allowed_at
-                and all(g.can_start(now) for g in self.shared()))
+        if self.paused or self.in_flight >= self.max_concurrency or now < self.next_allowed_at:
+            return False
+        return all(g.can_start(now) for g in self.shared())
 
     def full(self) -> bool:
         """No request may start before one in flight ends: the host's, its domain's or its address's concurrency is
@@ -323,7 +324,8 @@ class HostGate:
 
     def opens_at(self) -> float:
         """The earliest time a request may start, as far as delays go (the host's, its domain's, its address's)."""
-        return max([self.next_allowed_at, *(g.next_allowed_at for g in self.shared())])
+        shared = self.shared()
+        return max([self.next_allowed_at, *(g.next_allowed_at for g in shared)]) if shared else self.next_allowed_at
 
     def bind_address(self, address: SharedGate | None) -> None:
         """Put the host under the per-IP guard of the address it resolved to (or none). A host with requests in

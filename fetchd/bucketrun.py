@@ -174,8 +174,13 @@ class BucketRun:
                     break
                 continue  # queues empty: read on at once
             self.wake.clear()
-            with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(self.wake.wait(), STOP_POLL_S if wait is None else min(wait, STOP_POLL_S))
+            # A timer that sets the event, not asyncio.wait_for: that one builds a task per wait, about one a page.
+            timer = asyncio.get_running_loop().call_later(STOP_POLL_S if wait is None else min(wait, STOP_POLL_S),
+                                                          self.wake.set)
+            try:
+                await self.wake.wait()
+            finally:
+                timer.cancel()
         await self._drain()
         unread, self.reading = self.reading is not None, None  # dropping the reader closes its file
         if self.storage_error is not None:

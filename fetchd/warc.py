@@ -35,7 +35,7 @@ import zlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timezone
-from typing import Any
+from typing import Any, NamedTuple
 
 from isal import isal_zlib
 from warcio.statusandheaders import StatusAndHeaders
@@ -67,10 +67,10 @@ class WrittenRecord:
     payload_digest: str | None
 
 
-@dataclass(frozen=True)
-class Record:
+class Record(NamedTuple):
     """A record not yet written: its WARC header lines (version line first, each ending CRLF; the writer adds
-    the digests and Content-Length), the HTTP header block if any, and the payload (never copied)."""
+    the digests and Content-Length), the HTTP header block if any, and the payload (never copied). A tuple:
+    four are built per fetched page."""
 
     head: str
     http: bytes
