@@ -14,9 +14,10 @@ Records are serialised here (header lines built directly: warcio's record builde
 fetching itself) and the costly part — SHA-1 digests, gzip, the file write — runs in the process's single
 writer thread (`_writer`). Its jobs run in submission order, so the records of one job (an exchange) are
 contiguous and jobs land in the order they were submitted; the compressor (ISA-L by default, or zlib:
-`fetch.warc_compressor`), hashlib and file I/O release the GIL, so that work can run beside the event loop. (Measured,
-the two overlap little and a daemon process uses about one core: `fetch.processes` puts the other cores to work.) The loop awaits a job's offsets
-(`WarcFile.write`); nobody waits for a result record (`WarcFile.log`).
+`fetch.warc_compressor`), hashlib and file I/O release the GIL, so that work can run beside the event loop
+(measured, the two overlap little and a daemon process uses about one core: `fetch.processes` puts the other
+cores to work). The loop awaits a job's offsets (`WarcFile.write`); nobody waits for a result record
+(`WarcFile.log`).
 """
 
 from __future__ import annotations
