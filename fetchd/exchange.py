@@ -33,6 +33,7 @@ from fetchd.warc import WrittenRecord, http_request_headers, http_response_heade
 
 log = logging.getLogger("fetchd")
 
+_FETCHED_NAMES = tuple(records.FETCHED.names)  # pyarrow builds the list anew on every read
 STOP_POLL_S = 0.5  # how often a wait (an idle scheduler, a closed gate, a drain, a pause) looks whether to stop
 
 
@@ -206,7 +207,7 @@ class Exchange:
 
     def row(self, item: dict[str, Any], outcome: FetchOutcome, **values: Any) -> dict[str, Any]:
         """The fetched-results row of one fetch-list URL of this bucket, requested or not."""
-        row = {name: None for name in records.FETCHED.names}
+        row = dict.fromkeys(_FETCHED_NAMES)
         row.update(
             segment_id=self.out.segment_id, bucket=self.out.bucket, url_id=item["url_id"],
             state_version=item["state_version"], url=item["url"], host_key=item["host_key"],

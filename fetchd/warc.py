@@ -191,6 +191,9 @@ def _sha1(*parts: bytes) -> str:
     return "sha1:" + base64.b32encode(digest.digest()).decode("ascii")
 
 
+_EMPTY_SHA1 = _sha1(b"")  # a request record's payload digest
+
+
 def http_request_headers(method: str, path: str, headers: Sequence[tuple[str, str]]) -> bytes:
     """The request's HTTP header block as stored in its record."""
     return _http_block(f"{method} {path} HTTP/1.1", headers)
@@ -329,7 +332,7 @@ class WarcFile:
         self._put([record], None)
 
     def _member(self, record: Record) -> tuple[bytes, str | None]:
-        payload_digest = _sha1(record.payload) if record.payload_digest else None
+        payload_digest = None if not record.payload_digest else _sha1(record.payload) if record.payload else _EMPTY_SHA1
         block_digest = _sha1(record.http, record.payload)
         length = len(record.http) + len(record.payload)
         tail = f"WARC-Payload-Digest: {payload_digest}\r\n" if payload_digest else ""
