@@ -116,8 +116,11 @@ def test_vacuum_with_zero_retention_deletes_replaced_files(spark, base_conf, tab
     finally:
         context.setLocalProperty("spark.jobGroup.id", None)
     tracker = context.statusTracker()
-    tasks = [tracker.getStageInfo(stage).numTasks for job in tracker.getJobIdsForGroup("vacuum-test")
-             for stage in tracker.getJobInfo(job).stageIds if tracker.getStageInfo(stage)]
+    # Each job's and stage's info asked once: the status store may drop old entries between two asks (it keeps
+    # spark.ui.retainedStages of them, and the session's background cycles add more meanwhile).
+    jobs = [tracker.getJobInfo(job) for job in tracker.getJobIdsForGroup("vacuum-test")]
+    stages = [tracker.getStageInfo(stage) for job in jobs if job is not None for stage in job.stageIds]
+    tasks = [stage.numTasks for stage in stages if stage is not None]
     # VACUUM lists files in maintain.vacuum_listing_tasks (0: 4 x the default parallelism), not Delta's 10000.
     assert tasks and max(tasks) <= 4 * context.defaultParallelism, tasks
 
