@@ -324,8 +324,7 @@ class HostGate:
 
     def opens_at(self) -> float:
         """The earliest time a request may start, as far as delays go (the host's, its domain's, its address's)."""
-        shared = self.shared()
-        return max([self.next_allowed_at, *(g.next_allowed_at for g in shared)]) if shared else self.next_allowed_at
+        return max([self.next_allowed_at, *(g.next_allowed_at for g in self.shared())])
 
     def bind_address(self, address: SharedGate | None) -> None:
         """Put the host under the per-IP guard of the address it resolved to (or none). A host with requests in

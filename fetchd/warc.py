@@ -332,7 +332,7 @@ class WarcFile:
         self._put([record], None)
 
     def _member(self, record: Record) -> tuple[bytes, str | None]:
-        payload_digest = None if not record.payload_digest else _sha1(record.payload) if record.payload else _EMPTY_SHA1
+        payload_digest = (_sha1(record.payload) if record.payload else _EMPTY_SHA1) if record.payload_digest else None
         block_digest = _sha1(record.http, record.payload)
         length = len(record.http) + len(record.payload)
         tail = f"WARC-Payload-Digest: {payload_digest}\r\n" if payload_digest else ""
