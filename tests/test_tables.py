@@ -35,13 +35,16 @@ def test_create_all_adds_missing_nullable_columns_to_an_existing_table(spark, ro
     assert tables.create_all(spark, root) == []  # nothing left to add or create
 
 
-def _counting_create_all(monkeypatch) -> list[str]:
-    """The roots that ensure_tables ran the full create_all for, in call order."""
+def _counting_create_all(monkeypatch, watched: str) -> list[str]:
+    """Each time ensure_tables ran the full create_all for the root `watched`. Only that root: the session's
+    background work (the shared crawl, the crash tests' roots) runs jobs in other threads of this process, and
+    their create_all calls for their own roots go through the same patched function."""
     calls: list[str] = []
     create_all = tables.create_all
 
     def counted(spark, root: str) -> list[str]:
-        calls.append(root)
+        if root == watched:
+            calls.append(root)
         return create_all(spark, root)
 
     monkeypatch.setattr(tables, "create_all", counted)
@@ -49,7 +52,7 @@ def _counting_create_all(monkeypatch) -> list[str]:
 
 
 def test_ensure_tables_creates_once_then_reads_no_delta_log(spark, tables_root, monkeypatch):
-    calls = _counting_create_all(monkeypatch)
+    calls = _counting_create_all(monkeypatch, tables_root)
     tables.ensure_tables(spark, tables_root)
     tables.ensure_tables(spark, tables_root)
     tables.ensure_tables(spark, tables_root)
@@ -57,7 +60,7 @@ def test_ensure_tables_creates_once_then_reads_no_delta_log(spark, tables_root, 
 
 
 def test_ensure_tables_recreates_a_deleted_table_or_root(spark, tables_root, monkeypatch):
-    calls = _counting_create_all(monkeypatch)
+    calls = _counting_create_all(monkeypatch, tables_root)
     tables.ensure_tables(spark, tables_root)
     shutil.rmtree(tables.table_path(tables_root, "links"))
     tables.ensure_tables(spark, tables_root)
