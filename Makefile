@@ -1,4 +1,4 @@
-# Two commands do all set-up on a fresh machine (Python >= 3.10 and Java 17 present):
+# Two commands do all set-up on a fresh machine (Python >= 3.11 and Java 17 present):
 #   make demo   - a full local crawl of the bundled demo site farm into $(ROOT)
 #   make test   - the test suite (FAST=1 skips the tests marked slow: the crawls)
 PYTHON ?= python3
@@ -14,6 +14,7 @@ export PYTHONDONTWRITEBYTECODE :=
 .PHONY: demo test test-fast lint bench-frontier bench-fetchd bench-parse bench-cycle sim install clean
 
 $(PY):
+	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11))' || { echo "$(PYTHON) is older than 3.11, which this project needs (set PYTHON=...)"; exit 1; }
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 

@@ -24,6 +24,7 @@ from crawler.bucketing import POLITENESS_KEYS
 from crawler.dedup import MAX_SUPPORTED_HAMMING
 from crawler.errors import UserError
 from crawler.ownership import check_timing
+from crawler.settings import Settings
 
 DEFAULTS_PATH = Path(os.environ.get("CRAWL_DEFAULTS", Path(__file__).resolve().parents[1] / "conf" / "crawler.yaml"))
 
@@ -198,11 +199,13 @@ _RULES: dict[str, tuple[Any, str]] = {
 }
 
 
-class Config:
-    """Validated configuration; read values with `conf["section.key"]`."""
+class Config(Settings):
+    """Validated configuration, read through its typed sections (`conf.fetch.concurrency`, `crawler.settings`);
+    `conf["section.key"]` is for the edges that hold a key as text (config loading, the command line)."""
 
     def __init__(self, data: Mapping[str, Any]):
         self._data = copy.deepcopy(dict(data))
+        super().__init__(self._data)
 
     def __getitem__(self, dotted: str) -> Any:
         node: Any = self._data

@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import subprocess
 import sys
+import typing
 from pathlib import Path
 
 import pytest
 
-from crawler import config
+from crawler import config, settings
 
 
 def test_defaults_file_is_valid_and_every_key_documented():
@@ -122,3 +124,29 @@ def test_with_overrides_validates():
     with pytest.raises(config.ConfigError):
         conf.with_overrides({"crawl.buckets": "many"})
     assert conf.with_overrides({"crawl.buckets": 8})["crawl.buckets"] == 8
+
+
+def test_typed_settings_hold_exactly_the_defaults_files_keys():
+    """Each section's settings class has the section's keys, in the file's order, and reads what the file says."""
+    conf = config.load()
+    data = conf.as_dict()
+    assert list(typing.get_type_hints(settings.Settings)) == list(data)
+    for section, values in data.items():
+        view = getattr(conf, section)
+        assert [field.name for field in dataclasses.fields(view)] == list(values), section
+        for key, value in values.items():
+            typed = getattr(view, key)
+            expected = tuple(value) if isinstance(value, list) else value
+            assert typed == expected and type(typed) is type(expected), f"{section}.{key}"
+
+
+def test_typed_settings_are_immutable_and_coerced():
+    conf = config.load().with_overrides({"politeness.min_delay_s": 2, "scope.schemes": ["https"],
+                                          "fetch.static_hosts": {"a.test": "127.0.0.1"}})
+    assert conf.politeness.min_delay_s == 2.0 and isinstance(conf.politeness.min_delay_s, float)
+    assert conf.scope.schemes == ("https",)
+    assert conf.fetch.static_hosts == {"a.test": "127.0.0.1"}
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        conf.fetch.concurrency = 1  # type: ignore[misc]
+    assert conf.with_overrides({"fetch.concurrency": 3}).fetch.concurrency == 3
+    assert conf.fetch.concurrency == 64  # the original is untouched
