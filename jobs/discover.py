@@ -1,5 +1,5 @@
 """discover: the URLs a segment's fetches found, and what they change in `urls` and `hosts` (update's
-discovery half, DESIGN §5).
+discovery half, docs/architecture.md#data-flow).
 
 Candidates are the segment's outlinks (not rel=nofollow), redirect targets, sitemap entries and child sitemaps
 (from `links`) and the `Sitemap:` lines of the robots.txt files it fetched. Each target is keyed and judged by
