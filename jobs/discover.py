@@ -7,7 +7,7 @@ scope and the per-URL trap rules once (crawler.frontier.classify_discovery), the
 per-host caps on new URLs per cycle and the host's allowance under the known-URL cap (crawler.traps).
 
 Nothing here commits: update runs each MERGE with discover's part beside its own, so a segment's update stays
-five commits. In the `urls` MERGE new URLs are inserted and known ones get inlinks, a lower depth and a sitemap
+six commits. In the `urls` MERGE new URLs are inserted and known ones get inlinks, a lower depth and a sitemap
 origin (guarded by urls.inlink_segment); in the `hosts` MERGE accepted URLs add to `known_urls`, rejected ones
 to `trap_rejections`/`trap_sample` (guarded by hosts.discovery_segment), and hosts of new URLs get a row.
 """
