@@ -1,4 +1,4 @@
-"""Airflow 3 DAG `crawl_cycle`: one crawl cycle per run (DESIGN.md §5), with the fetch left to the daemons.
+"""Airflow 3 DAG `crawl_cycle`: one crawl cycle per run, with the fetch left to the daemons.
 
     inject -> generate -> fetch -> {await_daemons | fetch_segment} -> parse -> dedup -> update
            -> [index_enabled -> index] -> validate -> maintenance_due -> maintain

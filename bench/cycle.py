@@ -1,4 +1,4 @@
-"""Batch-side benchmark (issue 16): what one cycle's parse, dedup, update and generate cost per page, and how that
+"""Batch-side benchmark: what one cycle's parse, dedup, update and generate cost per page, and how that
 cost grows with the corpus the segment is merged into.
 
 Run on demand, never as a test:
@@ -18,8 +18,8 @@ the next segment.
 
 Printed per step: wall seconds, whole-machine CPU seconds (from /proc/stat: Spark's JVM, its Python workers and
 everything else on the machine), CPU ms per page, peak resident memory of the driver (the Python process plus its
-JVM, sampled every 0.2 s), and Delta commits (table versions added over every table). Then the goals of
-issue 16: the four steps together <= 5 CPU ms/page, and dedup and update each < 1.3x from the smallest corpus to
+JVM, sampled every 0.2 s), and Delta commits (table versions added over every table). Then its goals:
+the four steps together <= 5 CPU ms/page, and dedup and update each < 1.3x from the smallest corpus to
 the largest.
 """
 

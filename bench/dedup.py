@@ -1,4 +1,4 @@
-"""Near-duplicate clustering benchmark: time to cluster 1 M synthetic SimHashes with crawler.dedup (issue 5).
+"""Near-duplicate clustering benchmark: time to cluster 1 M synthetic SimHashes with crawler.dedup.
 
 Run on demand, never as a test:
 

@@ -1,4 +1,4 @@
-"""Fetch daemon benchmark (issue 4): CPU cost against raw aiohttp, delay-bound rate, memory with a 1 M URL list.
+"""Fetch daemon benchmark: CPU cost against raw aiohttp, delay-bound rate, memory with a 1 M URL list.
 
 Run on demand, never as a test:
 

@@ -1,4 +1,4 @@
-"""Frontier benchmark: scan, generate and update times on synthetic `urls`/`hosts` tables (issue 3).
+"""Frontier benchmark: scan, generate and update times on synthetic `urls`/`hosts` tables.
 
 Run on demand, never as a test:
 
@@ -12,7 +12,7 @@ driver-side rows), then times
   update    jobs.update.run on a synthetic segment: one fetched result (success, 200) for every URL generate
             leased, its `pages` row (a new content hash, so index events are written) and --links new-URL
             outlinks per result in `links`, so discovery runs for real.
-and prints the figures with the targets of issue 3: generate and update within 3x a scan, and
+and prints the figures with its targets: generate and update within 3x a scan, and
 update(largest)/update(smallest) < 2.
 
 Synthetic data: host h gets URLs with a Zipf-like skew (host = floor(hosts * u^skew), u uniform), every URL is

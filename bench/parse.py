@@ -1,4 +1,4 @@
-"""Parse-step benchmark (issue 5): docs/s of `jobs.parse` against a raw fastwarc + selectolax loop, and dedup time.
+"""Parse-step benchmark: docs/s of `jobs.parse` against a raw fastwarc + selectolax loop, and dedup time.
 
 Run on demand, never as a test:
 

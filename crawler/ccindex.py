@@ -1,7 +1,7 @@
 """A record index of WARC files with Common Crawl's cc-index column names, and a CDXJ file per WARC file for replay.
 
 Rows: one per WARC record that has a target URI: response, revisit and resource records (the captures), and also
-request and metadata records, so the Delta index covers every record of a file (the issue's contract) and a
+request and metadata records, so the Delta index covers every record of a file and a
 consumer selects captures with `warc_record_type`. warcinfo records have no URL and are left out. CDXJ lines are
 written for captures only: replay tools (pywb) serve those, never a request or a metadata record.
 

@@ -1,4 +1,4 @@
-"""Leases and stale results (DESIGN §3): when a URL is due, which version a fetch list hands out, which result
+"""Leases and stale results: when a URL is due, which version a fetch list hands out, which result
 is current, and which of two results for one version counts. Pure, each rule beside its SQL twin (used by
 generate, parse and update; tests/test_rule_twins.py holds the two equal).
 

@@ -1,4 +1,4 @@
-"""SSRF guard rule (DESIGN §2.7): which resolved addresses the daemon may connect to. Pure: no network.
+"""SSRF guard rule: which resolved addresses the daemon may connect to. Pure: no network.
 
 The daemon refuses every address that is not globally routable — loopback, RFC 1918 private, link-local
 (including the 169.254.169.254 cloud metadata endpoint), CGNAT 100.64/10, multicast, reserved, unspecified,

@@ -1,4 +1,4 @@
-"""Bucket ownership rule (DESIGN §6) in one place: who may fetch a bucket's hosts, and from when.
+"""Bucket ownership rule in one place: who may fetch a bucket's hosts, and from when.
 
 A bucket (and so every host in it, across all segments) has at most one owning daemon. Ownership is a lease
 with an epoch: taking a bucket creates epoch N+1 exclusively, so two daemons can never hold the same epoch and

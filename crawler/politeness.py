@@ -1,4 +1,4 @@
-"""Politeness rule (DESIGN §2.1) in one place: the per-host delay, server-directed backoff and host pausing.
+"""Politeness rule in one place: the per-host delay, server-directed backoff and host pausing.
 
 Pure: time is passed in, randomness comes from a caller's `random.Random`. The fetch daemon keeps one
 `HostGate` per host; the rule it enforces is

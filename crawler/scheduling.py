@@ -1,4 +1,4 @@
-"""Per-bucket host scheduling (DESIGN §5), pure and synchronous so a virtual clock can drive it in tests.
+"""Per-bucket host scheduling, pure and synchronous so a virtual clock can drive it in tests.
 
 Two levels: a heap of hosts keyed by the time their politeness gate (`crawler.politeness.HostGate`, the one
 place of the delay rule) opens, over per-host URL queues in fetch-list order. The caller asks `next_ready()`

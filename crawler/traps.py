@@ -1,4 +1,4 @@
-"""Crawler-trap rules applied to discovered URLs (issue 3, update: trap rules). Pure: no Spark, no network.
+"""Crawler-trap rules applied to discovered URLs (by update's discovery). Pure: no Spark, no network.
 
 A trap is a site that generates unbounded URLs: calendars with a "next day" link forever, paths that repeat
 (`/a/b/a/b/...` from relative links on a misconfigured 404 page), faceted search with every filter

@@ -1,6 +1,6 @@
 """Canonical URLs and the keys derived from them: url_id, host_key, bucket, registered domain.
 
-Canonicalization is semantics-preserving only (DESIGN §3): WHATWG parsing (ada), lowercase scheme and
+Canonicalization is semantics-preserving only: WHATWG parsing (ada), lowercase scheme and
 host, IDNA host, default port removed, fragment removed, dot-segments resolved, percent-encoding
 normalized (uppercase hex, unreserved characters decoded), empty path -> "/". The query keeps its order
 and repeats. User info (`user:pass@`) is dropped: a crawler never sends credentials a link carries, a

@@ -1,4 +1,4 @@
-"""SSRF-guarded name resolution for aiohttp (DESIGN §2.7).
+"""SSRF-guarded name resolution for aiohttp (docs/architecture.md#no-ssrf).
 
 `GuardedResolver` answers from `fetch.static_hosts` first, then the system resolver, and refuses every
 address `crawler.netpolicy.address_allowed` rejects. The connector calls it at connect time; the daemon

@@ -1,4 +1,4 @@
-"""dedup: mark a segment's pages that duplicate another page, and lower those URLs' priority (DESIGN §5).
+"""dedup: mark a segment's pages that duplicate another page, and lower those URLs' priority.
 
 Incremental: the cost follows the segment, not the corpus. Two Delta tables index every URL's current document
 (`delta_tables`: `dedup_hashes`, content hash -> representative, one row per URL; `dedup_bands`, SimHash band ->

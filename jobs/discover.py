@@ -1,5 +1,5 @@
 """discover: the URLs a segment's fetches found, and what they change in `urls` and `hosts` (update's
-discovery half, DESIGN §5).
+discovery half, docs/architecture.md#data-flow).
 
 Candidates are the segment's outlinks (not rel=nofollow), redirect targets, sitemap entries and child sitemaps
 (from `links`) and the `Sitemap:` lines of the robots.txt files it fetched. Each target is keyed and judged by
@@ -7,7 +7,7 @@ scope and the per-URL trap rules once (crawler.frontier.classify_discovery), the
 per-host caps on new URLs per cycle and the host's allowance under the known-URL cap (crawler.traps).
 
 Nothing here commits: update runs each MERGE with discover's part beside its own, so a segment's update stays
-five commits. In the `urls` MERGE new URLs are inserted and known ones get inlinks, a lower depth and a sitemap
+six commits. In the `urls` MERGE new URLs are inserted and known ones get inlinks, a lower depth and a sitemap
 origin (guarded by urls.inlink_segment); in the `hosts` MERGE accepted URLs add to `known_urls`, rejected ones
 to `trap_rejections`/`trap_sample` (guarded by hosts.discovery_segment), and hosts of new URLs get a row.
 """

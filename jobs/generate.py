@@ -1,4 +1,4 @@
-"""generate: due URLs -> a host-bucketed, priority-ordered fetch list, then lease them (DESIGN §5).
+"""generate: due URLs -> a host-bucketed, priority-ordered fetch list, then lease them (docs/architecture.md#data-flow).
 
 Due = next_fetch_at <= now, no live lease (or a lease by this very segment: a re-run), host not in backoff,
 not denied by the robots.txt rules stored for its host while they are in force (an expired, missing or

@@ -1,4 +1,4 @@
-"""inject: a seeds file -> `urls` and `hosts`, insert-if-absent (DESIGN §5).
+"""inject: a seeds file -> `urls` and `hosts`, insert-if-absent (docs/architecture.md#data-flow).
 
 Seeds marked `kind=sitemap` enter as sitemaps. With `sitemaps.probe_default_location` on, every seed host's
 default sitemap location (crawler.sitemaps.probe_url) is added too, as a sitemap found by probing (source

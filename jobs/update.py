@@ -1,4 +1,4 @@
-"""update: fold a segment's fetch results, robots observations, pages and links into the tables (DESIGN §5).
+"""update: fold a segment's fetch results, robots observations, pages and links into the tables.
 
 update completes the URLs the segment fetched, writes their index events and the hosts' counters, robots and
 backoff; what the segment discovered (outlinks, redirect targets, sitemap entries, robots `Sitemap:` lines) is

@@ -1,5 +1,5 @@
 """`crawl validate`: every table's Great Expectations suite run against its Delta table on Spark, a readable
-report and GX Data Docs, and a result that fails the step when any expectation fails (DESIGN §5 validate).
+report and GX Data Docs, and a result that fails the step when any expectation fails.
 
 The suites are data (conf/expectations/<table>.json, GX 1.x suite JSON, one `meta.rule` per expectation); run-time
 values come in as suite parameters: `latest_time` (now + validate.future_slack_s, naive UTC like Spark's session

@@ -22,7 +22,7 @@ def politeness_violations(
     log: list[dict], delay_for_host: Callable[[str], float], tolerance_s: float = 0.0
 ) -> list[dict]:
     """Politeness judged from the server's log alone, per Host header (host and port), by the rule the daemon
-    promises (DESIGN §2.1): from the end of one request to a host to the start of the next, at least its delay.
+    promises: from the end of one request to a host to the start of the next, at least its delay.
     `concurrent` — a request started before an earlier one to that host ended;
     `too_soon` — any other request that started less than delay_for_host(host) - tolerance_s after the latest
     end of an earlier request to that host (end to start: stricter than spacing the starts)."""

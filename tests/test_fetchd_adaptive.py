@@ -1,4 +1,4 @@
-"""Adaptive politeness (issue 4): after 503s the gaps shrink step by step, not at once; with k > 0 a slow host's gaps
+"""Adaptive politeness: after 503s the gaps shrink step by step, not at once; with k > 0 a slow host's gaps
 follow its response time; a robots.txt Crawl-delay above the cap is capped and reported once.
 
 Each behaviour twice: exactly, on the virtual clock (`tests/support/virtual.py`: the real scheduler and gates, gates

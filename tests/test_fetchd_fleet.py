@@ -1,4 +1,4 @@
-"""Three `fetchd serve` daemons sharing two overlapping segments through bucket leases (DESIGN §6).
+"""Three `fetchd serve` daemons sharing two overlapping segments through bucket leases.
 
 One daemon is frozen (SIGSTOP) until its leases lapse and another daemon has taken its buckets, then woken: it
 must find itself fenced and send nothing more to those hosts. Another is killed with SIGKILL mid-way; its

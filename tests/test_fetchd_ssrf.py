@@ -1,4 +1,4 @@
-"""The SSRF guard in real daemon runs (issue 4): IP literals in every spelling, user@host URLs, redirects to
+"""The SSRF guard in real daemon runs: IP literals in every spelling, user@host URLs, redirects to
 refused addresses, and DNS rebinding between the pre-check and the connect.
 
 The allow-list admits 127.0.0.1/32 only, so 127.0.0.2 stands for a refused (private) address. The server listens

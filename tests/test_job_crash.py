@@ -1,4 +1,4 @@
-"""kill -9 of a Spark job's driver at a random point, then a re-run: nothing lost, nothing doubled (DESIGN §2.3).
+"""kill -9 of a Spark job's driver at a random point, then a re-run: nothing lost, nothing doubled.
 
 Update and inject start from the shared crawl's root after the second cycle's dedup, generate from it after that
 cycle's update (as in a cycle: backpressure refuses a new segment while one is fetched and not merged). Copy A is

@@ -1,4 +1,4 @@
-"""Bucket ownership (DESIGN §6): the pure lease rule (`crawler.ownership`) and its file store
+"""Bucket ownership: the pure lease rule (`crawler.ownership`) and its file store
 (`fetchd.ownership`) on a real directory, raced by real OS processes. No Spark, no network.
 
 Expiry, the takeover grace and fencing are timing rules: the store runs on a virtual clock there

@@ -1,4 +1,4 @@
-"""Crawler traps end to end (issue 3), read from the shared crawl (`tests/support/crawl.py`): an infinite calendar
+"""Crawler traps end to end, read from the shared crawl (`tests/support/crawl.py`): an infinite calendar
 and an unbounded faceted search in the farm stay bounded by the trap rules, while ordinary large hosts are not cut
 below the known-URL cap.
 

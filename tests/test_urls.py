@@ -1,4 +1,4 @@
-"""Canonical URLs and keys (DESIGN §3)."""
+"""Canonical URLs and keys."""
 
 from __future__ import annotations
 

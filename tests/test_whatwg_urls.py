@@ -1,4 +1,4 @@
-"""Link resolution against the WHATWG URL Standard's own test data, and hostile URLs (issue 3).
+"""Link resolution against the WHATWG URL Standard's own test data, and hostile URLs.
 
 tests/data/urltestdata.json is web-platform-tests `url/resources/urltestdata.json` (web-platform-tests/wpt at
 commit 04f8022e43aeac33a2f8ca248333cb5e8571b160), unmodified. Every case is checked: a case the standard

@@ -10,7 +10,7 @@ handed out, the results that arrived), never from the crawler's counters.
 * bound_ratio: page requests answered inside their segment over the politeness bound of the hosts that could be
   fetched (robots.txt not failing, alive): per segment and host, min(URLs listed, segment seconds / delay).
 * freshness: for high-priority URLs, fetched - due (p50, p99), and the share leased within 10 minutes of
-  becoming due (leased at the first segment start after it; the reference design's SLO is 99 %), over every host
+  becoming due (leased at the first segment start after it; the service level's goal is 99 %), over every host
   and over the hosts that never fail (generate holds failing hosts back on purpose: backoff, dead hosts' probe).
 * starvation: the oldest due URL's age at each segment start, over every host and over the hosts whose due URLs
   fit their per-host cap.
