@@ -202,7 +202,7 @@ BARE_REVISIT = (b"WARC/1.1\r\n"
                 b"\r\n" + NOT_MODIFIED_HTTP + b"\r\n\r\n")
 
 # The odd response. Its target is not ASCII: the writer puts it into the field as UTF-8 (WARC 1.1 §4 allows
-# UTF-8 in field values; §5.6 asks for the RFC 3986 form, `caf%C3%A9`, which is what the daemon hands the
+# UTF-8 in field values; §5.14 asks for the RFC 3986 form, `caf%C3%A9`, which is what the daemon hands the
 # writer: only canonical URLs are fetched). Its IP is IPv6. Its HTTP header values hold octets that are not ASCII,
 # as the fetcher gives them (each octet read as Latin-1): the block is made ASCII the way warcio does it, a value
 # percent-encoded as the UTF-8 of that reading, a `name="value"` parameter rewritten as `name*=UTF-8''value`
