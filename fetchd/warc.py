@@ -221,7 +221,10 @@ class WarcFile:
     and written by the writer thread, in submission order."""
 
     def __init__(self, path: str, warcinfo: dict[str, str], on_write: Callable[[int], None] = lambda n: None,
-                 gzip_level: int = DEFAULT_GZIP_LEVEL, compressor: str = DEFAULT_COMPRESSOR):
+                 gzip_level: int = DEFAULT_GZIP_LEVEL, compressor: str = DEFAULT_COMPRESSOR, *,
+                 warcinfo_id: str | None = None, warcinfo_date: str | None = None):
+        """`warcinfo_id` and `warcinfo_date` fix the warcinfo record's id and date (golden tests); by default a
+        new id and the current time."""
         self.path = path
         self.on_write = on_write  # told the bytes of every job written, from the writer thread (metrics)
         self.open_path = path + layout.OPEN_SUFFIX
@@ -234,10 +237,10 @@ class WarcFile:
         self._submitted_bound = 0  # upper bounds of the members submitted (caller) and written (writer thread)
         self._written_bound = 0
         self._failed: BaseException | None = None  # a failed write leaves the file unusable (recovery cuts it)
-        self.warcinfo_id = new_record_id()
+        self.warcinfo_id = warcinfo_id or new_record_id()
         block = "".join(f"{name}: {value}\r\n" for name, value in warcinfo.items() if value).encode("utf-8")
         head = (f"{WARC_VERSION}\r\nWARC-Type: warcinfo\r\nWARC-Record-ID: {self.warcinfo_id}\r\n"
-                f"WARC-Filename: {os.path.basename(path)}\r\nWARC-Date: {_warc_now()}\r\n"
+                f"WARC-Filename: {os.path.basename(path)}\r\nWARC-Date: {warcinfo_date or _warc_now()}\r\n"
                 f"Content-Type: {WARC_FIELDS}\r\n")
         self.submit([Record(head, b"", block, False)])
         self.records = 0  # the warcinfo record does not count: a file with only it holds nothing
@@ -290,19 +293,22 @@ class WarcFile:
         return Record(head, http_headers, b"", False)
 
     def fetch_metadata_record(self, uri: str, date: str, concurrent_to: str, fetch_time_ms: int, ip: str | None,
-                              truncated_reason: str | None, outcome: str | None) -> Record:
+                              truncated_reason: str | None, outcome: str | None,
+                              record_id: str | None = None) -> Record:
         """A metadata record (application/warc-fields) about the fetch whose response is `concurrent_to`: what
         the response record cannot say itself. Field names follow Heritrix (fetchTimeMs) where it has one."""
         fields = {"fetchTimeMs": str(fetch_time_ms), "ip": ip, "truncated": truncated_reason, "outcome": outcome}
         block = "".join(f"{name}: {value}\r\n" for name, value in fields.items() if value).encode("utf-8")
-        head = self._head("metadata", uri, new_record_id(), date, WARC_FIELDS, {"WARC-Concurrent-To": concurrent_to})
+        head = self._head("metadata", uri, record_id or new_record_id(), date, WARC_FIELDS,
+                          {"WARC-Concurrent-To": concurrent_to})
         return Record(head, b"", block, False)
 
-    def result_record(self, uri: str, date: str, kind: str, row_json: str) -> Record:
+    def result_record(self, uri: str, date: str, kind: str, row_json: str, record_id: str | None = None) -> Record:
         """A metadata record holding a result row (`kind`: fetched or robots) as JSON: the WARC file is the
         daemon's durable log, so rows not yet published when it dies are rebuilt from here (`read_results`)."""
         block = f'{{"kind":"{kind}","row":{row_json}}}'.encode()
-        return Record(self._head("metadata", uri, new_record_id(), date, RESULT_CONTENT_TYPE, {}), b"", block, False)
+        head = self._head("metadata", uri, record_id or new_record_id(), date, RESULT_CONTENT_TYPE, {})
+        return Record(head, b"", block, False)
 
     # --- writing (the writer thread) -------------------------------------------------------------------
 
