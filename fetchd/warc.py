@@ -32,6 +32,7 @@ import os
 import queue
 import random
 import threading
+import urllib.parse
 import zlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -51,7 +52,8 @@ DEFAULT_GZIP_LEVEL = 1
 # Both write standard gzip members through the same zlib API: ISA-L is several times faster at its low levels.
 _COMPRESSORS: dict[str, Any] = {"isal": isal_zlib, "zlib": zlib}
 _HOP_BY_HOP_DROPPED = frozenset({"transfer-encoding"})  # the body is stored de-chunked, so the header would lie
-WARC_TRUNCATED_VALUES = frozenset({"length", "time", "disconnect", "unspecified"})  # WARC 1.1 §5.13
+_REASON_SAFE = "".join(chr(c) for c in range(0x20, 0x7F) if chr(c) != "%")  # printable ASCII stays as it is
+WARC_TRUNCATED_VALUES = frozenset({"length", "time", "disconnect", "unspecified"})  # WARC 1.1 §5.15
 RESULT_CONTENT_TYPE = "application/vnd.cyclecrawl.result+json"  # metadata records that carry a result row
 WARC_FIELDS = "application/warc-fields"
 _HTTP_REQUEST = "application/http; msgtype=request"
@@ -202,7 +204,15 @@ def http_request_headers(method: str, path: str, headers: Sequence[tuple[str, st
 def http_response_headers(status: int, reason: str, headers: Sequence[tuple[str, str]]) -> bytes:
     """The response's HTTP header block as stored in its record."""
     kept = [(name, value) for name, value in headers if name.lower() not in _HOP_BY_HOP_DROPPED]
+    if not reason.isascii():
+        reason = _ascii_reason(reason)
     return _http_block(f"HTTP/1.1 {status} {reason}".strip(), kept)
+
+
+def _ascii_reason(reason: str) -> str:
+    """A reason phrase with bytes beyond ASCII (a server's own text, or undecodable bytes aiohttp kept as surrogates)
+    as its bytes percent-encoded, as warcio stores such header values: a record is written whatever the phrase."""
+    return urllib.parse.quote(reason.encode("utf-8", "surrogateescape"), safe=_REASON_SAFE)
 
 
 def _http_block(status_line: str, headers: Sequence[tuple[str, str]]) -> bytes:

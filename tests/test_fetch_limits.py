@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import time
 import zlib
 from functools import cache
@@ -95,6 +96,8 @@ class LimitServer(LoopbackServer):
         }
         if path in routes:
             return web.Response(status=301, headers={"Location": routes[path]})
+        if path == "/odd-reason":  # a reason phrase beyond ASCII (aiohttp sends it as UTF-8)
+            return web.Response(text="<p>odd</p>", content_type="text/html", reason="Déjà vu")
         if path == "/typed":
             return web.Response(text="<p>ok</p>", headers={"Content-Type": "text/HTML; charset=utf-8"})
         return web.Response(text=f"<html><title>{path}</title></html>", content_type="text/html")
@@ -298,6 +301,21 @@ def test_unaccepted_media_type_is_not_downloaded(server, base_conf, root):
     # robots.txt came as application/octet-stream and was still obeyed
     assert rows[server.url("edge.test", "/secret/x")]["outcome"] == "robots_denied" and "/secret/x" not in log
 
+
+
+def test_a_reason_phrase_beyond_ascii_is_stored_percent_encoded(server, base_conf, root):
+    """The record's status line is ASCII whatever the server's reason phrase (its bytes percent-encoded, as warcio
+    stores such header values): the page gets its row and its record, and the bucket goes on."""
+    rows = crawl(server, limit_conf(base_conf), root, ["/odd-reason", "/after"])
+    row = rows[server.url("edge.test", "/odd-reason")]
+    assert row["outcome"] == "success" and row["status_code"] == 200
+    with open(os.path.join(root, row["warc_filename"]), "rb") as fh:
+        fh.seek(row["warc_offset"])
+        record = zlib.decompressobj(31).decompress(fh.read(row["warc_length"]))
+    assert "HTTP/1.1 200 Déjà vu".encode() not in record
+    assert b"\r\n\r\nHTTP/1.1 200 D%C3%A9j%C3%A0 vu\r\n" in record
+    assert record_at(root, row["warc_filename"], row["warc_offset"]).reader.read() == b"<p>odd</p>"
+    assert rows[server.url("edge.test", "/after")]["outcome"] == "success"
 
 @pytest.mark.parametrize(("content_type", "accepted"), [
     ("text/html", True), ("TEXT/HTML; charset=utf-8", True), ("application/xhtml+xml", True),
