@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from crawler import commandline, layout
+from crawler import layout
 from jobs import cli, submit
 
 REPO = Path(__file__).resolve().parents[1]
@@ -27,7 +27,7 @@ def _subcommands(parser: argparse.ArgumentParser) -> dict[str, argparse.Argument
     return action.choices
 
 
-def _required_argv(command: cli.CrawlCommand) -> list[str]:
+def _required_argv(command: cli.Command) -> list[str]:
     argv = [command.name]
     for argument in command.arguments:
         if argument.settings.get("required"):
@@ -53,11 +53,11 @@ def test_every_handler_resolves_and_takes_what_the_dispatch_hands_it():
     A command's further check before Spark takes (conf, root, the same keywords)."""
     for command in cli.COMMANDS:
         options = [argument.dest for argument in command.arguments]
-        handler = commandline.resolve(command.handler)
+        handler = cli.resolve(command.handler)
         expected = ["spark"] * command.spark + ["conf", "root", *options]
         assert list(inspect.signature(handler).parameters) == expected, command.name
         if command.check:
-            check = commandline.resolve(command.check)
+            check = cli.resolve(command.check)
             assert list(inspect.signature(check).parameters) == ["conf", "root", *options], command.name
 
 
@@ -67,7 +67,7 @@ def test_each_option_reaches_the_handler_under_the_name_the_table_gives_it():
         args = parser.parse_args(_required_argv(command))
         options = command.options(args)
         assert set(vars(args)) == COMMON | set(options), command.name
-        assert commandline.chosen(cli.COMMANDS, args) is command
+        assert cli.chosen(args) is command
 
 
 def test_only_segment_commands_check_a_segment_folder_and_crawl_submit_runs_only_spark_commands():
@@ -106,11 +106,10 @@ def test_light_commands_import_no_spark(tmp_path):
     os.makedirs(layout.fetchlist_dir(str(tmp_path), "seg-1", 0))
     script = (
         "import sys\n"
-        "from crawler import commandline\n"
         "from jobs import cli\n"
         "for command in cli.COMMANDS:\n"
         "    if not command.spark:\n"
-        "        commandline.resolve(command.handler)\n"
+        "        cli.resolve(command.handler)\n"
         f"code = cli.main(['close-segment', '--fetch-only', '--segment', 'seg-1', '--root', {str(tmp_path)!r}])\n"
         "assert code == 0, code\n"
         "print(sorted(name for name in sys.modules if name.split('.')[0] in ('pyspark', 'delta', 'py4j')))\n"
