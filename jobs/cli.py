@@ -58,8 +58,9 @@ class Command:
     # Spark starts. (`report` reads the tables, which outlive the folders: it names an unknown segment by the
     # `segments` table, jobs/report.py; `fetch` is checked by the daemon's fetch_segment, for `fetchd fetch` too.)
     segment_folder: bool = False
-    # "module:function", called as function(conf, root, **options) before Spark starts: the command's other checks.
-    check: str | None = None
+    # "module:function", called as function(conf, root, **options) before Spark starts: the command's own checks
+    # beyond its arguments' (validate: every suite it will run is there and well-formed).
+    before_spark: str | None = None
     arguments: tuple[Argument, ...] = ()
 
     def options(self, args: argparse.Namespace) -> dict[str, Any]:
@@ -115,7 +116,7 @@ COMMANDS: tuple[Command, ...] = (
                 TABLE,
                 option("--no-vacuum", action="store_false", dest="vacuum", help="compact only"))),
     Command("validate", "run the Great Expectations suite of every table; exit 1 if any expectation fails",
-            "jobs.validate:run_command", spark=True, check="jobs.validate:check_suites", arguments=(
+            "jobs.validate:run_command", spark=True, before_spark="jobs.validate:check_suites", arguments=(
                 TABLE,
                 option("--out", help="local folder for the report and Data Docs (default: ROOT/validation)",
                        check=lambda path: layout.check_local_folder(path, "validation folder")))),
@@ -172,8 +173,8 @@ def _check_before_spark(command: Command, args: argparse.Namespace, conf: config
 
         storage = Storage.from_conf(conf)
         layout.require_segment(args.segment, root, storage.list_folders(layout.segments_dir(root)))
-    if command.check:
-        resolve(command.check)(conf, root, **command.options(args))
+    if command.before_spark:
+        resolve(command.before_spark)(conf, root, **command.options(args))
 
 
 def main(argv: list[str] | None = None) -> int:

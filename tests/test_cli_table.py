@@ -56,8 +56,8 @@ def test_every_handler_resolves_and_takes_what_the_dispatch_hands_it():
         handler = cli.resolve(command.handler)
         expected = ["spark"] * command.spark + ["conf", "root", *options]
         assert list(inspect.signature(handler).parameters) == expected, command.name
-        if command.check:
-            check = cli.resolve(command.check)
+        if command.before_spark:
+            check = cli.resolve(command.before_spark)
             assert list(inspect.signature(check).parameters) == ["conf", "root", *options], command.name
 
 
