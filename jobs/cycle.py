@@ -11,11 +11,12 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
-
-from pyspark.sql import SparkSession
+from typing import TYPE_CHECKING, Any
 
 from crawler.config import Config
+
+if TYPE_CHECKING:  # `describe` serves `crawl fetch`, which never imports Spark
+    from pyspark.sql import SparkSession
 
 log = logging.getLogger("jobs.cycle")
 
@@ -89,3 +90,10 @@ def run_cycle(spark: SparkSession, conf: Config, root: str, seeds: str | None = 
 
         timed("index", index.run, spark, conf, root, generated.segment_id)
     return report
+
+
+def run_command(spark: SparkSession, conf: Config, root: str, seeds: str | None, cycles: int) -> int:
+    """`crawl cycle`: `cycles` cycles, the seeds injected in the first, each cycle's report as it ends."""
+    for number in range(1, cycles + 1):
+        print(run_cycle(spark, conf, root, seeds=seeds if number == 1 else None).render(number))
+    return 0

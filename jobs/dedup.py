@@ -375,3 +375,9 @@ def _adjust_priority(spark: SparkSession, root: str, conf: Config, marks: DataFr
     if not merge_counts(metrics).get("num_updated_rows", 0):  # nothing flipped, or this segment's commit was done
         return 0, 0
     return counts.get(True, 0), counts.get(False, 0)
+
+
+def run_command(spark: SparkSession, conf: Config, root: str, segment: str) -> int:
+    """`crawl dedup`: the segment's duplicates marked, in one summary line."""
+    print(f"dedup: {run(spark, conf, root, segment).summary()}")
+    return 0

@@ -339,3 +339,10 @@ def run(spark: SparkSession, conf: Config, root: str, segment_id: str | None = N
     split = f", refresh share {result.refresh_share:.2f}" if conf["generate.budget_split"] else ""
     log.info("generate %s: %s%s (%d newly leased)", segment_id, result.summary(), split, leased)
     return result
+
+
+def run_command(spark: SparkSession, conf: Config, root: str, segment: str | None, now: datetime | None) -> int:
+    """`crawl generate`: the new segment's id (the next steps need it) and what it holds."""
+    result = run(spark, conf, root, segment_id=segment, now=now)
+    print(f"generate: segment {result.segment_id}: {result.summary()}")
+    return 0

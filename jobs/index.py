@@ -153,3 +153,9 @@ def run(spark: SparkSession, conf: Config, root: str, segment_id: str) -> IndexR
         stop_reasons=dict(Counter(reason_kind(s["stop_reason"]) for s in summaries if s["stop_reason"])),
         damaged=damaged,
     )
+
+
+def run_command(spark: SparkSession, conf: Config, root: str, segment: str) -> int:
+    """`crawl index`: the segment's closed WARC files indexed, in one summary line."""
+    print(f"index: {run(spark, conf, root, segment).summary()}")
+    return 0

@@ -145,3 +145,12 @@ def run(spark: SparkSession, conf: Config, root: str, seeds_path: str) -> Inject
             recount_known_urls(spark, root, seeds)
     log.info("inject: %s: %s", seeds_path, result.summary())
     return result
+
+
+def run_command(spark: SparkSession, conf: Config, root: str, seeds: str) -> int:
+    """`crawl inject`: a line for each seed line skipped (so the user can fix the file), then the summary."""
+    result = run(spark, conf, root, seeds)
+    for line_no, text, reason in result.errors:
+        print(f"inject: {seeds}:{line_no}: skipped: {reason}: {text[:200]!r}")
+    print(f"inject: {result.summary()}")
+    return 0

@@ -208,3 +208,9 @@ def run(spark: SparkSession, conf: Config, root: str, tables: list[str] | None =
             result.tables.append(maintain_table(spark, root, name, retention_hours if vacuum else None))
     log.info("maintain: %s", result.summary())
     return result
+
+
+def run_command(spark: SparkSession, conf: Config, root: str, tables: list[str] | None, vacuum: bool) -> int:
+    """`crawl maintain`: what each table looked like before and after."""
+    print(run(spark, conf, root, tables=tables, vacuum=vacuum).render())
+    return 0

@@ -284,3 +284,9 @@ def run(spark: SparkSession, conf: Config, root: str, segment_id: str) -> ParseR
         sitemaps=int(totals["sitemaps"]),
         sitemap_urls=int(totals["sitemap_urls"]),
     )
+
+
+def run_command(spark: SparkSession, conf: Config, root: str, segment: str) -> int:
+    """`crawl parse`: the segment's pages and links, in one summary line."""
+    print(f"parse: {run(spark, conf, root, segment).summary()}")
+    return 0

@@ -93,3 +93,9 @@ def _rewrite(root: str, name: str, table: DataFrame, moves: DataFrame) -> None:
     moved = table.join(moves, "host_key").withColumn("bucket", F.col("new_bucket"))
     (tables.conform(moved, name).write.format("delta").mode("overwrite").option("partitionOverwriteMode", "static")
      .save(tables.table_path(root, name)))
+
+
+def run_command(spark: SparkSession, conf: Config, root: str) -> int:
+    """`crawl rebucket`: what moved, in one summary line."""
+    print(f"rebucket: {run(spark, conf, root).summary()}")
+    return 0

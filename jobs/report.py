@@ -24,6 +24,7 @@ from crawler.report import (
     HostStats,
     ReportData,
     render_html,
+    terminal_summary,
 )
 from crawler.status import FetchOutcome, made_request_sql
 from delta_tables import tables
@@ -218,3 +219,11 @@ def write_report(data: ReportData, root: str, out_path: str | None = None, stora
 def run(spark: SparkSession, conf: Config, root: str, segment_id: str, out_path: str | None = None) -> str:
     """Aggregate the segment and write its report; the report's path."""
     return write_report(build(spark, conf, root, segment_id), root, out_path, Storage.from_conf(conf))
+
+
+def run_command(spark: SparkSession, conf: Config, root: str, segment: str, out: str | None) -> int:
+    """`crawl report`: the summary on the terminal, and where the HTML page went."""
+    data = build(spark, conf, root, segment)
+    print(terminal_summary(data))
+    print(f"report: {write_report(data, root, out, Storage.from_conf(conf))}")
+    return 0

@@ -54,3 +54,9 @@ def render_stats(spark: SparkSession, conf: Config, root: str) -> str:
         detail = ", ".join(f"{value}={count}" for value, count in groups) or "-"
         lines.append(f"{name:<14}{total:>10}  {BREAKDOWN[name]}: {detail}")
     return "\n".join(lines)
+
+
+def run_command(spark: SparkSession, conf: Config, root: str) -> int:
+    """`crawl stats`: the table of row counts."""
+    print(render_stats(spark, conf, root))
+    return 0

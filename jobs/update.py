@@ -345,3 +345,9 @@ def record_merged(spark: SparkSession, root: str, segment_id: str, per_bucket: d
         .whenNotMatchedInsertAll()
         .execute()
     )
+
+
+def run_command(spark: SparkSession, conf: Config, root: str, segment: str) -> int:
+    """`crawl update`: the segment merged into the tables, in one summary line."""
+    print(f"update: {run(spark, conf, root, segment).summary()}")
+    return 0

@@ -39,6 +39,7 @@ os.environ["GX_ANALYTICS_ENABLED"] = "false"  # GX reads it when imported: nothi
 BUNDLED_SUITES = Path(__file__).resolve().parents[1] / "conf" / "expectations"
 SITE = "crawl"
 EXAMPLE_MAX_CHARS = 120  # an unexpected value is cut to this many characters in the report
+EXIT_VALIDATION_FAILED = 1  # `crawl validate` when an expectation fails (2 stays a user mistake)
 
 # Written before GX opens the project, so analytics and progress bars are off from the first moment. Stores GX
 # needs only during the run live in memory; validation results go to files because Data Docs are built from them.
@@ -351,3 +352,16 @@ def render_report(result: ValidationResult, root: str, suites: Path, started: da
             if f.examples:
                 lines.append(f"  * examples: {', '.join(f'`{e}`' for e in f.examples)}")
     return "\n".join(lines) + "\n"
+
+
+def check_suites(conf: Config, root: str, tables: list[str] | None, out: str | None) -> None:
+    """`crawl validate`'s check before Spark starts: every suite it will run is there and well-formed (SuiteError,
+    exit 2, naming the file)."""
+    load_suites(conf, tables)
+
+
+def run_command(spark: SparkSession, conf: Config, root: str, tables: list[str] | None, out: str | None) -> int:
+    """`crawl validate`: the summary; exit 0 when every expectation holds, 1 when one fails."""
+    result = run(spark, conf, root, tables=tables, out=out)
+    print(result.summary())
+    return 0 if result.success else EXIT_VALIDATION_FAILED
