@@ -22,10 +22,11 @@ from crawler import commandline
 from crawler import config as config_mod
 from crawler.config import Config
 from crawler.errors import UserError
+from jobs.cli import COMMANDS
 
-# The `crawl` commands that run Spark; fetch, fetchd and demo are not Spark applications.
-SPARK_COMMANDS = ("init", "inject", "generate", "parse", "dedup", "update", "index", "maintain", "stats", "report",
-                  "validate", "cycle")
+# The `crawl` commands that run Spark, as the command table says; fetch, fetchd, demo and close-segment are not Spark
+# applications.
+SPARK_COMMANDS = tuple(command.name for command in COMMANDS if command.spark)
 ENTRY = Path(__file__).resolve().with_name("spark_entry.py")
 
 

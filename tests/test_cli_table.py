@@ -74,7 +74,8 @@ def test_only_segment_commands_check_a_segment_folder_and_crawl_submit_runs_only
     for command in cli.COMMANDS:
         if command.segment_folder:
             assert "segment" in [argument.dest for argument in command.arguments], command.name
-    assert set(submit.SPARK_COMMANDS) <= {command.name for command in cli.COMMANDS if command.spark}
+    assert set(submit.SPARK_COMMANDS) == {command.name for command in cli.COMMANDS if command.spark}
+    assert "rebucket" in submit.SPARK_COMMANDS and "fetch" not in submit.SPARK_COMMANDS
 
 
 def test_the_dispatch_starts_spark_only_for_spark_commands_and_passes_options_by_name(tmp_path, monkeypatch):
