@@ -402,7 +402,7 @@ def test_with_the_domain_as_key_the_hosts_of_one_domain_share_one_gate() -> None
     specs = {key: HostSpec(key, 0.0, 404, "", pages=4) for key in hosts}
     domains: dict[str, SharedGate] = {}
 
-    def gate_for(host_key: str) -> HostGate:  # as fetchd.daemon.Daemon.gate_for builds one
+    def gate_for(host_key: str) -> HostGate:  # as fetchd.services.HostGates.gate_for builds one
         gate = HostGate(0.0, MAX_CRAWL_DELAY_S, 2, BACKOFF_BASE_S, MAX_BACKOFF_S, MAX_FAILURES)
         gate.domain = domains.setdefault(bucketing.key_of(host_key), rules.domain_gate())
         return gate

@@ -340,7 +340,7 @@ def run_virtual(clock: VirtualClock, main: Callable[[], Coroutine[Any, Any, Any]
 
 @dataclass
 class ScriptedTransport:
-    """A `fetchd.exchange.Transport` answering from a script on the virtual clock: a request takes its answer's
+    """A `fetchd.fetcher.Transport` answering from a script on the virtual clock: a request takes its answer's
     seconds of virtual time (a cancelled one ends when it is cancelled). The log is the server's view."""
 
     script: Script
