@@ -21,7 +21,7 @@ from crawler import layout
 from crawler.clock import SYSTEM_CLOCK, Clock
 from crawler.config import Config
 from fetchd.daemon import Daemon, interruptible_sleep
-from fetchd.exchange import Transport
+from fetchd.fetcher import Transport
 from fetchd.processes import process_conf, process_count, run_in_processes, shares
 from fetchd.progress import pending_buckets, pending_work
 from fetchd.storage import LocalStore, open_store
@@ -83,7 +83,7 @@ async def fetch_segment_async(conf: Config, store: LocalStore, segment_id: str, 
     daemon = Daemon(conf, store.root, stop, store=store, clock=clock, transport=transport, peers_dir=peers_dir)
     try:
         await daemon.open()
-        owned = [b for b in buckets if daemon.acquire(b)]
+        owned = [b for b in buckets if daemon.owned.acquire(b)]
         held = [b for b in buckets if b not in owned]
         if held:
             log.warning("buckets %s of %s are owned by another daemon: left to it", held, segment_id)
@@ -152,13 +152,13 @@ def fetch_share(conf: Config, root: str, segment_id: str, buckets: list[int],
 def _claim(daemon: Daemon, work: dict[int, list[str]]) -> None:
     """Release owned buckets with nothing left to fetch; take free ones with work, up to
     `ownership.max_buckets_per_daemon`, so a fleet of daemons shares the buckets."""
-    for bucket in [b for b in daemon.leases if b not in work]:
-        daemon.release(bucket)
+    for bucket in [b for b in daemon.owned.leases if b not in work]:
+        daemon.owned.release(bucket)
     limit = daemon.conf["ownership.max_buckets_per_daemon"] or len(work)
     for bucket in sorted(work):
-        if len(daemon.leases) >= limit:
+        if len(daemon.owned.leases) >= limit:
             break
-        daemon.acquire(bucket)
+        daemon.owned.acquire(bucket)
 
 
 async def serve_async(conf: Config, root: str, stop: threading.Event, clock: Clock = SYSTEM_CLOCK,
@@ -177,7 +177,7 @@ async def serve_async(conf: Config, root: str, stop: threading.Event, clock: Clo
             _claim(daemon, work)
             fetched = False
             for segment_id in sorted({s for segments in work.values() for s in segments}):
-                buckets = [b for b, segments in work.items() if segment_id in segments and b in daemon.leases]
+                buckets = [b for b, segments in work.items() if segment_id in segments and b in daemon.owned.leases]
                 if buckets and not stop.is_set():
                     log.info("fetching segment %s buckets %s", segment_id, buckets)
                     await daemon.fetch_buckets(segment_id, buckets)

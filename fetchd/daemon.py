@@ -1,7 +1,8 @@
 """The fetch daemon: reads a segment's fetch lists, fetches politely, writes WARC files and result files.
 
-A `Daemon` holds what all the buckets it fetches share (HTTP session, host gates, robots cache, global slots,
-counters) and fetches each bucket it owns with a `fetchd.bucketrun.BucketRun`. The daemon writes only
+A `Daemon` builds once what all the buckets it fetches share (`fetchd.services.DaemonServices`: HTTP session, host
+gates, robots cache, global slots, counters, owned buckets, the stop signal) and fetches each bucket it owns with a
+`fetchd.bucketrun.BucketRun` given that context. The daemon writes only
 under the segment folder: WARC files (`*.open` until closed), fetched-results Parquet named after the WARC
 its rows point into, published in batches after the WARC is synced (`fetchd.output`), robots observations, and a
 `_DONE.json` manifest when the bucket is finished. A daemon fetches only buckets it owns (`fetchd.ownership`);
@@ -28,17 +29,19 @@ from crawler import layout
 from crawler.bucketing import Bucketing
 from crawler.clock import SYSTEM_CLOCK, Clock
 from crawler.config import Config, ConfigError
-from crawler.politeness import HostGate, PolitenessRules, SharedGate
+from crawler.politeness import PolitenessRules
+from crawler.robots import RobotsCacheRules
 from fetchd.bucketrun import BucketRun
-from fetchd.exchange import STOP_POLL_S, Transport
-from fetchd.fetcher import Fetcher
+from fetchd.exchange import STOP_POLL_S
+from fetchd.fetcher import Fetcher, Transport
 from fetchd.hostprep import thread_memory
 from fetchd.metrics import DaemonState, Metrics, MetricsServer, progress_line, snapshot
 from fetchd.output import ResumeState, recover_bucket_output
-from fetchd.ownership import Lease, LeaseStore
+from fetchd.ownership import Lease
 from fetchd.processes import PUBLISH_S, peer_snapshots, publish_snapshot
 from fetchd.progress import read_fetchlist
 from fetchd.resolver import GuardedResolver
+from fetchd.services import DaemonServices, HostGates, OwnedBuckets, StopSignal
 from fetchd.storage import LocalStore, open_store
 
 log = logging.getLogger("fetchd")
@@ -60,8 +63,23 @@ def daemon_identity(conf: Config) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]", "_", raw)
 
 
+def warcinfo(conf: Config) -> dict[str, str]:
+    """The warcinfo record every WARC of a daemon starts with."""
+    return {
+        "software": SOFTWARE,
+        "format": "WARC File Format 1.1",
+        "conformsTo": WARC_CONFORMS_TO,
+        "robots": "obey",
+        "http-header-user-agent": conf["crawl.user_agent"],
+        "isPartOf": "cyclecrawl",
+        "hostname": socket.gethostname(),
+    }
+
+
 class Daemon:
-    """State shared by every bucket one daemon process fetches: HTTP session, gates, robots cache, slots.
+    """One daemon process's fetching: builds the context its bucket runs share (`services`), owns buckets through
+    it, and fetches a segment's owned buckets concurrently, with the lease heartbeat, the `/metrics` endpoint, the
+    watch for a closed segment and the progress log beside them.
 
     Every time it reads comes from `clock`, and every wait is on the event loop's clock, so a test can run the
     daemon's own loop on a virtual clock (an event loop whose time is that clock's, and a scripted `transport`)."""
@@ -70,30 +88,29 @@ class Daemon:
                  store: LocalStore | None = None, clock: Clock = SYSTEM_CLOCK, transport: Transport | None = None,
                  peers_dir: str | None = None):
         self.conf = conf
-        self.rules = PolitenessRules.from_config(conf)  # every gate's settings; each host's fetch-list limits on top
         self.bucketing = Bucketing.from_config(conf)
         self.clock = clock
         self.store = store or open_store(conf, layout.normalize_root(root))
-        self.root = self.store.local_root  # where files are written: the root itself, or an S3 root's staging
-        self.stop = stop or threading.Event()
         self.daemon_id = daemon_identity(conf)
-        self.resolver = GuardedResolver(conf["fetch.static_hosts"], conf["fetch.allow_networks"])
-        self.fetcher: Transport = transport or Fetcher(conf, self.resolver)
-        self.slots = asyncio.Semaphore(conf["fetch.concurrency"])
+        resolver = GuardedResolver(conf["fetch.static_hosts"], conf["fetch.allow_networks"])
+        rules = PolitenessRules.from_config(conf)
         memory = thread_memory()
-        self.gates = memory.gates
-        self.addresses = memory.addresses
-        self.domains = memory.domains
-        self.robots_cache = memory.robots
-        self.rng = random.Random()
-        self.metrics = Metrics(started=clock.monotonic())
-        self.outcomes = self.metrics.outcomes
+        gates = HostGates(rules, self.bucketing, gates=memory.gates, domains=memory.domains,
+                          addresses=memory.addresses)
+        self.owned = OwnedBuckets(self.store.lease_store(conf, self.daemon_id, clock), self.bucketing, gates, clock)
+        self.stop_signal = StopSignal(stop or threading.Event())
+        self.services = DaemonServices(
+            conf=conf, clock=clock, store=self.store, root=self.store.local_root, daemon_id=self.daemon_id,
+            warcinfo=warcinfo(conf), transport=transport or Fetcher(conf, resolver), resolver=resolver,
+            slots=asyncio.Semaphore(conf["fetch.concurrency"]), metrics=Metrics(started=clock.monotonic()),
+            rng=random.Random(), rules=rules, robots_cache=memory.robots,
+            robots_cache_rules=RobotsCacheRules.from_config(conf), gates=gates, owned=self.owned,
+            stop=self.stop_signal)
+        self.root = self.services.root
+        self.metrics = self.services.metrics
         self.segment_id: str | None = None  # the segment being (or last) fetched, for `/status`
-        self.segment_closed = False          # the segment being fetched was closed: its bucket runs stop
         self.runs: list[BucketRun] = []      # its buckets, kept after they finish so `/status` shows them
         self.metrics_server: MetricsServer | None = None
-        self.lease_store: LeaseStore = self.store.lease_store(conf, self.daemon_id, clock)
-        self.leases: dict[int, Lease] = {}  # buckets this daemon owns
         self._heartbeat: asyncio.Task[None] | None = None
         self.peers_dir = peers_dir  # `fetch.processes`: where the command's processes leave their metrics
         self._publisher: asyncio.Task[None] | None = None
@@ -121,109 +138,23 @@ class Daemon:
 
     async def close(self) -> None:
         """Release every bucket still owned (the next owner may start at once), stop the heartbeat."""
-        for bucket in list(self.leases):
-            self.release(bucket)
+        for bucket in list(self.owned.leases):
+            self.owned.release(bucket)
         if self._heartbeat is not None:
             self._heartbeat.cancel()
         if self._publisher is not None:
             self._publisher.cancel()
         if self.metrics_server is not None:
             await self.metrics_server.close()
-        await self.fetcher.close()
-        await self.resolver.close()
+        await self.services.transport.close()
+        await self.services.resolver.close()
         await asyncio.to_thread(self.store.close)  # uploads queued before the stop still go up
 
-    # --- bucket ownership (`crawler.ownership`) -----------------------------------------------------------
-
-    def acquire(self, bucket: int) -> bool:
-        """Own the bucket: already owned, or taken now under the lease rule."""
-        if bucket in self.leases and not self.leases[bucket].fenced():
-            return True
-        try:
-            lease = self.lease_store.try_acquire(bucket)
-        except OSError as exc:  # storage trouble: try again at the next look for work
-            log.warning("cannot take bucket %05d: %s", bucket, exc)
-            return False
-        if lease is None:
-            return False
-        self.leases[bucket] = lease
-        return True
-
-    def release(self, bucket: int) -> None:
-        lease = self.leases.pop(bucket, None)
-        if lease is not None:
-            try:
-                self.lease_store.release(lease, self.clock.wall())
-            except OSError as exc:  # the lease then lapses by itself
-                log.warning("cannot release bucket %05d: %s", bucket, exc)
-
     async def heartbeat_loop(self) -> None:
-        """Renew every owned lease each `ownership.renew_interval_s`, in a thread: a renewal is a durable write (or
-        an S3 PUT), and a slow one on the event loop would stall every host's timers. A lease that could not be
-        renewed in time is dropped (its bucket run is fenced and stops)."""
+        """Renew every owned lease each `ownership.renew_interval_s` (`OwnedBuckets.renew`)."""
         while True:
             await asyncio.sleep(self.conf["ownership.renew_interval_s"])
-            for bucket, lease in list(self.leases.items()):
-                try:
-                    renewed = await asyncio.to_thread(self.lease_store.renew, lease)
-                except OSError as exc:  # not renewed: the lease fences itself at its deadline if this goes on
-                    log.warning("cannot renew bucket %05d: %s", bucket, exc)
-                    continue
-                if not renewed and self.leases.get(bucket) is lease:
-                    self.leases.pop(bucket)
-
-    def owns_host(self, host_key: str) -> bool:
-        """Whether this daemon may send `host_key` a request that no fetch list asked for (a robots.txt redirect to
-        another host): it owns the host's bucket, or takes it now because no other daemon holds it. A bucket taken
-        now carries its previous owner's last request end onto the host's gate, as every takeover does."""
-        bucket = self.bucketing.bucket(host_key)
-        held = self.leases.get(bucket)
-        if held is not None and not held.fenced():
-            return True
-        if not self.acquire(bucket):
-            return False
-        previous_end = self.leases[bucket].previous_end
-        if previous_end is not None:
-            self.gate_for(host_key).ended_elsewhere(self.clock.monotonic() + previous_end - self.clock.wall(),
-                                                    crawl_delay_known=False)
-        return True
-
-    def gate_for(self, host_key: str) -> HostGate:
-        """The host's politeness gate, shared by all buckets and segments this daemon fetches; with
-        `politeness.key: domain` held by its registered domain's gate too (one per domain and process: the crawl's
-        key is fixed, so a gate keeps the domain it was made with)."""
-        gate = self.gates.get(host_key)
-        if gate is None:
-            gate = self.gates[host_key] = self.rules.gate()
-            fresh = self.rules.domain_gate()
-            if fresh is not None:
-                gate.domain = self.domains.setdefault(self.bucketing.key_of(host_key), fresh)
-        return gate
-
-    def address_gate_for(self, address: str) -> SharedGate | None:
-        """The per-IP guard's gate of an IP address, shared by every host of this process that resolved to it (None
-        while `politeness.max_concurrency_per_ip` and `min_delay_per_ip_s` are both 0: the guard is off)."""
-        fresh = self.rules.address_gate()
-        if fresh is None:
-            return None
-        gate = self.addresses.setdefault(address, fresh)
-        gate.min_delay_s, gate.max_concurrency = fresh.min_delay_s, fresh.max_concurrency  # this daemon's settings
-        return gate
-
-    def warcinfo(self) -> dict[str, str]:
-        return {
-            "software": SOFTWARE,
-            "format": "WARC File Format 1.1",
-            "conformsTo": WARC_CONFORMS_TO,
-            "robots": "obey",
-            "http-header-user-agent": self.conf["crawl.user_agent"],
-            "isPartOf": "cyclecrawl",
-            "hostname": socket.gethostname(),
-        }
-
-    def stopping(self) -> bool:
-        """Whether bucket runs must stop as on SIGTERM: the daemon is stopping, or the cycle closed the segment."""
-        return self.stop.is_set() or self.segment_closed
+            await self.owned.renew()
 
     async def watch_closed(self, segment_id: str) -> None:
         """Look for the segment's `_CLOSED.json` every `fetch.poll_interval_s` (off the event loop: a HEAD on
@@ -236,7 +167,7 @@ class Daemon:
                 log.warning("cannot look whether segment %s is closed: %s", segment_id, exc)
                 continue
             if closed:
-                self.segment_closed = True
+                self.stop_signal.segment_closed = True
                 return
 
     async def progress_loop(self) -> None:
@@ -251,7 +182,7 @@ class Daemon:
     def state(self) -> DaemonState:
         """What `fetchd.metrics` reports of this daemon, now."""
         now = self.clock.monotonic()
-        live = [entry for entry in self.robots_cache.values() if entry.expires > now]
+        live = [entry for entry in self.services.robots_cache.values() if entry.expires > now]
         return DaemonState(daemon_id=self.daemon_id, segment_id=self.segment_id, now=now,
                            metrics=self.metrics, buckets=[run.state() for run in self.runs],
                            robots_ages=[now - e.good_at for e in live if e.good_at is not None],
@@ -261,7 +192,7 @@ class Daemon:
         """Fetch the given buckets of a segment (each must be owned: `acquire`) concurrently, resuming what an
         earlier run left; the manifests of those that finished."""
         share = max(1, self.conf["fetch.max_queued_urls"] // max(1, len(buckets)))  # queued rows per bucket run
-        self.segment_id, self.runs, self.segment_closed = segment_id, [], False
+        self.segment_id, self.runs, self.stop_signal.segment_closed = segment_id, [], False
         watchers = [asyncio.create_task(self.progress_loop()), asyncio.create_task(self.watch_closed(segment_id))]
         try:
             manifests = await asyncio.gather(*(self._fetch_bucket(segment_id, b, share) for b in buckets))
@@ -288,15 +219,16 @@ class Daemon:
         `fetch.storage_retry_max_s`, and resumes from what is durable once a probe write succeeds."""
         pause = self.conf["fetch.storage_retry_s"]
         while True:
-            lease = self.leases.get(bucket)
-            if lease is None or lease.fenced() or self.stopping():  # lost since it was claimed, or stopping
+            lease = self.owned.leases.get(bucket)
+            if lease is None or lease.fenced() or self.stop_signal.is_set():  # lost since it was claimed, or stopping
                 return None
             try:
                 resume = await asyncio.to_thread(self._open_bucket, segment_id, bucket, lease)
                 if resume is None:
                     return None
-                run = BucketRun(self, segment_id, bucket, read_fetchlist(self.root, segment_id, bucket), lease,
-                                resume, max_queued)
+                run = BucketRun(self.services, segment_id=segment_id, bucket=bucket,
+                                fetchlist=read_fetchlist(self.root, segment_id, bucket), lease=lease, resume=resume,
+                                max_queued=max_queued)
             except OSError as exc:
                 trouble: BaseException = exc
             else:
@@ -313,7 +245,7 @@ class Daemon:
             try:
                 while not await self._storage_works(segment_id, bucket, pause, lease):
                     pause = min(pause * 2, self.conf["fetch.storage_retry_max_s"])
-                    if lease.fenced() or self.stopping():
+                    if lease.fenced() or self.stop_signal.is_set():
                         return None
             finally:
                 self.metrics.storage_paused -= 1
@@ -322,7 +254,7 @@ class Daemon:
     async def _storage_works(self, segment_id: str, bucket: int, pause: float, lease: Lease) -> bool:
         """Wait `pause` seconds (less if the daemon stops or the lease goes), then try a small durable write where
         the bucket's results go."""
-        await interruptible_sleep(pause, lambda: self.stopping() or lease.fenced(), self.clock)
+        await interruptible_sleep(pause, lambda: self.stop_signal.is_set() or lease.fenced(), self.clock)
         probe = layout.join(layout.fetched_dir(self.root, segment_id, bucket), ".storage-probe.tmp")
         try:
             os.makedirs(os.path.dirname(probe), exist_ok=True)

@@ -11,39 +11,27 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import random
 from collections.abc import Callable
 from datetime import datetime, timezone
-from typing import Any, Protocol
+from typing import Any
 
 from warcio.timeutils import datetime_to_iso_date
 
 from crawler import netpolicy, records, urls
-from crawler.clock import Clock
-from crawler.config import Config
 from crawler.politeness import THROTTLE_STATUSES, HostGate, parse_retry_after
 from crawler.scheduling import HostWork
 from crawler.status import FetchOutcome, outcome_for_status
 from fetchd.fetcher import FetchResponse
 from fetchd.fetchlist import KeySet
-from fetchd.metrics import Metrics, host_class
+from fetchd.metrics import host_class
 from fetchd.output import BucketOutput, Fenced
-from fetchd.resolver import GuardedResolver
+from fetchd.services import DaemonServices
 from fetchd.warc import WrittenRecord, http_request_headers, http_response_headers, new_record_id
 
 log = logging.getLogger("fetchd")
 
 _FETCHED_NAMES = tuple(records.FETCHED.names)  # pyarrow builds the list anew on every read
 STOP_POLL_S = 0.5  # how often a wait (an idle scheduler, a closed gate, a drain, a pause) looks whether to stop
-
-
-class Transport(Protocol):
-    """How the daemon talks to web servers: `fetchd.fetcher.Fetcher` (HTTP), or a scripted stand-in in tests."""
-
-    async def get(self, url: str, headers: dict[str, str] | None = None, max_bytes: int | None = None, *,
-                  page: bool = False) -> FetchResponse: ...
-
-    async def close(self) -> None: ...
 
 
 def utc(epoch: float) -> datetime:
@@ -58,21 +46,20 @@ def _warc_date(epoch: float) -> str:
 class Exchange:
     """The requests of one bucket run and what they leave: WARC records and result rows in the bucket's `out`.
 
-    Gates (`gate_for`), `slots`, `metrics` and `rng` are the daemon's, shared by all its bucket runs; `listed`
-    holds the keys of the bucket's fetch list (a redirect to a listed URL is not followed); `should_stop` says
-    the bucket run stops handing out work, `fenced` that its lease is lost."""
+    Gates, slots, metrics and rng come from the daemon's `services`, shared by all its bucket runs; `listed` holds
+    the keys of the bucket's fetch list (a redirect to a listed URL is not followed); `should_stop` says the bucket
+    run stops handing out work, `fenced` that its lease is lost."""
 
-    def __init__(self, conf: Config, clock: Clock, transport: Transport, resolver: GuardedResolver,
-                 gate_for: Callable[[str], HostGate], slots: asyncio.Semaphore, metrics: Metrics, rng: random.Random,
-                 out: BucketOutput, listed: KeySet, *, should_stop: Callable[[], bool], fenced: Callable[[], bool]):
-        self.conf = conf
-        self.clock = clock
-        self.transport = transport
-        self.resolver = resolver
-        self.gate_for = gate_for
-        self.slots = slots
-        self.metrics = metrics
-        self.rng = rng
+    def __init__(self, services: DaemonServices, *, out: BucketOutput, listed: KeySet,
+                 should_stop: Callable[[], bool], fenced: Callable[[], bool]):
+        self.conf = services.conf
+        self.clock = services.clock
+        self.transport = services.transport
+        self.resolver = services.resolver
+        self.gate_for = services.gates.gate_for
+        self.slots = services.slots
+        self.metrics = services.metrics
+        self.rng = services.rng
         self.out = out
         self.listed = listed
         self.should_stop = should_stop

@@ -17,6 +17,7 @@ import time
 import zlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import aiohttp
 import brotli
@@ -79,6 +80,15 @@ class FetchResponse:
             except zlib.error:
                 continue
         return b""
+
+
+class Transport(Protocol):
+    """How the daemon talks to web servers: `Fetcher` (HTTP), or a scripted stand-in in tests."""
+
+    async def get(self, url: str, headers: dict[str, str] | None = None, max_bytes: int | None = None, *,
+                  page: bool = False) -> FetchResponse: ...
+
+    async def close(self) -> None: ...
 
 
 class DecodedMeter:

@@ -17,19 +17,15 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
 from crawler import urls
-from crawler.clock import Clock
-from crawler.config import Config
 from crawler.politeness import HostGate, SharedGate
 from crawler.robots import (
     ROBOTS_PATH,
     CachedRobots,
-    RobotsCacheRules,
     RobotsPolicy,
     is_unreachable,
     policy_for_status,
@@ -40,7 +36,8 @@ from fetchd.exchange import Exchange, utc
 from fetchd.fetcher import FetchResponse
 from fetchd.metrics import host_class
 from fetchd.output import BucketOutput
-from fetchd.resolver import BlockedAddressError, GuardedResolver
+from fetchd.resolver import BlockedAddressError
+from fetchd.services import DaemonServices
 from fetchd.warc import WrittenRecord
 
 log = logging.getLogger("fetchd")
@@ -81,27 +78,25 @@ def forget_hosts() -> None:
 
 
 class HostPreparer:
-    """Readies the hosts of one bucket run. `robots_cache` is the daemon's (host memory); `previous_robots` the
-    robots rows earlier runs of the bucket published (host_key -> row, taken as each host first appears);
-    `previous_end` the wall time the bucket's previous owner's last request ended, at the latest; `owns_host`
-    whether this daemon may send a host outside the bucket a request (`Daemon.owns_host`); `address_gate_for` the
-    per-IP guard's gate of an address (`Daemon.address_gate_for`; None while the guard is off)."""
+    """Readies the hosts of one bucket run. From the daemon's `services`: its robots cache (host memory), whether it
+    may send a host outside the bucket a request (`owned.owns_host`) and the per-IP guard's gate of an address
+    (`gates.address_gate_for`; None while the guard is off). Of the bucket: `previous_robots`, the robots rows
+    earlier runs of the bucket published (host_key -> row, taken as each host first appears), and `previous_end`,
+    the wall time the bucket's previous owner's last request ended, at the latest."""
 
-    def __init__(self, conf: Config, clock: Clock, resolver: GuardedResolver,
-                 robots_cache: dict[str, CachedRobots], exchange: Exchange, out: BucketOutput,
-                 previous_robots: dict[str, dict[str, Any]], previous_end: float | None,
-                 owns_host: Callable[[str], bool], address_gate_for: Callable[[str], SharedGate | None]):
-        self.conf = conf
-        self.clock = clock
-        self.resolver = resolver
-        self.robots_cache = robots_cache
-        self.cache_rules = RobotsCacheRules.from_config(conf)
+    def __init__(self, services: DaemonServices, *, exchange: Exchange, out: BucketOutput,
+                 previous_robots: dict[str, dict[str, Any]], previous_end: float | None):
+        self.conf = services.conf
+        self.clock = services.clock
+        self.resolver = services.resolver
+        self.robots_cache = services.robots_cache
+        self.cache_rules = services.robots_cache_rules
+        self.owns_host = services.owned.owns_host
+        self.address_gate_for = services.gates.address_gate_for
         self.exchange = exchange
         self.out = out
         self.previous_robots = previous_robots
         self.previous_end = previous_end
-        self.owns_host = owns_host
-        self.address_gate_for = address_gate_for
 
     def take_over(self, host: HostWork) -> None:
         """Carry politeness and robots.txt across owners and runs, for a host this run just met: its next request

@@ -159,10 +159,10 @@ class BucketOutput:
     """The files of one bucket being written: the current WARC and the result rows not yet published.
     `fenced()` is asked before every write: once the bucket's lease is gone this output writes nothing."""
 
-    def __init__(self, root: str, segment_id: str, bucket: int, daemon_id: str, warc_max_bytes: int,
-                 warcinfo: dict[str, str], batch_rows: int, fenced: Callable[[], bool] = lambda: False,
-                 on_write: Callable[[int], None] = lambda n: None,
+    def __init__(self, *, root: str, segment_id: str, bucket: int, daemon_id: str, warcinfo: dict[str, str],
+                 warc_max_bytes: int, batch_rows: int,
                  compression: tuple[str, int] = (DEFAULT_COMPRESSOR, DEFAULT_GZIP_LEVEL),
+                 fenced: Callable[[], bool] = lambda: False, on_write: Callable[[int], None] = lambda n: None,
                  on_publish: Callable[[], None] = lambda: None, wall_time: Callable[[], float] = time.time):
         self.root, self.segment_id, self.bucket, self.daemon_id = root, segment_id, bucket, daemon_id
         self.warc_max_bytes = warc_max_bytes

@@ -24,7 +24,6 @@ import pytest
 from fastwarc.warc import ArchiveIterator, WarcRecordType
 
 from crawler import layout, records, urls
-from crawler.politeness import PolitenessRules
 from crawler.robots import RobotsPolicy
 from fetchd import cli
 from fetchd import daemon as fetchd_daemon
@@ -232,9 +231,9 @@ def test_retry_after_slows_the_host(edge, base_conf, root):
     ("1", [0.1, 1.0, 0.5, 0.25, 0.125, 0.1, 0.1]),
     ("date", [0.1, 1.9, 0.95, 0.475, 0.2375, 0.11875, 0.1]),
 ], ids=["seconds", "http-date"])
-def test_retry_after_slows_the_host_and_successes_halve_it_exactly_on_the_virtual_clock(base_conf, retry_after,
-                                                                                         expected):
-    """The same host on the virtual clock (the real scheduler and gates, made from the daemon's config): the request
+def test_retry_after_slows_the_host_and_successes_halve_it_exactly_on_the_virtual_clock(base_conf, root,
+                                                                                         retry_after, expected):
+    """The same host fetched by the daemon on the virtual clock (`virtual.fetch_virtually`): the request
     after the 429 starts exactly the Retry-After (seconds, or an HTTP date) after the 429's end; each success then
     halves the backoff until it is no longer above the minimum delay, which is back from then on."""
     conf = edge_conf(base_conf)
@@ -247,11 +246,8 @@ def test_retry_after_slows_the_host_and_successes_halve_it_exactly_on_the_virtua
         return virtual.Answer(404 if path == "/robots.txt" else 200, 0.0)
 
     paths = ["/busy", "/after", "/p2", "/p3", "/p4", "/p5", "/p6"]
-    rules = PolitenessRules.from_config(conf)
-    run = virtual.VirtualBucketRun(virtual.rows_of("http://edge.test", paths), lambda _key: rules.gate(),
-                                   virtual.ScriptedVirtualServer(answer))
-    run.run()
-    log = run.server.requests("http://edge.test")
+    run = virtual.fetch_virtually(conf, root, [{"url": f"http://edge.test{p}"} for p in paths], answer)
+    log = run.requests("http://edge.test")
     assert [r.path for r in log] == ["/robots.txt", *paths]
     assert gaps(log) == pytest.approx(expected)
 

@@ -1,8 +1,8 @@
 """Adaptive politeness: after 503s the gaps shrink step by step, not at once; with k > 0 a slow host's gaps
 follow its response time; a robots.txt Crawl-delay above the cap is capped and reported once.
 
-Each behaviour twice: exactly, on the virtual clock (`tests/support/virtual.py`: the real scheduler and gates, gates
-made from the same config as the daemon's), and in a real daemon run judged from the loopback server's own log,
+Each behaviour twice: exactly, with the daemon itself on the virtual clock (`tests/support/virtual.py`:
+`fetch_virtually`, a scripted server), and in a real daemon run judged from the loopback server's own log,
 where two busy cores can only make a gap longer, so only lower bounds are asserted."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import random
 import pytest
 from aiohttp import web
 
-from crawler.politeness import BACKOFF_JITTER, PolitenessRules
+from crawler.politeness import BACKOFF_JITTER
 from fetchd.commands import fetch_segment
 from tests.support import virtual
 from tests.support.fetchlists import by_url, read_results, write_fetchlist
@@ -40,12 +40,10 @@ def _virtual_answer(host: str, path: str, earlier: int) -> virtual.Answer:
     return virtual.Answer(200, SLOW_S if name == "slow.test" else FAST_S)
 
 
-def _virtual_run(conf, hosts_paths: dict[str, list[str]], seed: int = 0) -> virtual.VirtualBucketRun:
-    rows = [row for name, paths in hosts_paths.items() for row in virtual.rows_of(f"http://{name}", paths)]
-    run = virtual.VirtualBucketRun(rows, lambda _key: PolitenessRules.from_config(conf).gate(),
-                                   virtual.ScriptedVirtualServer(_virtual_answer), seed)
-    run.run()
-    return run
+def _virtual_run(conf, root, hosts_paths: dict[str, list[str]], seed: int = 0) -> virtual.ScriptedTransport:
+    """The daemon's fetch of these pages on the virtual clock, against `_virtual_answer`; its server log."""
+    items = [{"url": f"http://{name}{path}"} for name, paths in hosts_paths.items() for path in paths]
+    return virtual.fetch_virtually(conf, root, items, _virtual_answer, seed)
 
 
 async def _respond(server: ScriptedServer, host: str, request: web.Request) -> web.StreamResponse:
@@ -82,12 +80,12 @@ def _pages(server: ScriptedServer, host: str) -> list[dict]:
     return [r for r in server.requests(host) if r["path"] != "/robots.txt"]
 
 
-def test_after_503s_the_gaps_shrink_gradually_exactly_on_the_virtual_clock(base_conf):
+def test_after_503s_the_gaps_shrink_gradually_exactly_on_the_virtual_clock(base_conf, root):
     """Backoff 0.4 s (+jitter) after the first 503, twice that after the second; each success halves it until it is
     no longer above the 0.1 s minimum, and then it is over."""
     conf = _conf(base_conf, **SICK)
-    run = _virtual_run(conf, {"sick.test": [f"/p{i}" for i in range(8)]}, seed=3)
-    pages = run.server.requests("http://sick.test", pages_only=True)
+    run = _virtual_run(conf, root, {"sick.test": [f"/p{i}" for i in range(8)]}, seed=3)
+    pages = run.requests("http://sick.test", pages_only=True)
     assert [r.status for r in pages] == [503] * 2 + [200] * 6
     jitter = random.Random(3)  # the run's rng: one draw per backoff without Retry-After
     first = 0.4 * (1 + BACKOFF_JITTER * jitter.random())
@@ -114,17 +112,17 @@ def test_after_503s_the_gaps_shrink_gradually(server, base_conf, root):
     assert all(gap >= MIN_DELAY for gap in g)
 
 
-def test_a_slow_host_gets_gaps_of_k_times_its_response_time_exactly_on_the_virtual_clock(base_conf):
+def test_a_slow_host_gets_gaps_of_k_times_its_response_time_exactly_on_the_virtual_clock(base_conf, root):
     k = 2.0
     conf = _conf(base_conf, **{"politeness.response_time_factor": k, "politeness.max_response_time_delay_s": 5.0})
-    run = _virtual_run(conf, {name: [f"/{i}" for i in range(4)] for name in ("slow.test", "fast.test")})
-    slow = run.server.requests("http://slow.test", pages_only=True)
-    fast = run.server.requests("http://fast.test", pages_only=True)
+    run = _virtual_run(conf, root, {name: [f"/{i}" for i in range(4)] for name in ("slow.test", "fast.test")})
+    slow = run.requests("http://slow.test", pages_only=True)
+    fast = run.requests("http://fast.test", pages_only=True)
     assert gaps(slow) == pytest.approx([k * SLOW_S] * 3)  # k x the 0.3 s answers
     assert gaps(fast) == pytest.approx([MIN_DELAY] * 3)   # per host: 2 x 0.01 s is under the minimum
     capped = _conf(base_conf, **{"politeness.response_time_factor": k, "politeness.max_response_time_delay_s": 0.4})
-    run = _virtual_run(capped, {"slow.test": [f"/{i}" for i in range(3)]})
-    assert gaps(run.server.requests("http://slow.test", pages_only=True)) == pytest.approx([0.4] * 2)
+    run = _virtual_run(capped, root, {"slow.test": [f"/{i}" for i in range(3)]})
+    assert gaps(run.requests("http://slow.test", pages_only=True)) == pytest.approx([0.4] * 2)
 
 
 def test_a_slow_host_gets_gaps_of_at_least_k_times_its_response_time(server, base_conf, root):
@@ -161,38 +159,29 @@ def test_crawl_delay_above_the_cap_is_capped_and_logged_once(server, base_conf, 
     assert host_key in warnings[0] and "999" in warnings[0] and f"={cap}s" in warnings[0]
 
 
-def test_crawl_delay_above_the_cap_gives_gaps_of_the_cap_exactly_on_the_virtual_clock(base_conf):
-    run = _virtual_run(_conf(base_conf, **{"politeness.max_crawl_delay_s": 0.3}), {"lazy.test": ["/a", "/b", "/c"]})
-    requests = run.server.requests("http://lazy.test")
+def test_crawl_delay_above_the_cap_gives_gaps_of_the_cap_exactly_on_the_virtual_clock(base_conf, root):
+    conf = _conf(base_conf, **{"politeness.max_crawl_delay_s": 0.3})
+    run = _virtual_run(conf, root, {"lazy.test": ["/a", "/b", "/c"]})
+    requests = run.requests("http://lazy.test")
     assert [r.path for r in requests] == ["/robots.txt", "/a", "/b", "/c"]
     assert gaps(requests) == pytest.approx([0.3] * 3)
 
 
-def _limited_rows(host: str, paths: list[str], **limits) -> list[dict]:
-    return [{**row, **limits} for row in virtual.rows_of(host, paths)]
-
-
-def test_a_hosts_fetch_list_limits_hold_exactly_on_the_virtual_clock(base_conf):
+def test_a_hosts_fetch_list_limits_hold_exactly_on_the_virtual_clock(base_conf, root):
     """generate writes a host's own limits into the fetch list (`hosts.min_delay_s` folded into `delay_s`,
     `hosts.max_concurrency`): the daemon's gate takes the delay as a floor and the concurrency as a cap."""
     conf = _conf(base_conf, **{"politeness.max_concurrency_per_host": 2})
-    rules = PolitenessRules.from_config(conf)
     paths = [f"/{i}" for i in range(4)]
 
-    def run(rows, limited: bool) -> list:
-        done = virtual.VirtualBucketRun(rows, lambda _key: rules.gate(), virtual.ScriptedVirtualServer(_virtual_answer),
-                                        rules=rules if limited else None)
-        done.run()
-        return done.server.requests(rows[0]["host_key"], pages_only=True)
+    def pages(name: str, **limits) -> list:
+        items = [{"url": f"http://{name}{path}", **limits} for path in paths]
+        return virtual.fetch_virtually(conf, root, items, _virtual_answer).requests(f"http://{name}", pages_only=True)
 
-    floored = run(_limited_rows("http://fast.test", paths, delay_s=0.5), limited=True)
-    assert gaps(floored) == pytest.approx([0.5] * 3)
-    single = run(_limited_rows("http://slow.test", paths, delay_s=None, max_concurrency=1), limited=True)
-    assert gaps(single) == pytest.approx([MIN_DELAY] * 3)  # one at a time, each from the end of the last
-    # The same rows without the limits applied: two in flight at once (a negative gap), the minimum delay only.
-    assert min(gaps(run(_limited_rows("http://slow.test", paths, max_concurrency=1), limited=False))) < 0
-    assert gaps(run(_limited_rows("http://fast.test", paths, delay_s=0.5), limited=False)) == pytest.approx(
-        [MIN_DELAY] * 3)
+    assert gaps(pages("fast.test", delay_s=0.5)) == pytest.approx([0.5] * 3)
+    assert gaps(pages("slow.test", max_concurrency=1)) == pytest.approx([MIN_DELAY] * 3)  # one at a time
+    # The same hosts without limits in their rows: two in flight at once (a negative gap), the minimum delay only.
+    assert min(gaps(pages("slow.test"))) < 0
+    assert gaps(pages("fast.test")) == pytest.approx([MIN_DELAY] * 3)
 
 
 def test_a_hosts_planned_delay_is_a_floor_in_the_farm_log(server, base_conf, root):

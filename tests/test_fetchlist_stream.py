@@ -135,7 +135,7 @@ def test_stopped_stream_is_not_done_and_resumes_with_only_what_was_not_reported(
     def emit_then_stop(self: BucketRun, row: dict) -> None:
         emit(self, row)
         if sum(self.outcomes.values()) >= 5:
-            self.d.stop.set()
+            self.stop_signal.daemon_stop.set()  # as SIGTERM sets it
 
     monkeypatch.setattr(BucketRun, "_emit", emit_then_stop)
     first = fetch_segment(conf, root, SEGMENT)

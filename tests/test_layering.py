@@ -1,6 +1,7 @@
 """The import graph `docs/architecture.md` describes, checked on the source: one-way, and each package only
 with the libraries its row allows (`crawler/` no Spark or network, `fetchd/` no Spark, the site farm apart from
-the daemon, Spark jobs that do not import each other sideways)."""
+the daemon, Spark jobs that do not import each other sideways), and no module of a package importing itself back
+through others (no import circle, not even one made only for type checking)."""
 
 from __future__ import annotations
 
@@ -107,8 +108,88 @@ def test_nothing_but_the_simulation_test_imports_the_benchmarks_and_no_test_impo
     assert not found, sorted(found)
 
 
+def module_graph(package: str) -> dict[str, set[str]]:
+    """Module -> the modules of the same package it imports (anywhere in the file: at the top, inside functions,
+    under `if TYPE_CHECKING:`). A package's `__init__.py` is the package's own name; an imported name is the
+    longest module of the package it starts with (`from a.b import c` is module `a.b` unless `a/b/c.py` exists)."""
+    paths = {".".join(path.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__"): path
+             for path in sources(package)}
+    graph: dict[str, set[str]] = {}
+    for module, path in paths.items():
+        targets = set()
+        for name in imported(path):
+            parts = name.split(".")
+            owner = next((".".join(parts[:n]) for n in range(len(parts), 0, -1) if ".".join(parts[:n]) in paths),
+                         None)
+            if owner is not None and owner != module:
+                targets.add(owner)
+        graph[module] = targets
+    return graph
+
+
+def import_circles(graph: dict[str, set[str]]) -> list[str]:
+    """One circle through each group of modules that import each other (strongly connected components of more
+    than one module, Tarjan's algorithm), as `a -> b -> a`."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    groups: list[list[str]] = []
+
+    def visit(module: str) -> None:
+        index[module] = low[module] = len(index)
+        stack.append(module)
+        for target in sorted(graph.get(module, ())):
+            if target not in index:
+                visit(target)
+                low[module] = min(low[module], low[target])
+            elif target in stack:
+                low[module] = min(low[module], index[target])
+        if low[module] == index[module]:
+            group = []
+            while True:
+                member = stack.pop()
+                group.append(member)
+                if member == module:
+                    break
+            if len(group) > 1:
+                groups.append(sorted(group))
+
+    for module in sorted(graph):
+        if module not in index:
+            visit(module)
+    return [" -> ".join(_circle_through(graph, set(group), group[0])) for group in groups]
+
+
+def _circle_through(graph: dict[str, set[str]], group: set[str], start: str) -> list[str]:
+    """A shortest path from `start` back to itself inside `group`."""
+    paths = {start: [start]}
+    frontier = [start]
+    while frontier:
+        following = []
+        for module in frontier:
+            for target in sorted(graph[module] & group):
+                if target == start:
+                    return [*paths[module], start]
+                if target not in paths:
+                    paths[target] = [*paths[module], target]
+                    following.append(target)
+        frontier = following
+    raise AssertionError(f"{start} is in a group it has no way back to")
+
+
+@pytest.mark.parametrize("package", sorted(PROJECT))
+def test_no_import_circle_inside_a_package(package):
+    circles = import_circles(module_graph(package))
+    assert not circles, circles
+
+
 def test_the_checks_see_a_violation():
-    """The walker finds imports inside functions too (the daemon's commands import lazily)."""
+    """The walker finds imports inside functions too (the daemon's commands import lazily), and the circle finder
+    finds a circle through several modules but not a one-way chain."""
     assert "fetchd.commands" in imported(ROOT / "jobs" / "cycle.py")
     assert within("fetchd.progress.segment_progress", JOBS_USING_FETCHD["generate"])
     assert not within("fetchd.commands", JOBS_USING_FETCHD["generate"])
+    circle = {"p.a": {"p.b"}, "p.b": {"p.c"}, "p.c": {"p.a"}, "p.d": {"p.a"}}
+    assert import_circles(circle) == ["p.a -> p.b -> p.c -> p.a"]
+    assert import_circles({"p.a": {"p.b"}, "p.b": {"p.c"}, "p.c": set()}) == []
+    assert "fetchd.daemon" in module_graph("fetchd")["fetchd.commands"]

@@ -1,10 +1,11 @@
 """The host scheduler on a virtual clock: a simulated crawl of thousands of URLs over hosts with different delays,
 robots rules and failures, judged from the simulated servers' own log, plus unit tests of single decisions.
 
-The simulation (`tests/support/virtual.py`) drives `HostScheduler` as `fetchd.bucketrun.BucketRun` does (prepare =
-robots.txt through the gate, dispatch = `start` then one request, `HostGate.finished` at the response's end), but
-every response time and status comes from a seeded script. The checks recompute the delay rule from the server's
-side independently.
+The simulation (`tests/support/virtual.py::VirtualBucketRun`) drives `HostScheduler` as `fetchd.bucketrun.BucketRun`
+does (prepare = robots.txt through the gate, dispatch = `start` then one request, `HostGate.finished` at the
+response's end), but every response time and status comes from a seeded script. The per-IP guard and the domain
+gate are judged on the daemon itself on the virtual clock (`virtual.fetch_virtually`). The checks recompute the
+rules from the server's side independently.
 """
 
 from __future__ import annotations
@@ -18,12 +19,12 @@ from typing import Any
 
 import pytest
 
-from crawler.bucketing import Bucketing
-from crawler.politeness import HostGate, PolitenessRules, SharedGate
+from crawler.politeness import HostGate, SharedGate
 from crawler.robots import RobotsPolicy
 from crawler.scheduling import Dispatch, HostScheduler, Prepare, Report
 from crawler.status import FetchOutcome
-from tests.support.virtual import EPOCH, Request, VirtualBucketRun, VirtualClock
+from fetchd.hostprep import thread_memory
+from tests.support.virtual import EPOCH, Answer, Request, VirtualBucketRun, VirtualClock, fetch_virtually
 
 TOKEN = "cyclecrawl"
 MAX_CRAWL_DELAY_S = 3.0
@@ -348,35 +349,34 @@ def test_rows_added_later_are_scheduled_and_a_new_host_starts_unpaused() -> None
 # --- the per-IP guard ----------------------------------------------------------------------------------------------
 
 
-def _every_page_once(hosts: list[str], pages: int, gate_for, specs: dict, seed: int) -> list[Request]:
-    """`pages` URLs of each host through a bucket run on the virtual clock against a server answering 200: the
-    server's log in start order, after checking that every URL was requested once and none was reported unfetched."""
-    rows = [{"url": f"{key}/page/{i}", "host_key": key, "rank": i} for key in hosts for i in range(pages)]
-    sim = VirtualBucketRun(rows, gate_for, QuietServer(specs, random.Random(seed)), seed=seed)
-    sim.run()
-    log = sorted(sim.server.log, key=lambda r: r.start)
-    assert Counter(f"{r.host}{r.path}" for r in log if r.path != "/robots.txt") == Counter(r["url"] for r in rows)
-    assert not sim.reports
+def _every_page_once(conf, folder: str, hosts: list[str], pages: int, seed: int) -> list[Request]:
+    """`pages` URLs of each host fetched by the daemon itself on the virtual clock (`virtual.fetch_virtually`, the
+    hosts' names on one address), every request answered after a seeded response time (robots.txt 404): the
+    server's log in start order, after checking that every URL was requested once."""
+    conf = conf.with_overrides({"fetch.static_hosts": {key.removeprefix("http://"): "127.0.0.1" for key in hosts}})
+    items = [{"url": f"{key}/page/{i}"} for key in hosts for i in range(pages)]
+    rng = random.Random(seed)
+
+    def answer(_host: str, path: str, _earlier: int) -> Answer:
+        return Answer(404 if path == "/robots.txt" else 200, rng.uniform(0.05, 1.0))
+
+    log = sorted(fetch_virtually(conf, folder, items, answer).log, key=lambda r: r.start)
+    assert Counter(f"{r.host}{r.path}" for r in log if r.path != "/robots.txt") == Counter(i["url"] for i in items)
     return log
 
 
 @pytest.mark.parametrize("ip_concurrency, ip_delay_s", [(3, 0.0), (1, 0.5), (2, 0.25)])
-def test_hosts_on_one_address_share_its_guard_judged_from_the_servers_log(ip_concurrency: int,
+def test_hosts_on_one_address_share_its_guard_judged_from_the_servers_log(base_conf, root, ip_concurrency: int,
                                                                           ip_delay_s: float) -> None:
     """Ten host names on one address (a shared server), each allowed two requests in flight and no delay: under
     the per-IP guard the address never has more than its concurrency in flight, a start never follows another
     start or an end at the address sooner than its delay, and every URL is still requested once."""
     hosts = [f"http://name{i}.test" for i in range(10)]
-    specs = {key: HostSpec(key, 0.0, 404, "", pages=12) for key in hosts}
-    address = SharedGate(ip_delay_s, ip_concurrency)
-
-    def gate_for(host_key: str) -> HostGate:
-        gate = HostGate(0.0, MAX_CRAWL_DELAY_S, 2, BACKOFF_BASE_S, MAX_BACKOFF_S, MAX_FAILURES)
-        gate.bind_address(address)
-        return gate
-
-    log = _every_page_once(hosts, 12, gate_for, specs, seed=5)
-    assert address.in_flight == 0
+    conf = base_conf.with_overrides({
+        "politeness.min_delay_s": 0.0, "politeness.max_concurrency_per_host": 2,
+        "politeness.max_concurrency_per_ip": ip_concurrency, "politeness.min_delay_per_ip_s": ip_delay_s})
+    log = _every_page_once(conf, root, hosts, 12, seed=5)
+    assert thread_memory().addresses["127.0.0.1"].in_flight == 0
     peak = 0
     for request in log:  # what was in flight at the address when each request started (the server's view)
         in_flight = sum(1 for other in log if other.start <= request.start < other.end)
@@ -387,47 +387,23 @@ def test_hosts_on_one_address_share_its_guard_judged_from_the_servers_log(ip_con
     assert peak == ip_concurrency  # the address's allowance is used, not just respected
 
 
-def test_with_the_domain_as_key_the_hosts_of_one_domain_share_one_gate() -> None:
-    """`politeness.key: domain`: six hosts of big.test and two of other.test, each allowed two requests in flight
-    and no delay of its own. Each domain's gate (crawler.politeness.PolitenessRules.domain_gate) holds all its hosts
-    to one request in flight and `min_delay_s` from the end of one to the start of the next; the two domains do not
-    hold each other; every URL is requested once."""
-    rules = PolitenessRules(min_delay_s=0.5, max_crawl_delay_s=MAX_CRAWL_DELAY_S, max_concurrency_per_host=1,
-                            backoff_base_s=BACKOFF_BASE_S, max_backoff_s=MAX_BACKOFF_S,
-                            max_consecutive_failures=MAX_FAILURES, backoff_recovery_factor=0.5,
-                            response_time_factor=0.0, max_response_time_delay_s=60.0, dead_after_days=7.0,
-                            key="domain")
-    bucketing = Bucketing(4, "domain")
+def test_with_the_domain_as_key_the_hosts_of_one_domain_share_one_gate(base_conf, root) -> None:
+    """`politeness.key: domain`: six hosts of big.test and two of other.test, each host's own gate open to them
+    side by side. Each domain's gate (crawler.politeness.PolitenessRules.domain_gate) holds all its hosts to one
+    request in flight and `min_delay_s` from the end of one to the start of the next; the two domains do not hold
+    each other; every URL is requested once."""
+    conf = base_conf.with_overrides({"politeness.key": "domain", "politeness.min_delay_s": 0.5,
+                                     "politeness.max_concurrency_per_host": 1})
     hosts = [f"http://p{i}.big.test" for i in range(6)] + ["http://a.other.test", "http://b.other.test"]
-    specs = {key: HostSpec(key, 0.0, 404, "", pages=4) for key in hosts}
-    domains: dict[str, SharedGate] = {}
-
-    def gate_for(host_key: str) -> HostGate:  # as fetchd.daemon.Daemon.gate_for builds one
-        gate = HostGate(0.0, MAX_CRAWL_DELAY_S, 2, BACKOFF_BASE_S, MAX_BACKOFF_S, MAX_FAILURES)
-        gate.domain = domains.setdefault(bucketing.key_of(host_key), rules.domain_gate())
-        return gate
-
-    log = _every_page_once(hosts, 4, gate_for, specs, seed=7)
-    assert set(domains) == {"big.test", "other.test"}
-    for domain in domains:
+    log = _every_page_once(conf, root, hosts, 4, seed=7)
+    assert set(thread_memory().domains) == {"big.test", "other.test"}
+    for domain in ("big.test", "other.test"):
         mine = [r for r in log if r.host.endswith(domain)]
         for before, after in zip(mine, mine[1:], strict=False):
             assert after.start >= before.end + 0.5 - EPS, (before, after)  # one at a time, the delay between
     overlapping = [(a, b) for a in log for b in log if a.host.endswith("big.test") and b.host.endswith("other.test")
                    and a.start < b.end and b.start < a.end]
     assert overlapping  # one gate per domain, not one for the whole daemon
-
-
-class QuietServer(Server):
-    """Every request answers 200 (robots.txt: the spec's status) after a seeded response time."""
-
-    def serve(self, host: str, path: str, start: float) -> Request:
-        spec = self.specs[host]
-        request = Request(host, path, start, start + self.rng.uniform(0.05, 1.0), 200)
-        if path == "/robots.txt":
-            request.status, request.body = spec.robots_status, spec.robots_body
-        self.log.append(request)
-        return request
 
 
 def test_a_full_address_holds_a_host_whose_own_gate_is_open_until_a_request_there_ends() -> None:

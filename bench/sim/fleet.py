@@ -9,8 +9,12 @@ renewed + ttl - fence_margin), a successor's gates by `HostGate.ended_elsewhere`
 copy through an outage, the retry escalation); the frontier's rules are in `bench.sim.frontier`.
 
 What this module adds is the driving: a discrete-event loop (the work `fetchd.bucketrun.BucketRun` does with
-asyncio, without its files and tasks, so a simulated day of a million requests takes minutes), the cycle
-(generate -> fetch -> results applied as they arrive) and faults. The driving is held to the daemon's own:
+asyncio, without its files and tasks), the cycle (generate -> fetch -> results applied as they arrive) and faults.
+Why a second driver and not the daemon itself on the virtual clock (`tests/support/virtual.py`, which the tests
+use): through the daemon every request costs a WARC write and a thread round trip (about 2 ms of real time), so a
+simulated day of a million requests over a fleet would take most of an hour instead of minutes, and the faults
+(kill -9, a frozen process, a storage outage) would need a fleet of daemons and a failing store on one loop. The
+driving is held to the daemon's own:
 `tests/test_sim.py` runs one fetch list through this fleet and through `fetchd.commands.serve_async` on the virtual
 clock (tests/support/virtual.py) against the same server, and requires every host to get the same requests at
 the same moments. The faults: kill -9 and restart of a daemon, a daemon frozen for minutes, SIGTERM (a clean
@@ -83,7 +87,7 @@ class Lease:
 
 
 @dataclass
-class BucketRun:
+class SimBucketRun:
     """One daemon's run of one bucket of a segment: the real host scheduler over the daemon's gates."""
 
     segment: int
@@ -106,7 +110,7 @@ class SimDaemon:
     gates: dict[str, HostGate] = field(default_factory=dict)
     robots: dict[str, CachedRobots] = field(default_factory=dict)  # what it remembers of each host's robots.txt
     leases: dict[int, Lease] = field(default_factory=dict)
-    runs: dict[int, BucketRun] = field(default_factory=dict)
+    runs: dict[int, SimBucketRun] = field(default_factory=dict)
     in_flight: int = 0
     open_requests: list[dict] = field(default_factory=list)    # server log records of its requests in flight
     wake_at: float = math.inf                                  # the pending wake-up of its pump
@@ -252,7 +256,7 @@ class Fleet:
         scheduler = HostScheduler(daemon.gate_for, lambda: self.loop.now,
                                   lambda report: self._result(run, report.item, report.outcome.value, None),
                                   rules=self.rules)
-        run = daemon.runs[bucket] = BucketRun(self.segment, bucket, scheduler, lease)
+        run = daemon.runs[bucket] = SimBucketRun(self.segment, bucket, scheduler, lease)
         previous_end = daemon.last_end.get(bucket)
         for row in rows:
             fresh = row["host_key"] not in scheduler.hosts
@@ -263,7 +267,7 @@ class Fleet:
                     previous_end, crawl_delay_known=cached is not None and cached.expires > self.loop.now)
         assert run.scheduler is scheduler
 
-    def _fenced(self, daemon: SimDaemon, run: BucketRun) -> bool:
+    def _fenced(self, daemon: SimDaemon, run: SimBucketRun) -> bool:
         return (not daemon.alive or daemon.stopping or run.stopped or self.loop.now >= run.lease.fence_at
                 or self.store.get(run.bucket) is not run.lease.record)
 
@@ -296,7 +300,7 @@ class Fleet:
             daemon.wake_at = wake
             self.loop.at(wake, lambda: self._pump(daemon) if daemon.wake_at == wake else None)
 
-    def _request(self, daemon: SimDaemon, run: BucketRun, host: HostWork, path: str,
+    def _request(self, daemon: SimDaemon, run: SimBucketRun, host: HostWork, path: str,
                  done: Callable[[Answer], None], tag: tuple[int, int] | None = None) -> None:
         """One request through the host's gate (already taken); its response arrives at its end."""
         start = self.loop.now
@@ -333,7 +337,7 @@ class Fleet:
         if tag is not None:
             self.starts[tag] += 1
 
-    def _when_open(self, daemon: SimDaemon, run: BucketRun, host: HostWork, action: Callable[[], None]) -> None:
+    def _when_open(self, daemon: SimDaemon, run: SimBucketRun, host: HostWork, action: Callable[[], None]) -> None:
         """Take the host's gate as soon as it opens (as `fetchd.exchange.Exchange.gated_get` waits), then act; a
         run fenced or stopped meanwhile gives up: robots.txt unknown counts as unreachable."""
         if not daemon.alive:
@@ -351,7 +355,7 @@ class Fleet:
         host.gate.started(self.loop.now)
         action()
 
-    def _prepare(self, daemon: SimDaemon, run: BucketRun, host: HostWork) -> None:
+    def _prepare(self, daemon: SimDaemon, run: SimBucketRun, host: HostWork) -> None:
         """robots.txt, as `fetchd.hostprep.HostPreparer` learns it: the daemon's copy while in force, else fetched
         through the host's gate (a redirect to another path followed through the gate again) and remembered by
         `crawler.robots.remember`; the observation counts for the host's backoff (update's host counts)."""
@@ -379,14 +383,14 @@ class Fleet:
 
         self._when_open(daemon, run, host, lambda: fetch(ROBOTS_PATH))
 
-    def _robots_known(self, run: BucketRun, host: HostWork, policy: RobotsPolicy) -> None:
+    def _robots_known(self, run: SimBucketRun, host: HostWork, policy: RobotsPolicy) -> None:
         if host.prepared:
             return
         host.policy = policy
         host.gate.set_crawl_delay(policy.crawl_delay_s)
         run.scheduler.prepared(host)
 
-    def _page(self, daemon: SimDaemon, run: BucketRun, host: HostWork, item: dict[str, Any]) -> None:
+    def _page(self, daemon: SimDaemon, run: SimBucketRun, host: HostWork, item: dict[str, Any]) -> None:
         tag = (item["url_index"], item["state_version"])
 
         def done(answer: Answer) -> None:
@@ -399,7 +403,7 @@ class Fleet:
 
         self._request(daemon, run, host, item["url"][len(host.host_key):], done, tag)
 
-    def _result(self, run: BucketRun, item: dict[str, Any], outcome: str, status: int | None) -> None:
+    def _result(self, run: SimBucketRun, item: dict[str, Any], outcome: str, status: int | None) -> None:
         key = (item["url_index"], item["state_version"])
         if key in self.reported:
             return

@@ -1,13 +1,13 @@
 """Timing rules on a virtual clock: checked exactly, with no sleeping and no sockets.
 
-Two levels. `VirtualBucketRun` drives the real `crawler.scheduling.HostScheduler` and `crawler.politeness.HostGate`
-as `fetchd.bucketrun.BucketRun` does — prepare = robots.txt through the host's gate, dispatch = `start` then one
-request, `HostGate.finished` at the response's end with its Retry-After (read against the wall clock) and response
-time — against a virtual server whose response times and statuses come from a script.
+`VirtualTimeLoop` with a `ScriptedTransport` runs the daemon itself on the virtual clock: an asyncio event loop
+whose time is the clock's, which jumps to its next timer whenever it has nothing to run and no thread work (file
+I/O, WARC writes) is pending. `fetch_virtually` fetches one segment with a `fetchd.daemon.Daemon` (its bucket runs,
+host preparation, gates, files), `serve_virtually` runs `fetchd.commands.serve_async` (its own loop, leases, stop
+and close handling) beside a scenario that acts at virtual moments.
 
-`VirtualTimeLoop` with a `ScriptedTransport` runs the daemon itself (`fetchd.commands.serve_async`, its own loop,
-leases, stop and close handling, files) on the virtual clock: an asyncio event loop whose time is the clock's, which
-jumps to its next timer whenever it has nothing to run and no thread work (file I/O, WARC writes) is pending.
+`VirtualBucketRun` is a second, bare driver of `crawler.scheduling.HostScheduler`, kept for one use only (its
+docstring says why).
 
 Either way the server logs every request as it saw it, so tests judge the rules from the server's side, as the
 real-clock tests do from a loopback server's log.
@@ -20,13 +20,15 @@ import heapq
 import math
 import random
 import selectors
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Coroutine, Iterable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from crawler.politeness import THROTTLE_STATUSES, HostGate, PolitenessRules, parse_retry_after
+from crawler.bucketing import Bucketing
+from crawler.politeness import THROTTLE_STATUSES, HostGate, parse_retry_after
 from crawler.robots import policy_for_status
 from crawler.scheduling import Dispatch, HostScheduler, HostWork, Prepare, Report
 from crawler.urls import host_key
@@ -90,32 +92,24 @@ Script = Callable[[str, str, int], Answer]  # (host key, path, how many requests
 
 
 @dataclass
-class ScriptedVirtualServer:
-    """A virtual server answering every request from a script (the loopback one is `servers.ScriptedServer`)."""
-
-    script: Script
-    log: list[Request] = field(default_factory=list)
-
-    def serve(self, host: str, path: str, start: float) -> Request:
-        answer = self.script(host, path, sum(1 for r in self.log if r.host == host))
-        request = Request(host, path, start, start + answer.seconds, answer.status, answer.retry_after,
-                          body=answer.body)
-        self.log.append(request)
-        return request
-
-    def requests(self, host: str, pages_only: bool = False) -> list[Request]:
-        return [r for r in self.log if r.host == host and not (pages_only and r.path == "/robots.txt")]
-
-
-@dataclass
 class VirtualBucketRun:
-    """One bucket's hosts fetched on a virtual clock; see the module docstring."""
+    """One bucket's hosts driven through the real `crawler.scheduling.HostScheduler` and the gates `gate_for` makes
+    as `fetchd.bucketrun.BucketRun` drives them — prepare = robots.txt through the host's gate, dispatch = `start`
+    then one request, `HostGate.finished` at the response's end with its Retry-After (read against the wall clock)
+    and response time — against a `VirtualServer` whose response times and statuses come from a script.
+
+    Why a second driver beside the daemon on the virtual clock (`fetch_virtually`): the randomized politeness
+    simulation of `tests/test_scheduling.py` sends thousands of requests per case through gates the test makes
+    itself (each host its own minimum delay, which the daemon only takes from config and fetch-list floors), and
+    judges the scheduler's own reports; through the daemon every request also costs a WARC write and a thread round
+    trip (seconds per case instead of milliseconds). Everything else drives the daemon itself, which the same rules
+    hold exactly (`tests/test_fetchd.py`, `tests/test_fetchd_adaptive.py`, the per-IP and domain cases of
+    `tests/test_scheduling.py`)."""
 
     rows: Iterable[dict[str, Any]]
     gate_for: Callable[[str], HostGate]
     server: VirtualServer
     seed: int = 0
-    rules: PolitenessRules | None = None  # when set, the rows' per-host limits apply (as in the daemon)
     clock: VirtualClock = field(default_factory=VirtualClock)
     reports: list[Report] = field(default_factory=list)
     handed_out: list[dict[str, Any]] = field(default_factory=list)
@@ -123,7 +117,7 @@ class VirtualBucketRun:
     def __post_init__(self) -> None:
         self.rng = random.Random(self.seed)
         self.rows = list(self.rows)
-        self.sched = HostScheduler(self.gate_for, self.clock, self.reports.append, rules=self.rules)
+        self.sched = HostScheduler(self.gate_for, self.clock, self.reports.append)
         self.events: list[tuple[float, int, Callable[[], None]]] = []
         self._seq = 0
         for row in self.rows:  # fetch-list order: by host, then rank
@@ -188,11 +182,6 @@ class VirtualBucketRun:
         raise AssertionError("the virtual run did not end")
 
 
-def rows_of(host_key: str, paths: Iterable[str]) -> list[dict[str, Any]]:
-    """Fetch-list rows for one host, in rank order."""
-    return [{"url": host_key + path, "host_key": host_key, "rank": rank} for rank, path in enumerate(paths, 1)]
-
-
 # ---- the daemon itself on the virtual clock --------------------------------------------------------------------
 
 REAL_WAIT_S = 0.002      # how long the loop looks for real events (a thread's result) before letting time pass
@@ -229,10 +218,7 @@ class _VirtualSelector(selectors.BaseSelector):
             return events
         give_up = time.monotonic() + REAL_TIMEOUT_S
         while time.monotonic() < give_up:
-            events = self._real.select(REAL_WAIT_S)
-            if events:
-                return events
-            if self._loop.idle():
+            if self._loop.idle():  # no thread work: nothing real can arrive but what already has
                 events = self._real.select(0)  # a result delivered just before the work count dropped
                 if events:
                     return events
@@ -240,6 +226,9 @@ class _VirtualSelector(selectors.BaseSelector):
                     raise RuntimeError("the virtual loop has nothing scheduled and nothing pending: it would hang")
                 self._loop.advance(timeout)
                 return []
+            events = self._real.select(REAL_WAIT_S)
+            if events:
+                return events
         raise RuntimeError(f"the virtual loop waited {REAL_TIMEOUT_S}s of real time for thread work")
 
 
@@ -328,6 +317,39 @@ def serve_virtually(conf: Any, root: str, clock: VirtualClock, transport: Script
     run_virtual(clock, main)
 
 
+def fetch_virtually(conf: Any, folder: str, items: list[dict[str, Any]], script: Script, seed: int = 0
+                    ) -> ScriptedTransport:
+    """Fetch a segment of `items` (fetch-list items, `fetchlists.write_fetchlist`) with the daemon itself
+    (`fetchd.daemon.Daemon`: its bucket runs, host preparation, gates from `conf`, files in a new crawl root under
+    `folder`) on a new virtual clock, against `script`; the transport, whose log is the server's view. The gates'
+    jitter is drawn from `random.Random(seed)`, and the daemon starts with no host memory (each call is a fresh
+    process)."""
+    from fetchd.daemon import Daemon
+    from fetchd.hostprep import forget_hosts
+    from tests.support.fetchlists import write_fetchlist
+
+    segment_id = "seg-virtual"
+    root = tempfile.mkdtemp(prefix="virtual-", dir=folder)
+    buckets = sorted(write_fetchlist(root, segment_id, items, conf["crawl.buckets"], Bucketing.from_config(conf)))
+    clock = VirtualClock()
+    transport = ScriptedTransport(script, clock)
+    forget_hosts()
+
+    async def main() -> None:
+        daemon = Daemon(conf, root, clock=clock, transport=transport)
+        daemon.services.rng.seed(seed)
+        await daemon.open()
+        try:
+            assert all(daemon.owned.acquire(bucket) for bucket in buckets)
+            manifests = await daemon.fetch_buckets(segment_id, buckets)
+            assert [m["bucket"] for m in manifests] == buckets, "a bucket was left unfinished"
+        finally:
+            await daemon.close()
+
+    run_virtual(clock, main)
+    return transport
+
+
 def run_virtual(clock: VirtualClock, main: Callable[[], Coroutine[Any, Any, Any]]) -> Any:
     """Run `main()` to its end on a new `VirtualTimeLoop` over `clock`."""
     loop = VirtualTimeLoop(clock)
@@ -340,7 +362,7 @@ def run_virtual(clock: VirtualClock, main: Callable[[], Coroutine[Any, Any, Any]
 
 @dataclass
 class ScriptedTransport:
-    """A `fetchd.exchange.Transport` answering from a script on the virtual clock: a request takes its answer's
+    """A `fetchd.fetcher.Transport` answering from a script on the virtual clock: a request takes its answer's
     seconds of virtual time (a cancelled one ends when it is cancelled). The log is the server's view."""
 
     script: Script
