@@ -99,6 +99,19 @@ def score_sql(priority: str, next_fetch_at: str, now: str, age_boost_per_day: fl
     return f"({priority} + {float(age_boost_per_day)!r} * {overdue})"
 
 
+def segment_order(rank: int, score: float, url_id: str) -> tuple[int, float, str]:
+    """The order in which URLs that passed their host's cap (`rank` among the host's due URLs by score) go into a
+    segment, lowest key first: every host's first URL, then every host's second, each rank by the higher score, then
+    by url_id, so the order is total and a re-run cuts the same URLs. Generate cuts by it per registered domain, per
+    side of the refresh/discovery split and at the segment budget."""
+    return rank, -score, url_id
+
+
+def segment_order_sql(rank: str, score: str, url_id: str) -> str:
+    """`segment_order` as one Spark SQL sort key, ascending (a struct sorts field by field)."""
+    return f"struct({rank}, -({score}), {url_id})"
+
+
 @dataclass(frozen=True)
 class RefreshShare:
     """How generate divides a segment's budget between revisits (known URLs fetched before: `last_fetch_at` set)
@@ -253,10 +266,14 @@ def is_domain_pattern(pattern: object) -> bool:
 
 
 def index_event_kind(outcome: str, status_code: int | None, previous_hash: str | None,
-                     new_hash: str | None, duplicate_of: str | None = None) -> str | None:
+                     new_hash: str | None, duplicate_of: str | None = None,
+                     sitemap_origin: str | None = None) -> str | None:
     """The index event a completing result produces (None: nothing for an indexer to do). New or changed
     content that dedup marked as a duplicate of another URL (`duplicate_of`, exact or near) is `duplicate`:
-    the indexer keeps the representative. Unchanged content stays `not_modified` whatever its duplicate mark."""
+    the indexer keeps the representative. Unchanged content stays `not_modified` whatever its duplicate mark.
+    A sitemap file (`sitemap_origin` set) is crawl machinery, not a document: indexers never hear of it."""
+    if sitemap_origin is not None:
+        return None
     if outcome == FetchOutcome.SUCCESS and new_hash is not None:
         if previous_hash is not None and new_hash == previous_hash:
             return IndexEventKind.NOT_MODIFIED.value

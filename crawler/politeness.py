@@ -101,6 +101,17 @@ def backoff_seconds(
     return min(exponential, cap_s)
 
 
+def is_backing_off(backoff_until: datetime | None, now: datetime) -> bool:
+    """A host whose backoff across segments (`hosts.backoff_until`) is still ahead: generate leaves it out. At
+    `backoff_until` itself the backoff is over."""
+    return backoff_until is not None and backoff_until > now
+
+
+def is_backing_off_sql(backoff_until: str, now: str) -> str:
+    """`is_backing_off` over a `hosts.backoff_until` column and a timestamp expression for now."""
+    return f"coalesce({backoff_until} > {now}, false)"
+
+
 @dataclass(frozen=True)
 class HostBackoff:
     """A host's backoff across segments (`hosts.backoff_level`, `hosts.backoff_until`) and since when its
@@ -221,7 +232,7 @@ class PolitenessRules:
         robots_unreachable while its last robots.txt fetch found none (the daemon allows nothing), else ok."""
         if self.is_dead(failing_since, now):
             return HostState.DEAD.value
-        if backoff_until is not None and backoff_until > now:
+        if is_backing_off(backoff_until, now):
             return HostState.BACKING_OFF.value
         if robots_state == RobotsState.DISALLOW_ALL.value:
             return HostState.ROBOTS_UNREACHABLE.value
@@ -230,7 +241,7 @@ class PolitenessRules:
     def host_state_sql(self, robots_state: str, backoff_until: str, failing_since: str, now: str) -> str:
         """`host_state` over the `hosts` columns and a timestamp expression for now."""
         return (f"(case when {self.is_dead_sql(failing_since, now)} then '{HostState.DEAD.value}'"
-                f" when {backoff_until} > {now} then '{HostState.BACKING_OFF.value}'"
+                f" when {is_backing_off_sql(backoff_until, now)} then '{HostState.BACKING_OFF.value}'"
                 f" when {robots_state} = '{RobotsState.DISALLOW_ALL.value}'"
                 f" then '{HostState.ROBOTS_UNREACHABLE.value}' else '{HostState.OK.value}' end)")
 

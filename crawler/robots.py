@@ -10,6 +10,7 @@ import functools
 import math
 import re
 from dataclasses import dataclass
+from datetime import datetime
 from enum import Enum
 
 from crawler.urls import normalize_percent_encoding, path_and_query
@@ -168,6 +169,18 @@ def allowed_by_stored_rules(robots_txt: str | None, token: str, max_bytes: int, 
     if robots_txt is None:
         return True
     return _stored_policy(robots_txt, token, max_bytes).allowed(url)
+
+
+def rules_in_force(robots_state: str | None, robots_expires_at: datetime | None, now: datetime) -> bool:
+    """Whether the robots.txt body stored for a host (`hosts.robots_state`, `robots_expires_at`) decides for generate
+    (`allowed_by_stored_rules`): parsed rules that have not expired. An expired, missing or unreachable robots.txt is
+    the daemon's to fetch and decide, so generate lets the host's URLs through."""
+    return robots_state == RobotsState.RULES.value and robots_expires_at is not None and robots_expires_at > now
+
+
+def rules_in_force_sql(robots_state: str, robots_expires_at: str, now: str) -> str:
+    """`rules_in_force` over the `hosts` columns and a timestamp expression for now."""
+    return f"coalesce({robots_state} = '{RobotsState.RULES.value}' and {robots_expires_at} > {now}, false)"
 
 
 def policy_for_status(status_code: int | None, body: str | None, token: str, max_bytes: int) -> RobotsPolicy:

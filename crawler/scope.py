@@ -16,6 +16,9 @@ from crawler import urls
 from crawler.config import Config
 from crawler.urls import registered_domain
 
+# The rejection of a discovered URL deeper than scope.max_depth: a key of `hosts.trap_rejections`, like the trap rules'.
+DEPTH_BEYOND_SCOPE = "depth beyond scope.max_depth"
+
 
 def _domain_listed(domain: str, listed: tuple[str, ...]) -> bool:
     return domain in {d.lower().lstrip(".").rstrip(".") for d in listed}
@@ -74,3 +77,12 @@ class Scope:
         if any(pattern.search(canonical_url) for pattern in _compiled(self.deny_patterns)):
             return "denied pattern (scope.deny_patterns)"
         return None
+
+    def depth_reject_reason(self, depth: int | None) -> str | None:
+        """Why a discovered URL at `depth` link hops from its seed is out of scope (deeper than `max_depth`), or
+        None if its depth is in scope."""
+        return DEPTH_BEYOND_SCOPE if depth is not None and depth > self.max_depth else None
+
+    def depth_reject_reason_sql(self, depth: str) -> str:
+        """`depth_reject_reason` over an integer column `depth`."""
+        return f"(case when {depth} > {int(self.max_depth)} then '{DEPTH_BEYOND_SCOPE}' end)"

@@ -3,8 +3,9 @@ discovery half, docs/architecture.md#data-flow).
 
 Candidates are the segment's outlinks (not rel=nofollow), redirect targets, sitemap entries and child sitemaps
 (from `links`) and the `Sitemap:` lines of the robots.txt files it fetched. Each target is keyed and judged by
-scope and the per-URL trap rules once (crawler.frontier.classify_discovery), then by depth, the per-template and
-per-host caps on new URLs per cycle and the host's allowance under the known-URL cap (crawler.traps).
+scope and the per-URL trap rules once (crawler.frontier.classify_discovery), then by depth (crawler.scope.Scope.
+depth_reject_reason), the per-template and per-host caps on new URLs per cycle and the host's allowance under the
+known-URL cap (crawler.traps.capped_reasons).
 
 Nothing here commits: update runs each MERGE with discover's part beside its own, so a segment's update stays
 six commits. In the `urls` MERGE new URLs are inserted and known ones get inlinks, a lower depth and a sitemap
@@ -36,14 +37,7 @@ from crawler.frontier import (
 from crawler.scope import Scope
 from crawler.sitemaps import SITEMAP_FILE_PRIORITY, ChangeFreq, SitemapEntry, robots_sitemaps
 from crawler.status import FetchOutcome, UrlSource, UrlStatus
-from crawler.traps import (
-    DEPTH_BEYOND_SCOPE,
-    HOST_KNOWN_URL_CAP,
-    HOST_NEW_URL_CAP,
-    TEMPLATE_NEW_URL_CAP,
-    TrapRules,
-    new_url_allowance_sql,
-)
+from crawler.traps import TrapRules, capped_reasons_sql, new_url_allowance_sql
 from delta_tables import tables
 from jobs.base import step
 
@@ -227,8 +221,8 @@ def _classified_targets(conf: Config, segment_id: str, candidates: DataFrame, ur
         )
         .join(in_table, ["url_id", "url"], "left")
         .withColumn("known", F.coalesce("known", F.lit(False)))
-        .withColumn("reason", F.when(F.col("known"), F.lit(None)).otherwise(F.coalesce("reason", F.when(
-            F.col("depth") > conf["scope.max_depth"], F.lit(DEPTH_BEYOND_SCOPE)))))
+        .withColumn("reason", F.when(F.col("known"), F.lit(None)).otherwise(F.coalesce(
+            "reason", F.expr(scope.depth_reject_reason_sql("depth")))))
     )
     # What this segment already stored (a re-run after the tally merge) counts as not yet known.
     stored_here = urls_snap.where(F.col("discovered_in") == F.lit(segment_id)).groupBy("host_key").agg(
@@ -243,18 +237,8 @@ def _classified_targets(conf: Config, segment_id: str, candidates: DataFrame, ur
     )
     targets = targets.join(allowance, "host_key", "left").withColumn(
         "allowance", F.coalesce("allowance", F.lit(rules.max_known_urls_per_host)))
-    first = [F.col("depth"), F.col("url_id"), F.col("url")]
-    open_new = F.col("reason").isNull() & ~F.col("known")
-    caps = (
-        (Window.partitionBy("host_key", "template", open_new), rules.max_new_urls_per_template_per_cycle,
-         TEMPLATE_NEW_URL_CAP),
-        (Window.partitionBy("host_key", open_new), rules.max_new_urls_per_host_per_cycle, HOST_NEW_URL_CAP),
-        (Window.partitionBy("host_key", open_new), F.col("allowance"), HOST_KNOWN_URL_CAP),
-    )
-    for window, cap, reason in caps:
-        targets = targets.withColumn("reason", F.when(
-            open_new & (F.row_number().over(window.orderBy(*first)) > cap), F.lit(reason)).otherwise(F.col("reason")))
-        open_new = F.col("reason").isNull() & ~F.col("known")
+    for capped in capped_reasons_sql(rules, "allowance"):
+        targets = targets.withColumn("reason", F.expr(capped))
     return targets.drop("allowance")
 
 

@@ -1,14 +1,15 @@
 """generate: due URLs -> a host-bucketed, priority-ordered fetch list, then lease them (docs/architecture.md#data-flow).
 
-Due = next_fetch_at <= now, no live lease (or a lease by this very segment: a re-run), host not in backoff,
-not denied by the robots.txt rules stored for its host while they are in force (an expired, missing or
-unreachable robots.txt is the daemon's to fetch and decide).
+Due = next_fetch_at <= now, no live lease (or a lease by this very segment: a re-run), host not backing off
+(crawler.politeness.is_backing_off), not denied by the robots.txt rules stored for its host while they are in force
+(crawler.robots.rules_in_force: an expired, missing or unreachable robots.txt is the daemon's to fetch and decide).
 Rank per host by score (priority + age boost), cut per host at min(per_host_max_urls, segment_seconds /
 delay) — one probe URL for a dead host (crawler.politeness.is_dead) — then per registered domain at its budget
 (crawler.frontier.DomainBudgets and domain_cap, when configured: per segment, and what the domain's daily budget has
 left; round-robin over the domain's hosts), then keep the lowest ranks across hosts up to the segment budget
-(round-robin over hosts); with `generate.budget_split`, revisits and never-fetched URLs each take their share of it
-(`generate.refresh_share`, crawler.frontier.RefreshShare and refresh_quota).
+(round-robin over hosts), each cut after the per-host one in crawler.frontier.segment_order; with
+`generate.budget_split`, revisits and never-fetched URLs each take their share of it (`generate.refresh_share`,
+crawler.frontier.RefreshShare and refresh_quota).
 The fetch list goes to segments/<id>/fetchlist/bucket=NNNNN, each bucket's file sorted by rank then host, so
 hosts are interleaved: a daemon streaming the list (fetch.max_queued_urls) keeps many hosts busy.
 Leasing bumps state_version, so only a result carrying the new version can complete the URL. The frontier's
@@ -29,7 +30,7 @@ import logging
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 
-from pyspark.sql import DataFrame, SparkSession, Window
+from pyspark.sql import Column, DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 
 from crawler import layout
@@ -43,11 +44,12 @@ from crawler.frontier import (
     per_host_cap_sql,
     refresh_quota_sql,
     score_sql,
+    segment_order_sql,
     spends_the_day_sql,
 )
 from crawler.leases import is_due_sql, leased_version_sql
-from crawler.politeness import PolitenessRules
-from crawler.robots import RobotsState, allowed_by_stored_rules
+from crawler.politeness import PolitenessRules, is_backing_off_sql
+from crawler.robots import allowed_by_stored_rules, rules_in_force_sql
 from crawler.status import FINISHED_SEGMENT_STATES, SegmentState
 from delta_tables import tables
 from jobs import cycle_metrics
@@ -84,19 +86,25 @@ def default_segment_id(now: datetime) -> str:
     return as_utc(now).strftime("seg-%Y%m%dT%H%M%SZ")
 
 
+def segment_order() -> Column:
+    """The sort key of the ranked rows (`crawler.frontier.segment_order`): every cut after the per-host one takes
+    the lowest first."""
+    return F.expr(segment_order_sql("rank", "score", "url_id"))
+
+
 def within_budget(ranked: DataFrame, budget: int, share: float) -> DataFrame:
     """The segment's rows among `ranked` (per-host caps applied): revisits (`last_fetch_at` set) and URLs never
-    fetched each in (rank, score, url_id) order, as many of each as `crawler.frontier.refresh_quota` gives them.
+    fetched each in `segment_order`, as many of each as `crawler.frontier.refresh_quota` gives them.
     Each side is cut to the budget first, so what the quota is counted over stays small."""
-    order = [F.col("rank"), F.desc("score"), F.col("url_id")]
+    order = segment_order()
     known = F.col("last_fetch_at").isNotNull()
-    top = (ranked.where(known).orderBy(*order).limit(budget).withColumn("is_refresh", F.lit(True))
-           .unionByName(ranked.where(~known).orderBy(*order).limit(budget).withColumn("is_refresh", F.lit(False))))
+    top = (ranked.where(known).orderBy(order).limit(budget).withColumn("is_refresh", F.lit(True))
+           .unionByName(ranked.where(~known).orderBy(order).limit(budget).withColumn("is_refresh", F.lit(False))))
     counts = top.agg(F.count(F.when(F.col("is_refresh"), 1)).alias("n_refresh"),
                      F.count(F.when(~F.col("is_refresh"), 1)).alias("n_discovery"))
     refresh_quota, discovery_quota = refresh_quota_sql(budget, share, "n_refresh", "n_discovery")
     return (
-        top.withColumn("kind_index", F.row_number().over(Window.partitionBy("is_refresh").orderBy(*order)))
+        top.withColumn("kind_index", F.row_number().over(Window.partitionBy("is_refresh").orderBy(order)))
         .crossJoin(counts)
         .where(F.col("kind_index") <= F.when(F.col("is_refresh"), F.expr(refresh_quota))
                .otherwise(F.expr(discovery_quota)))
@@ -109,7 +117,7 @@ def select_due(spark: SparkSession, conf: Config, root: str, segment_id: str, no
     domain), set-based."""
     urls = pinned_table(spark, root, "urls")
     now_col = F.lit(now)
-    rules_in_force = (F.col("robots_state") == RobotsState.RULES.value) & (F.col("robots_expires_at") > now_col)
+    rules_in_force = F.expr(rules_in_force_sql("robots_state", "robots_expires_at", "gen_now"))
     politeness = PolitenessRules.from_config(conf)
     hosts = pinned_table(spark, root, "hosts").withColumn("gen_now", now_col).select(
         "host_key",
@@ -129,8 +137,7 @@ def select_due(spark: SparkSession, conf: Config, root: str, segment_id: str, no
 
     due = urls.withColumn("gen_now", now_col).where(is_due_sql("gen_now", segment_id))
     delay = politeness.host_delay_sql("h_crawl_delay_s", "h_min_delay_s")
-    candidates = due.join(hosts, "host_key", "left").where(
-        F.col("h_backoff_until").isNull() | (F.col("h_backoff_until") < now_col))
+    candidates = due.join(hosts, "host_key", "left").where(~F.expr(is_backing_off_sql("h_backoff_until", "gen_now")))
     # A Python UDF runs on every row it sees, whatever a surrounding condition says: only rows of hosts with
     # rules in force go through it.
     has_rules = F.col("h_robots_rules").isNotNull()
@@ -159,12 +166,12 @@ def select_due(spark: SparkSession, conf: Config, root: str, segment_id: str, no
             ranked.withColumn("domain_cap", F.expr(domain_cap_sql(per_segment.cap_sql("h_domain"),
                                                                   per_day.cap_sql("h_domain"), spent)))
             .withColumn("domain_rank", F.row_number().over(
-                Window.partitionBy("h_domain").orderBy("rank", F.desc("score"), "url_id")))
+                Window.partitionBy("h_domain").orderBy(segment_order())))
             .where(F.col("domain_cap").isNull() | (F.col("domain_rank") <= F.col("domain_cap")))
         )
     budget = conf["generate.segment_max_urls"]
     chosen = (within_budget(ranked, budget, refresh_share) if conf["generate.budget_split"]
-              else ranked.orderBy("rank", F.desc("score"), "url_id").limit(budget))
+              else ranked.orderBy(segment_order()).limit(budget))
     return chosen.select(
         F.lit(segment_id).alias("segment_id"),
         "url_id",

@@ -111,10 +111,10 @@ def completion_udfs(policy: RevisitPolicy):
 
     @F.pandas_udf("string")
     def event_kind(outcome: pd.Series, status_code: pd.Series, previous_hash: pd.Series, new_hash: pd.Series,
-                   representative: pd.Series) -> pd.Series:
+                   representative: pd.Series, sitemap_origin: pd.Series) -> pd.Series:
         return pd.Series([index_event_kind(*values) for values in zip(
             _texts(outcome), _ints(status_code), _texts(previous_hash), _texts(new_hash), _texts(representative),
-            strict=True)], dtype=object)
+            _texts(sitemap_origin), strict=True)], dtype=object)
 
     return decide, event_kind
 
@@ -193,10 +193,10 @@ def _fold(spark: SparkSession, conf: Config, root: str, segment_id: str, results
                          F.expr(representative_of_sql("url_id", "duplicate_of", "near_duplicate_cluster"))
                          .alias("duplicate_of")),
             ["url_id", "state_version"], "left",
-        ).withColumn("kind", event_kind("outcome", "status_code", "prev_hash", "new_hash", "duplicate_of"))
+        ).withColumn("kind", event_kind("outcome", "status_code", "prev_hash", "new_hash", "duplicate_of",
+                                        "sitemap_origin"))
         with step(f"update {segment_id}: index events"):
-            # Sitemaps are crawl machinery, not documents: indexers never hear of them.
-            events = live.where(F.col("kind").isNotNull() & F.col("sitemap_origin").isNull()).select(
+            events = live.where(F.col("kind").isNotNull()).select(
                 "url_id", "state_version", "url", "kind", "segment_id", "status_code", "warc_filename", "warc_offset",
                 "warc_length", F.coalesce("new_hash", "prev_hash").alias("content_hash"), "duplicate_of",
                 F.col("fetched_at").alias("created_at"),

@@ -2,12 +2,14 @@
 
 Each test builds a small frame of cases, evaluates the `*_sql` twin on the shared session and compares row by row
 with the Python function over the same values: status outcomes, politeness delays, the per-host cap and score,
-leases (due, version, current, completes, latest result), the duplicate verdict and discovery depth/priority.
+leases (due, version, current, completes, latest result), the duplicate verdict, discovery depth/priority, backing
+off, robots rules in force, the segment order, the depth scope and the per-cycle caps on new URLs.
 """
 
 from __future__ import annotations
 
 import itertools
+import random
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -22,8 +24,9 @@ from crawler.dedup import (
     representative_of,
     representative_of_sql,
 )
-from crawler.politeness import PolitenessRules
-from crawler.robots import RobotsState
+from crawler.politeness import PolitenessRules, is_backing_off, is_backing_off_sql
+from crawler.robots import RobotsState, rules_in_force, rules_in_force_sql
+from crawler.scope import DEPTH_BEYOND_SCOPE, Scope
 from crawler.status import (
     FetchOutcome,
     HostState,
@@ -33,6 +36,15 @@ from crawler.status import (
     is_transient_sql,
     made_request,
     made_request_sql,
+)
+from crawler.traps import (
+    HOST_KNOWN_URL_CAP,
+    HOST_NEW_URL_CAP,
+    TEMPLATE_NEW_URL_CAP,
+    NewUrlTarget,
+    TrapRules,
+    capped_reasons,
+    capped_reasons_sql,
 )
 
 STATUSES = [None, 200, 204, 301, 304, 404, 410, 429, 500, 503, 599]
@@ -228,3 +240,117 @@ def test_daily_domain_budget_rules_agree(spark):
     frame = spark.createDataFrame(caps, "s long, d long, spent long")
     got = frame.selectExpr("s", "d", "spent", f"{frontier.domain_cap_sql('s', 'd', 'spent')} as cap").collect()
     assert [(r.s, r.d, r.spent, r.cap) for r in got] == [(*c, frontier.domain_cap(*c)) for c in caps]
+
+
+def test_backing_off_agrees_and_ends_at_backoff_until(spark):
+    now = datetime(2026, 3, 1, 12, tzinfo=UTC)
+    moments = [None, now - timedelta(hours=1), now - timedelta(microseconds=1), now, now + timedelta(microseconds=1),
+               now + timedelta(hours=1)]
+    frame = spark.createDataFrame([(i, until) for i, until in enumerate(moments)], "i int, backoff_until timestamp")
+    got = {row.i: row.off for row in frame.withColumn("now", F.lit(now)).selectExpr(
+        "i", f"{is_backing_off_sql('backoff_until', 'now')} as off").collect()}
+    assert got == {i: is_backing_off(until, now) for i, until in enumerate(moments)}
+    assert got[moments.index(now)] is False  # at backoff_until itself the backoff is over, in both forms
+    assert [got[i] for i in range(len(moments))] == [False, False, False, False, True, True]
+
+
+def test_robots_rules_in_force_agree(spark):
+    now = datetime(2026, 3, 1, 12, tzinfo=UTC)
+    cases = list(itertools.product([None, *(s.value for s in RobotsState)],
+                                   [None, now - timedelta(hours=1), now, now + timedelta(microseconds=1)]))
+    frame = spark.createDataFrame([(i, *case) for i, case in enumerate(cases)],
+                                  "i int, robots_state string, robots_expires_at timestamp")
+    got = {row.i: row.in_force for row in frame.withColumn("now", F.lit(now)).selectExpr(
+        "i", f"{rules_in_force_sql('robots_state', 'robots_expires_at', 'now')} as in_force").collect()}
+    assert got == {i: rules_in_force(state, expires, now) for i, (state, expires) in enumerate(cases)}
+    assert [cases[i] for i, in_force in got.items() if in_force] == [(RobotsState.RULES.value,
+                                                                      now + timedelta(microseconds=1))]
+
+
+def test_segment_order_agrees(spark):
+    """Sorting and a window's row numbers by the SQL key give the order the Python key gives, ties included."""
+    rows = [(rank, score, url_id) for rank in (1, 2, 10) for score in (0.0, 0.5, 1.5, 12.25)
+            for url_id in ("0a", "0b", "f1")]
+    random.Random(5).shuffle(rows)
+    frame = spark.createDataFrame([(i % 3, *row) for i, row in enumerate(rows)],
+                                  "domain int, rank int, score double, url_id string")
+    order = F.expr(frontier.segment_order_sql("rank", "score", "url_id"))
+    assert [tuple(r) for r in frame.orderBy(order).select("rank", "score", "url_id").collect()] == sorted(
+        rows, key=lambda r: frontier.segment_order(*r))
+    assert sorted(rows, key=lambda r: frontier.segment_order(*r))[:3] == [(1, 12.25, "0a"), (1, 12.25, "0b"),
+                                                                        (1, 12.25, "f1")]
+    numbered = frame.withColumn("n", F.expr(
+        f"row_number() over (partition by domain order by {frontier.segment_order_sql('rank', 'score', 'url_id')})"))
+    for domain in range(3):
+        mine = sorted((row for i, row in enumerate(rows) if i % 3 == domain), key=lambda r: frontier.segment_order(*r))
+        got = numbered.where(f"domain = {domain}").orderBy("n").select("rank", "score", "url_id").collect()
+        assert [tuple(r) for r in got] == mine
+
+
+@pytest.mark.parametrize("max_depth", [0, 3])
+def test_depth_scope_agrees(spark, max_depth):
+    scope = Scope(schemes=("http", "https"), host_suffixes=(), max_url_length=2048, max_depth=max_depth)
+    depths = [None, 0, 1, 2, 3, 4, 40]
+    got = {row.depth: row.reason for row in spark.createDataFrame([(d,) for d in depths], "depth int").selectExpr(
+        "depth", f"{scope.depth_reject_reason_sql('depth')} as reason").collect()}
+    assert got == {d: scope.depth_reject_reason(d) for d in depths}
+    assert {d for d, reason in got.items() if reason == DEPTH_BEYOND_SCOPE} == {
+        d for d in depths if d is not None and d > max_depth}
+
+
+def _new_url_targets() -> list[NewUrlTarget]:
+    """Three hosts' discoveries of one segment: runaway templates, depth ties, known URLs, rejected ones, a host
+    with little room left under the known-URL cap and one with none."""
+    pick = random.Random(11)
+    allowance = {"http://a.test": 100, "http://b.test": 4, "http://c.test": 0}
+    targets = []
+    for n in range(90):
+        host = pick.choice(sorted(allowance))
+        template = pick.choice(["/cal/{n}", "/p/{n}", "/tag/{id}", "/"])
+        url = f"{host}{template.replace('{n}', str(n)).replace('{id}', f'{n:x}')}/{n}"
+        known = pick.random() < 0.15  # a known URL has no reason: discover never rejects one
+        targets.append(NewUrlTarget(
+            host_key=host, template=host + template, depth=pick.choice([1, 1, 2, 3]),
+            url_id=pick.choice(["00", "7f", "ff"]) + f"{n:030x}", url=url, allowance=allowance[host], known=known,
+            reason="repeated path segment" if not known and pick.random() < 0.1 else None))
+    return targets
+
+
+@pytest.mark.parametrize(("per_template", "per_host"), [(3, 8), (1, 100), (100, 2), (100, 100)])
+def test_new_url_caps_agree(spark, per_template, per_host):
+    rules = TrapRules(max_url_length=2048, max_path_depth=16, max_segment_repeats=3, max_query_params=20,
+                      max_new_urls_per_host_per_cycle=per_host, max_new_urls_per_template_per_cycle=per_template,
+                      max_known_urls_per_host=100)
+    targets = _new_url_targets()
+    frame = spark.createDataFrame(
+        [(t.host_key, t.template, t.depth, t.url_id, t.url, t.allowance, t.known, t.reason) for t in targets],
+        "host_key string, template string, depth int, url_id string, url string, allowance bigint, known boolean, "
+        "reason string")
+    for capped in capped_reasons_sql(rules, "allowance"):
+        frame = frame.withColumn("reason", F.expr(capped))
+    got = {row.url: row.reason for row in frame.select("url", "reason").collect()}
+    expected = dict(zip((t.url for t in targets), capped_reasons(targets, rules), strict=True))
+    assert got == expected
+    assert {url for url, reason in expected.items() if reason is None} >= {t.url for t in targets if t.known}
+    caps = set(expected.values()) & {TEMPLATE_NEW_URL_CAP, HOST_NEW_URL_CAP, HOST_KNOWN_URL_CAP}
+    assert caps == ({TEMPLATE_NEW_URL_CAP} if per_template < 100 else set()) | (
+        {HOST_NEW_URL_CAP} if per_host < 100 else set()) | {HOST_KNOWN_URL_CAP}
+
+
+def test_new_url_caps_keep_the_shallowest_then_by_key():
+    """The Python form's own cut, by hand: what the windows keep."""
+    rules = TrapRules(max_url_length=2048, max_path_depth=16, max_segment_repeats=3, max_query_params=20,
+                      max_new_urls_per_host_per_cycle=3, max_new_urls_per_template_per_cycle=2,
+                      max_known_urls_per_host=100)
+
+    def target(url_id: str, template: str, depth: int, **more) -> NewUrlTarget:
+        return NewUrlTarget("http://a.test", template, depth, url_id, f"http://a.test/{url_id}", 2 if
+                            more.pop("tight", False) else 50, **more)
+
+    loose = [target("e", "t1", 2), target("d", "t1", 1), target("c", "t1", 1), target("b", "t2", 3),
+             target("a", "t2", 3), target("k", "t1", 0, known=True), target("r", "t2", 0, reason="url too long"),
+             target("f", "t3", 5)]
+    assert capped_reasons(loose, rules) == [TEMPLATE_NEW_URL_CAP, None, None, HOST_NEW_URL_CAP, None, None,
+                                            "url too long", HOST_NEW_URL_CAP]
+    tight = [target("b", "t1", 1, tight=True), target("a", "t2", 1, tight=True), target("c", "t3", 0, tight=True)]
+    assert capped_reasons(tight, rules) == [HOST_KNOWN_URL_CAP, None, None]
