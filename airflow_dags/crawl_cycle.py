@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import logging
 import os
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from airflow.providers.standard.operators.bash import BashOperator
@@ -82,7 +82,7 @@ def segment_progress(params: dict[str, Any], dag_run: Any) -> Any:
     from fetchd import progress
 
     conf = crawl_conf(params)
-    return progress.segment_progress(conf["storage.root"], segment_id(dag_run), conf)
+    return progress.segment_progress(conf.storage.root, segment_id(dag_run), conf)
 
 
 def close_segment(params: dict[str, Any], dag_run: Any, reason: str) -> Any:
@@ -91,7 +91,7 @@ def close_segment(params: dict[str, Any], dag_run: Any, reason: str) -> Any:
     from fetchd import progress
 
     conf = crawl_conf(params)
-    return progress.close_segment(conf["storage.root"], segment_id(dag_run), reason, conf)
+    return progress.close_segment(conf.storage.root, segment_id(dag_run), reason, conf)
 
 
 def spark_step(task_id: str, command: str, doc_md: str, **kwargs: Any) -> BashOperator:
@@ -136,7 +136,7 @@ with DAG(
     dag_id="crawl_cycle",
     description="inject -> generate -> fetch -> parse -> dedup -> update -> validate (-> maintain)",
     schedule=SCHEDULE,
-    start_date=datetime(2025, 1, 1, tzinfo=timezone.utc),
+    start_date=datetime(2025, 1, 1, tzinfo=UTC),
     catchup=False,
     max_active_runs=1,  # cycles must not overlap: each one's generate leases what the previous one updated
     default_args=DEFAULT_ARGS,
@@ -269,7 +269,7 @@ the oldest due URL had waited longer than `alert_oldest_due_hours` (0 = never): 
                         doc_md="Lets index run when the config's `index.enabled` is on (skipped otherwise; validate "
                                "runs either way).")
     def index_enabled(params: dict[str, Any]) -> bool:
-        return bool(crawl_conf(params)["index.enabled"])
+        return bool(crawl_conf(params).index.enabled)
 
     index = spark_step(
         "index", 'index --segment "$SEGMENT"',
@@ -287,7 +287,7 @@ the oldest due URL had waited longer than `alert_oldest_due_hours` (0 = never): 
     def maintenance_due(params: dict[str, Any], dag_run: Any) -> bool:
         if params["maintain"] != "auto":
             return params["maintain"] == "always"
-        moment = (dag_run.logical_date or dag_run.run_after).astimezone(timezone.utc)
+        moment = (dag_run.logical_date or dag_run.run_after).astimezone(UTC)
         return moment.hour == MAINTAIN_HOUR_UTC
 
     maintain = spark_step(

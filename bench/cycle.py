@@ -246,9 +246,9 @@ def run_corpus(spark: SparkSession, conf: config_mod.Config, root: str, known: i
     now = datetime.now(UTC).replace(microsecond=0)
     progress(f"{known:,} known URLs: building urls, hosts and the dedup indexes under {root} (not timed)")
     tables.create_all(spark, root)
-    hosts = build_hosts(spark, root, args.hosts, conf["crawl.buckets"], now)
-    build_urls(spark, root, known, hosts, args.hosts, 1.0, conf["revisit.default_interval_s"], now)
-    build_dedup_index(spark, root, conf["dedup.max_hamming"], now)
+    hosts = build_hosts(spark, root, args.hosts, conf.crawl.buckets, now)
+    build_urls(spark, root, known, hosts, args.hosts, 1.0, conf.revisit.default_interval_s, now)
+    build_dedup_index(spark, root, conf.dedup.max_hamming, now)
     segment_id = "seg-bench-cycle"
     leased = generate.run(spark, conf, root, segment_id, now=now)
     progress(f"{known:,} known URLs: leased {leased.url_count:,}; writing the fetched segment (not timed)")
@@ -343,7 +343,7 @@ def main(argv: list[str] | None = None) -> None:
     finally:
         spark.stop()
     print(f"\nBatch-side benchmark: {args.pages:,} pages per segment ({args.exact:.0%} exact, {args.near:.0%} near "
-          f"copies), {args.hosts} hosts, {conf['crawl.buckets']} buckets, {args.master}")
+          f"copies), {args.hosts} hosts, {conf.crawl.buckets} buckets, {args.master}")
     report(all_figures)
     print(f"\nTotal benchmark time {time.monotonic() - started:.0f}s")
 

@@ -463,7 +463,7 @@ def run_a(args: argparse.Namespace, base: config_mod.Config, workdir: str) -> di
     progress(f"(a) starting a farm of {args.hosts_a} hosts x {args.pages_a} pages")
     page_kb = tuple(int(v) for v in args.page_kb.split(","))
     with FarmProcess(args.hosts_a, args.pages_a, os.path.join(workdir, "farm-a"), page_kb) as farm:
-        by_host = farm.allowed(base["crawl.robots_token"])
+        by_host = farm.allowed(base.crawl.robots_token)
         url_list = interleaved(by_host)
         urls_path = os.path.join(workdir, "urls-a.json")
         Path(urls_path).write_text(json.dumps(url_list))
@@ -472,8 +472,8 @@ def run_a(args: argparse.Namespace, base: config_mod.Config, workdir: str) -> di
         overrides = conf_overrides(farm, **{
             "politeness.min_delay_s": 0.0, "politeness.max_crawl_delay_s": 0.0,
             "fetch.concurrency": args.concurrency, "politeness.max_concurrency_per_host": args.per_host,
-            "fetch.warc_compressor": args.compressor or base["fetch.warc_compressor"],
-            "fetch.warc_gzip_level": base["fetch.warc_gzip_level"] if args.gzip_level is None else args.gzip_level,
+            "fetch.warc_compressor": args.compressor or base.fetch.warc_compressor,
+            "fetch.warc_gzip_level": base.fetch.warc_gzip_level if args.gzip_level is None else args.gzip_level,
             "fetch.processes": 1,
         })
         figures: dict[str, Any] = {"urls": len(url_list), "hosts": len(by_host),
@@ -495,7 +495,7 @@ def run_a(args: argparse.Namespace, base: config_mod.Config, workdir: str) -> di
             root = os.path.join(workdir, f"root-a-{name}")
             if "segment" in job:
                 job["root"] = root
-                write_fetchlist(root, job["segment"], by_host, base["crawl.buckets"], 0.0)
+                write_fetchlist(root, job["segment"], by_host, base.crawl.buckets, 0.0)
             progress(f"(a) {name}: {len(url_list):,} URLs over {len(by_host)} hosts, concurrency {args.concurrency}")
             offset, farm_cpu = farm.log_size(), farm.cpu_s()
             role = name if name in ("raw", "polite") else "fetchd"
@@ -526,8 +526,8 @@ def run_a_fleet(args: argparse.Namespace, base: config_mod.Config, workdir: str,
     single daemon's configuration (so --concurrency each). The whole is timed from the first request in the
     farm's log to the last daemon's return (its results published)."""
     root, segment = os.path.join(workdir, "root-a-fleet"), "bench-a-fleet"
-    write_fetchlist(root, segment, by_host, base["crawl.buckets"], 0.0)
-    sets = split_buckets(by_host, base["crawl.buckets"], args.daemons)
+    write_fetchlist(root, segment, by_host, base.crawl.buckets, 0.0)
+    sets = split_buckets(by_host, base.crawl.buckets, args.daemons)
     progress(f"(a) fleet: {len(sets)} daemons on buckets {sets}")
     offset, farm_cpu = farm.log_size(), farm.cpu_s()
     daemons = run_fleet([{"overrides": overrides, "root": root, "segment": segment, "buckets": bucket_set,
@@ -552,9 +552,9 @@ def run_b(args: argparse.Namespace, base: config_mod.Config, workdir: str) -> di
     delay = args.delay_b
     progress(f"(b) starting a farm of {args.hosts_b} hosts")
     with FarmProcess(args.hosts_b, max(args.pages_b, 1), os.path.join(workdir, "farm-b")) as farm:
-        by_host = {key: found[: args.pages_b] for key, found in farm.allowed(base["crawl.robots_token"]).items()}
+        by_host = {key: found[: args.pages_b] for key, found in farm.allowed(base.crawl.robots_token).items()}
         root = os.path.join(workdir, "root-b")
-        total = write_fetchlist(root, "bench-b", by_host, base["crawl.buckets"], delay)
+        total = write_fetchlist(root, "bench-b", by_host, base.crawl.buckets, delay)
         overrides = conf_overrides(farm, **{"politeness.min_delay_s": delay, "fetch.concurrency": args.concurrency})
         progress(f"(b) fetchd: {total:,} URLs over {len(by_host)} hosts, delay {delay}s")
         offset = farm.log_size()
@@ -599,7 +599,7 @@ def run_c(args: argparse.Namespace, base: config_mod.Config, workdir: str) -> li
             assert all(urls.canonicalize(u) == u for u in (by_host[keys[0]][0], by_host[keys[-1]][-1]))
             root = os.path.join(workdir, f"root-c-{size}")
             progress(f"(c) writing a fetch list of {size:,} URLs")
-            write_fetchlist(root, "bench-c", by_host, base["crawl.buckets"], 0.0)
+            write_fetchlist(root, "bench-c", by_host, base.crawl.buckets, 0.0)
             del by_host
             overrides = conf_overrides(farm, **{
                 "politeness.min_delay_s": 0.0, "politeness.max_crawl_delay_s": 0.0,

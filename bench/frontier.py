@@ -245,8 +245,8 @@ def run_size(spark: SparkSession, conf: config_mod.Config, root: str, url_count:
 
     def build() -> None:
         tables.create_all(spark, root)
-        hosts = build_hosts(spark, root, args.hosts, conf["crawl.buckets"], now)
-        build_urls(spark, root, url_count, hosts, args.hosts, args.skew, conf["revisit.default_interval_s"], now)
+        hosts = build_hosts(spark, root, args.hosts, conf.crawl.buckets, now)
+        build_urls(spark, root, url_count, hosts, args.hosts, args.skew, conf.revisit.default_interval_s, now)
 
     figures.build_s, _ = timed(build)
     figures.table_mb, figures.table_files = table_detail(spark, tables.table_path(root, "urls"))
@@ -351,7 +351,7 @@ def main(argv: list[str] | None = None) -> None:
     jobs_log.addHandler(steps)
     root = layout.normalize_root(args.root)
     progress(f"starting Spark ({args.master}, driver memory {args.driver_memory}, "
-             f"{args.shuffle_partitions} shuffle partitions, {conf['crawl.buckets']} buckets)")
+             f"{args.shuffle_partitions} shuffle partitions, {conf.crawl.buckets} buckets)")
     spark = spark_session(conf, app_name="cyclecrawl-bench")
     started = time.monotonic()
     try:

@@ -287,11 +287,11 @@ def in_process_parse(root: str, segment_id: str, conf: config_mod.Config, limit:
             name = row["warc_filename"]
             handle = open(layout.join(root, name), "rb")  # noqa: SIM115 - closed when the next file starts
         mark = time.perf_counter()
-        record = read_record_at(handle, row["warc_offset"], max_bytes=conf["parse.max_html_bytes"])
+        record = read_record_at(handle, row["warc_offset"], max_bytes=conf.parse.max_html_bytes)
         between = time.perf_counter()
-        analyze_record(record, row["url"], row["content_type"], max_outlinks=conf["parse.max_outlinks"],
-                       shingle=conf["parse.simhash_shingle"], scope=scope,
-                       robots_token=conf["crawl.robots_token"], max_parse_seconds=conf["parse.max_parse_seconds"])
+        analyze_record(record, row["url"], row["content_type"], max_outlinks=conf.parse.max_outlinks,
+                       shingle=conf.parse.simhash_shingle, scope=scope,
+                       robots_token=conf.crawl.robots_token, max_parse_seconds=conf.parse.max_parse_seconds)
         read_s += between - mark
         analyze_s += time.perf_counter() - between
     if handle is not None:

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from crawler import urls
+from crawler.settings import Settings
 
 POLITENESS_KEYS = ("host", "domain")
 REBUCKET_COMMAND = "crawl rebucket"
@@ -26,8 +27,8 @@ class Bucketing:
     key: str = "host"
 
     @classmethod
-    def from_config(cls, conf) -> Bucketing:
-        return cls(int(conf["crawl.buckets"]), str(conf["politeness.key"]))
+    def from_config(cls, conf: Settings) -> Bucketing:
+        return cls(int(conf.crawl.buckets), str(conf.politeness.key))
 
     def key_of(self, host_key: str) -> str:
         """The politeness key of a host: what one bucket (and, with `domain`, one politeness gate) covers."""

@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Callable, Sequence
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import NoReturn
 
 from crawler import layout
@@ -34,7 +34,7 @@ def iso_time(text: str) -> datetime:
         value = datetime.fromisoformat(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"not an ISO-8601 time such as 2026-01-31T12:00:00Z: {text!r}") from None
-    return value if value.tzinfo else value.replace(tzinfo=timezone.utc)
+    return value if value.tzinfo else value.replace(tzinfo=UTC)
 
 
 def positive_int(text: str) -> int:

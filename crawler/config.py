@@ -376,7 +376,7 @@ def load(path: str | Path | None = None, assignments: Iterable[str] = ()) -> Con
 def s3_endpoint(conf: Config, environ: Mapping[str, str] = os.environ) -> str:
     """The S3 endpoint every client uses (boto3 in the daemon, pyarrow and S3A in the jobs): `s3.endpoint_url`,
     else AWS_ENDPOINT_URL, else "" for AWS's own endpoint of `s3.region`."""
-    return conf["s3.endpoint_url"] or environ.get("AWS_ENDPOINT_URL", "")
+    return conf.s3.endpoint_url or environ.get("AWS_ENDPOINT_URL", "")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -17,6 +17,7 @@ from datetime import datetime
 from crawler import traps, urls
 from crawler.bucketing import Bucketing
 from crawler.scope import Scope
+from crawler.settings import Settings
 from crawler.sitemaps import SITEMAP_FILE_PRIORITY, SitemapEntry, first_schedule
 from crawler.status import FetchOutcome, IndexEventKind, UrlSource, is_gone
 
@@ -125,10 +126,10 @@ class RefreshShare:
     gain: float
 
     @classmethod
-    def from_config(cls, conf) -> RefreshShare:
-        return cls(float(conf["generate.refresh_share"]), bool(conf["generate.refresh_share_adaptive"]),
-                   float(conf["generate.refresh_share_min"]), float(conf["generate.refresh_share_max"]),
-                   float(conf["generate.refresh_share_gain"]))
+    def from_config(cls, conf: Settings) -> RefreshShare:
+        return cls(float(conf.generate.refresh_share), bool(conf.generate.refresh_share_adaptive),
+                   float(conf.generate.refresh_share_min), float(conf.generate.refresh_share_max),
+                   float(conf.generate.refresh_share_gain))
 
     def current(self, change_rate: float | None, new_urls_per_fetch: float | None) -> float:
         """The share for the next segment. Adaptive: the configured share plus `gain` x (change rate of refetched
@@ -190,16 +191,16 @@ class DomainBudgets:
     patterns: tuple[tuple[str, int], ...] = ()
 
     @classmethod
-    def per_segment(cls, conf) -> DomainBudgets:
-        return cls._from(conf, "generate.per_domain_max_urls", "generate.domain_budgets")
+    def per_segment(cls, conf: Settings) -> DomainBudgets:
+        return cls._from(conf.generate.per_domain_max_urls, conf.generate.domain_budgets)
 
     @classmethod
-    def per_day(cls, conf) -> DomainBudgets:
-        return cls._from(conf, "generate.per_domain_daily_max_urls", "generate.domain_daily_budgets")
+    def per_day(cls, conf: Settings) -> DomainBudgets:
+        return cls._from(conf.generate.per_domain_daily_max_urls, conf.generate.domain_daily_budgets)
 
     @classmethod
-    def _from(cls, conf, default_key: str, patterns_key: str) -> DomainBudgets:
-        return cls(int(conf[default_key]), tuple((str(p).lower(), int(n)) for p, n in conf[patterns_key].items()))
+    def _from(cls, default: int, patterns: Mapping[str, int]) -> DomainBudgets:
+        return cls(int(default), tuple((str(p).lower(), int(n)) for p, n in patterns.items()))
 
     @property
     def active(self) -> bool:

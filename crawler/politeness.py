@@ -47,8 +47,8 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from email.utils import parsedate_to_datetime
 
-from crawler.config import Config
 from crawler.robots import RobotsState
+from crawler.settings import Settings
 from crawler.status import HostState, is_transient_status
 
 BACKOFF_JITTER = 0.25  # exponential backoff is stretched by a random factor in [1, 1 + this)
@@ -142,8 +142,8 @@ class PolitenessRules:
     key: str = "host"  # crawler.bucketing.POLITENESS_KEYS: what one gate (and one bucket) covers
 
     @classmethod
-    def from_config(cls, conf: Config) -> PolitenessRules:
-        return cls(**{name: conf[f"politeness.{name}"] for name in cls.__dataclass_fields__})
+    def from_config(cls, conf: Settings) -> PolitenessRules:
+        return cls(**{name: getattr(conf.politeness, name) for name in cls.__dataclass_fields__})
 
     def host_delay(self, crawl_delay_s: float | None, host_min_delay_s: float | None) -> float:
         """A host's delay known before fetching (generate, the report): the minimum, its robots.txt

@@ -21,7 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from crawler.config import Config
+from crawler.settings import Settings
 from crawler.status import FetchOutcome, UrlStatus, is_gone, is_transient
 
 
@@ -57,8 +57,8 @@ class RevisitPolicy:
     robots_denied_interval_s: int
 
     @classmethod
-    def from_config(cls, conf: Config) -> RevisitPolicy:
-        return cls(**{name: conf[f"revisit.{name}"] for name in cls.__dataclass_fields__})
+    def from_config(cls, conf: Settings) -> RevisitPolicy:
+        return cls(**{name: getattr(conf.revisit, name) for name in cls.__dataclass_fields__})
 
     def clamp(self, seconds: float) -> int:
         return int(min(max(seconds, self.min_interval_s), self.max_interval_s))

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from enum import Enum
 
+from crawler.settings import Settings
 from crawler.urls import normalize_percent_encoding, path_and_query
 
 _PRODUCT_TOKEN = re.compile(r"[A-Za-z_-]+")
@@ -209,9 +210,9 @@ class RobotsCacheRules:
     retry_s: float         # first re-fetch after an unreachable answer; doubles per unreachable answer in a row
 
     @classmethod
-    def from_config(cls, conf) -> RobotsCacheRules:
-        return cls(float(conf["robots.cache_ttl_s"]), float(conf["robots.unreachable_use_cached_days"]) * 86400.0,
-                   float(conf["robots.unreachable_retry_s"]))
+    def from_config(cls, conf: Settings) -> RobotsCacheRules:
+        return cls(float(conf.robots.cache_ttl_s), float(conf.robots.unreachable_use_cached_days) * 86400.0,
+                   float(conf.robots.unreachable_retry_s))
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,7 @@ import re
 from dataclasses import dataclass
 
 from crawler import urls
-from crawler.config import Config
+from crawler.settings import Settings
 from crawler.urls import registered_domain
 
 # The rejection of a discovered URL deeper than scope.max_depth: a key of `hosts.trap_rejections`, like the trap rules'.
@@ -44,16 +44,16 @@ class Scope:
     strip_query_params: tuple[tuple[str, tuple[str, ...]], ...] = ()  # (host glob, parameter globs)
 
     @classmethod
-    def from_config(cls, conf: Config) -> Scope:
+    def from_config(cls, conf: Settings) -> Scope:
         return cls(
-            tuple(conf["scope.schemes"]),
-            tuple(conf["scope.host_suffixes"]),
-            conf["scope.max_url_length"],
-            conf["scope.max_depth"],
-            tuple(conf["scope.allow_domains"]),
-            tuple(conf["scope.deny_domains"]),
-            tuple(conf["scope.deny_patterns"]),
-            tuple((host, tuple(names)) for host, names in conf["scope.strip_query_params"].items()),
+            tuple(conf.scope.schemes),
+            tuple(conf.scope.host_suffixes),
+            conf.scope.max_url_length,
+            conf.scope.max_depth,
+            tuple(conf.scope.allow_domains),
+            tuple(conf.scope.deny_domains),
+            tuple(conf.scope.deny_patterns),
+            tuple((host, tuple(names)) for host, names in conf.scope.strip_query_params.items()),
         )
 
     def stored_url(self, canonical_url: str) -> str:

@@ -44,14 +44,14 @@ import zlib
 from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta, timezone
 from enum import Enum
 from typing import BinaryIO
 from xml.parsers import expat
 
 from crawler import urls
-from crawler.config import Config
 from crawler.robots import RobotsPolicy
+from crawler.settings import Settings
 
 READ_CHUNK = 64 * 1024           # compressed bytes read per step
 INFLATE_CHUNK = 256 * 1024       # most uncompressed bytes produced per inflate call
@@ -157,8 +157,8 @@ class SitemapLimits:
     max_loc_length: int = 2048      # the protocol's "less than 2,048 characters"
 
     @classmethod
-    def from_config(cls, conf: Config) -> SitemapLimits:
-        return cls(**{name: conf[f"sitemaps.{name}"] for name in cls.__dataclass_fields__})
+    def from_config(cls, conf: Settings) -> SitemapLimits:
+        return cls(**{name: getattr(conf.sitemaps, name) for name in cls.__dataclass_fields__})
 
 
 DEFAULT_LIMITS = SitemapLimits()
@@ -579,7 +579,7 @@ def parse_lastmod(text: str) -> datetime | None:
         micro = int((fraction or "0")[:6].ljust(6, "0"))
         local = datetime(int(year), int(month or 1), int(day or 1), int(hour or 0), int(minute or 0),
                          int(second or 0), micro, tzinfo=timezone(offset))
-        return local.astimezone(timezone.utc)
+        return local.astimezone(UTC)
     except (ValueError, OverflowError):
         return None
 

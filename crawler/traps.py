@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from crawler import urls
-from crawler.config import Config
+from crawler.settings import Settings
 
 # Rejection reasons: they are the keys of `hosts.trap_rejections`, so they are short, stable and name the rule.
 URL_TOO_LONG = "url too long"
@@ -49,15 +49,15 @@ class TrapRules:
     max_known_urls_per_host: int
 
     @classmethod
-    def from_config(cls, conf: Config) -> TrapRules:
+    def from_config(cls, conf: Settings) -> TrapRules:
         return cls(
-            conf["traps.max_url_length"],
-            conf["traps.max_path_depth"],
-            conf["traps.max_segment_repeats"],
-            conf["traps.max_query_params"],
-            conf["traps.max_new_urls_per_host_per_cycle"],
-            conf["traps.max_new_urls_per_template_per_cycle"],
-            conf["traps.max_known_urls_per_host"],
+            conf.traps.max_url_length,
+            conf.traps.max_path_depth,
+            conf.traps.max_segment_repeats,
+            conf.traps.max_query_params,
+            conf.traps.max_new_urls_per_host_per_cycle,
+            conf.traps.max_new_urls_per_template_per_cycle,
+            conf.traps.max_known_urls_per_host,
         )
 
 

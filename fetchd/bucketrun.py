@@ -53,9 +53,9 @@ class BucketRun:
         self.listed_urls = len(fetchlist)  # the whole fetch list, including URLs an earlier run already reported
         self.out = BucketOutput(
             root=self.root, segment_id=segment_id, bucket=bucket, daemon_id=self.daemon_id,
-            warcinfo=services.warcinfo, warc_max_bytes=self.conf["fetch.warc_max_bytes"],
-            compression=(self.conf["fetch.warc_compressor"], self.conf["fetch.warc_gzip_level"]),
-            batch_rows=self.conf["ownership.results_batch_rows"], fenced=lease.fenced,
+            warcinfo=services.warcinfo, warc_max_bytes=self.conf.fetch.warc_max_bytes,
+            compression=(self.conf.fetch.warc_compressor, self.conf.fetch.warc_gzip_level),
+            batch_rows=self.conf.ownership.results_batch_rows, fenced=lease.fenced,
             on_write=self.metrics.warc_written, on_publish=self._sync_files, wall_time=self.clock.wall)
         self.sched = HostScheduler(services.gates.gate_for, self.clock.monotonic, self._report,
                                    recheck_s=STOP_POLL_S, rules=services.rules)
@@ -216,7 +216,7 @@ class BucketRun:
         """Let the requests in flight end. Once the lease is fenced they are cancelled at once; when the daemon
         is stopping (or the segment was closed) they get `ownership.shutdown_grace_s` and are then cancelled
         (their URLs stay unreported)."""
-        grace_ends = self.clock.monotonic() + self.conf["ownership.shutdown_grace_s"]
+        grace_ends = self.clock.monotonic() + self.conf.ownership.shutdown_grace_s
         while self.tasks:
             over = (self.lease.fenced() or self.storage_error is not None
                     or (self.stop_signal.is_set() and self.clock.monotonic() >= grace_ends))

@@ -38,7 +38,7 @@ def main(argv: list[str] | None = None) -> int:
 def _command(args: argparse.Namespace) -> int:
     logs.setup(args.verbose)
     conf = config_mod.from_arguments(args)
-    root = layout.check_local_folder(layout.normalize_root(conf["storage.root"]), "storage root")
+    root = layout.check_local_folder(layout.normalize_root(conf.storage.root), "storage root")
 
     from fetchd import commands
 

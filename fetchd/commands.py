@@ -135,7 +135,7 @@ def fetch_segment(conf: Config, root: str, segment_id: str, buckets: list[int] |
 
 def _peers_folder(conf: Config) -> contextlib.AbstractContextManager[str | None]:
     """Where a command's processes leave their metrics for the one with the endpoint; none without an endpoint."""
-    if conf["fetch.metrics_port"]:
+    if conf.fetch.metrics_port:
         return tempfile.TemporaryDirectory(prefix="fetchd-processes-")
     return contextlib.nullcontext(None)
 
@@ -154,7 +154,7 @@ def _claim(daemon: Daemon, work: dict[int, list[str]]) -> None:
     `ownership.max_buckets_per_daemon`, so a fleet of daemons shares the buckets."""
     for bucket in [b for b in daemon.owned.leases if b not in work]:
         daemon.owned.release(bucket)
-    limit = daemon.conf["ownership.max_buckets_per_daemon"] or len(work)
+    limit = daemon.conf.ownership.max_buckets_per_daemon or len(work)
     for bucket in sorted(work):
         if len(daemon.owned.leases) >= limit:
             break
@@ -184,7 +184,7 @@ async def serve_async(conf: Config, root: str, stop: threading.Event, clock: Clo
                     fetched = True
             if fetched:
                 continue  # look for work again at once (a peer's lapsed bucket, the next segment)
-            await interruptible_sleep(conf["fetch.poll_interval_s"], stop.is_set, clock)
+            await interruptible_sleep(conf.fetch.poll_interval_s, stop.is_set, clock)
     finally:
         await daemon.close()
 

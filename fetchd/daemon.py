@@ -59,7 +59,7 @@ async def interruptible_sleep(seconds: float, interrupted: Callable[[], bool], c
 
 def daemon_identity(conf: Config) -> str:
     """`fetch.daemon_id`, or hostname-pid; safe to use inside file names."""
-    raw = conf["fetch.daemon_id"] or f"{socket.gethostname()}-{os.getpid()}"
+    raw = conf.fetch.daemon_id or f"{socket.gethostname()}-{os.getpid()}"
     return re.sub(r"[^A-Za-z0-9_.-]", "_", raw)
 
 
@@ -70,7 +70,7 @@ def warcinfo(conf: Config) -> dict[str, str]:
         "format": "WARC File Format 1.1",
         "conformsTo": WARC_CONFORMS_TO,
         "robots": "obey",
-        "http-header-user-agent": conf["crawl.user_agent"],
+        "http-header-user-agent": conf.crawl.user_agent,
         "isPartOf": "cyclecrawl",
         "hostname": socket.gethostname(),
     }
@@ -92,7 +92,7 @@ class Daemon:
         self.clock = clock
         self.store = store or open_store(conf, layout.normalize_root(root))
         self.daemon_id = daemon_identity(conf)
-        resolver = GuardedResolver(conf["fetch.static_hosts"], conf["fetch.allow_networks"])
+        resolver = GuardedResolver(conf.fetch.static_hosts, conf.fetch.allow_networks)
         rules = PolitenessRules.from_config(conf)
         memory = thread_memory()
         gates = HostGates(rules, self.bucketing, gates=memory.gates, domains=memory.domains,
@@ -102,7 +102,7 @@ class Daemon:
         self.services = DaemonServices(
             conf=conf, clock=clock, store=self.store, root=self.store.local_root, daemon_id=self.daemon_id,
             warcinfo=warcinfo(conf), transport=transport or Fetcher(conf, resolver), resolver=resolver,
-            slots=asyncio.Semaphore(conf["fetch.concurrency"]), metrics=Metrics(started=clock.monotonic()),
+            slots=asyncio.Semaphore(conf.fetch.concurrency), metrics=Metrics(started=clock.monotonic()),
             rng=random.Random(), rules=rules, robots_cache=memory.robots,
             robots_cache_rules=RobotsCacheRules.from_config(conf), gates=gates, owned=self.owned,
             stop=self.stop_signal)
@@ -123,11 +123,11 @@ class Daemon:
         if problem is not None:
             raise ConfigError(*problem)
         self._heartbeat = asyncio.create_task(self.heartbeat_loop())
-        if self.conf["fetch.metrics_port"]:
+        if self.conf.fetch.metrics_port:
             folder = self.peers_dir
             self.metrics_server = MetricsServer(
                 self.state, (lambda: peer_snapshots(folder, self.daemon_id)) if folder else list)
-            await self.metrics_server.start(self.conf["fetch.metrics_host"], self.conf["fetch.metrics_port"])
+            await self.metrics_server.start(self.conf.fetch.metrics_host, self.conf.fetch.metrics_port)
         elif self.peers_dir:
             self._publisher = asyncio.create_task(self.publish_loop(self.peers_dir))
 
@@ -153,14 +153,14 @@ class Daemon:
     async def heartbeat_loop(self) -> None:
         """Renew every owned lease each `ownership.renew_interval_s` (`OwnedBuckets.renew`)."""
         while True:
-            await asyncio.sleep(self.conf["ownership.renew_interval_s"])
+            await asyncio.sleep(self.conf.ownership.renew_interval_s)
             await self.owned.renew()
 
     async def watch_closed(self, segment_id: str) -> None:
         """Look for the segment's `_CLOSED.json` every `fetch.poll_interval_s` (off the event loop: a HEAD on
         S3); once it is there, the segment's bucket runs stop."""
         while True:
-            await asyncio.sleep(self.conf["fetch.poll_interval_s"])
+            await asyncio.sleep(self.conf.fetch.poll_interval_s)
             try:
                 closed = await asyncio.to_thread(self.store.is_closed, segment_id)
             except OSError as exc:  # storage trouble: the bucket runs notice it themselves; look again later
@@ -171,7 +171,7 @@ class Daemon:
                 return
 
     async def progress_loop(self) -> None:
-        interval = self.conf["fetch.progress_interval_s"]
+        interval = self.conf.fetch.progress_interval_s
         while True:
             await asyncio.sleep(interval)
             self.log_progress()
@@ -191,7 +191,7 @@ class Daemon:
     async def fetch_buckets(self, segment_id: str, buckets: list[int]) -> list[dict[str, Any]]:
         """Fetch the given buckets of a segment (each must be owned: `acquire`) concurrently, resuming what an
         earlier run left; the manifests of those that finished."""
-        share = max(1, self.conf["fetch.max_queued_urls"] // max(1, len(buckets)))  # queued rows per bucket run
+        share = max(1, self.conf.fetch.max_queued_urls // max(1, len(buckets)))  # queued rows per bucket run
         self.segment_id, self.runs, self.stop_signal.segment_closed = segment_id, [], False
         watchers = [asyncio.create_task(self.progress_loop()), asyncio.create_task(self.watch_closed(segment_id))]
         try:
@@ -217,7 +217,7 @@ class Daemon:
         """One owned bucket to its end. When its files cannot be written (a full disk, I/O errors), the bucket
         stops fetching at once (nothing is fetched that cannot be stored), waits with growing pauses up to
         `fetch.storage_retry_max_s`, and resumes from what is durable once a probe write succeeds."""
-        pause = self.conf["fetch.storage_retry_s"]
+        pause = self.conf.fetch.storage_retry_s
         while True:
             lease = self.owned.leases.get(bucket)
             if lease is None or lease.fenced() or self.stop_signal.is_set():  # lost since it was claimed, or stopping
@@ -244,7 +244,7 @@ class Daemon:
                         bucket, segment_id, trouble, pause)
             try:
                 while not await self._storage_works(segment_id, bucket, pause, lease):
-                    pause = min(pause * 2, self.conf["fetch.storage_retry_max_s"])
+                    pause = min(pause * 2, self.conf.fetch.storage_retry_max_s)
                     if lease.fenced() or self.stop_signal.is_set():
                         return None
             finally:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 
 from warcio.timeutils import datetime_to_iso_date
@@ -36,7 +36,7 @@ STOP_POLL_S = 0.5  # how often a wait (an idle scheduler, a closed gate, a drain
 
 def utc(epoch: float) -> datetime:
     """An epoch as an aware UTC datetime, as result rows hold times."""
-    return datetime.fromtimestamp(epoch, timezone.utc)
+    return datetime.fromtimestamp(epoch, UTC)
 
 
 def _warc_date(epoch: float) -> str:
@@ -156,7 +156,7 @@ class Exchange:
         (gzip files are served as application/x-gzip and the like) up to `sitemaps.max_fetch_bytes`."""
         try:
             if sitemap:
-                return await self.transport.get(url, headers, self.conf["sitemaps.max_fetch_bytes"])
+                return await self.transport.get(url, headers, self.conf.sitemaps.max_fetch_bytes)
             return await self.transport.get(url, headers, page=True)
         except Exception as exc:
             log.exception("fetching %s failed unexpectedly", url)
@@ -183,7 +183,7 @@ class Exchange:
             return target, None, False
         if target in self.listed:
             return target, "redirect target is in this fetch list: fetched as its own URL", False
-        limit = self.conf["fetch.max_redirects"]
+        limit = self.conf.fetch.max_redirects
         if len(chain) > limit:
             return target, f"more than {limit} redirects" if limit else None, False
         if host.policy is not None and not host.policy.allowed(target):

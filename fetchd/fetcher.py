@@ -12,7 +12,6 @@ cannot stretch). A cut body is flagged `truncated` with a `truncated_reason`.
 
 from __future__ import annotations
 
-import asyncio
 import time
 import zlib
 from collections.abc import Mapping, Sequence
@@ -192,34 +191,34 @@ class Fetcher:
     """Owns the HTTP session of one daemon; create and close inside the event loop."""
 
     def __init__(self, conf: Config, resolver: GuardedResolver):
-        self.max_body_bytes = conf["fetch.max_body_bytes"]
-        self.max_decoded_bytes = conf["fetch.max_decoded_bytes"]
-        self.accept_content_types = tuple(t.strip().lower() for t in conf["fetch.accept_content_types"])
+        self.max_body_bytes = conf.fetch.max_body_bytes
+        self.max_decoded_bytes = conf.fetch.max_decoded_bytes
+        self.accept_content_types = tuple(t.strip().lower() for t in conf.fetch.accept_content_types)
         self.resolver = resolver
         connector = aiohttp.TCPConnector(
             resolver=resolver,
             use_dns_cache=True,
-            ttl_dns_cache=conf["fetch.dns_cache_ttl_s"],
-            limit=conf["fetch.concurrency"],
-            limit_per_host=conf["politeness.max_concurrency_per_host"],
+            ttl_dns_cache=conf.fetch.dns_cache_ttl_s,
+            limit=conf.fetch.concurrency,
+            limit_per_host=conf.politeness.max_concurrency_per_host,
         )
         self.session = aiohttp.ClientSession(
             connector=connector,
             auto_decompress=False,
             cookie_jar=aiohttp.DummyCookieJar(),
             timeout=aiohttp.ClientTimeout(
-                total=conf["fetch.total_timeout_s"], sock_connect=conf["fetch.connect_timeout_s"]
+                total=conf.fetch.total_timeout_s, sock_connect=conf.fetch.connect_timeout_s
             ),
             headers={
-                "User-Agent": conf["crawl.user_agent"],
+                "User-Agent": conf.crawl.user_agent,
                 "Accept": ACCEPT,
-                "Accept-Language": conf["fetch.accept_language"],
+                "Accept-Language": conf.fetch.accept_language,
                 "Accept-Encoding": ACCEPT_ENCODING,
             },
             skip_auto_headers=("Content-Type",),
-            max_line_size=conf["fetch.max_header_field_bytes"],
-            max_field_size=conf["fetch.max_header_field_bytes"],
-            max_headers=conf["fetch.max_headers"],
+            max_line_size=conf.fetch.max_header_field_bytes,
+            max_field_size=conf.fetch.max_header_field_bytes,
+            max_headers=conf.fetch.max_headers,
         )
         _never_retry(self.session)
 
@@ -252,7 +251,7 @@ class Fetcher:
                         response, max_bytes or self.max_body_bytes, result.header("Content-Encoding")
                     )
                     result.truncated = result.truncated_reason is not None
-        except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
+        except (TimeoutError, aiohttp.ClientError, OSError) as exc:
             result.blocked = _is_blocked(exc)
             result.status = None
             result.body = b""

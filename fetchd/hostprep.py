@@ -107,8 +107,8 @@ class HostPreparer:
         cached = self.robots_cache.get(host.host_key)
         if (row is not None and row["expires_at"].timestamp() > wall_now and not is_unreachable(row["status_code"])
                 and (cached is None or cached.expires <= mono_now)):
-            policy = policy_for_status(row["status_code"], row["body"], self.conf["crawl.robots_token"],
-                                       self.conf["robots.max_bytes"])
+            policy = policy_for_status(row["status_code"], row["body"], self.conf.crawl.robots_token,
+                                       self.conf.robots.max_bytes)
             self.robots_cache[host.host_key] = CachedRobots(
                 policy, mono_now + row["expires_at"].timestamp() - wall_now, policy,
                 mono_now - (wall_now - row["fetched_at"].timestamp()))
@@ -146,16 +146,16 @@ class HostPreparer:
     async def _fetch_robots(self, host: HostWork) -> RobotsPolicy:
         """GET /robots.txt through the politeness gate of every host on the way, following redirects (to another
         host only where this daemon owns it: `owns_host`)."""
-        token, max_bytes = self.conf["crawl.robots_token"], self.conf["robots.max_bytes"]
+        token, max_bytes = self.conf.crawl.robots_token, self.conf.robots.max_bytes
         url = host.host_key + ROBOTS_PATH
         response: FetchResponse | None = None
         location: tuple[str, WrittenRecord] | None = None
         not_followed: str | None = None
-        for hop in range(self.conf["robots.max_redirects"] + 1):
+        for hop in range(self.conf.robots.max_redirects + 1):
             response = await self.exchange.gated_get(url, host_class(host.listed), max_bytes)
             location = await self.exchange.write_exchange(response) if response.status is not None else None
             target = response.header("Location") if response.status and 300 <= response.status < 400 else None
-            if target is None or hop == self.conf["robots.max_redirects"]:
+            if target is None or hop == self.conf.robots.max_redirects:
                 break
             next_url = urls.resolve(url, target)
             if next_url is None:
@@ -196,7 +196,7 @@ class HostPreparer:
             "state": policy.state.value,
             "body": body,
             "crawl_delay_s": policy.crawl_delay_s,
-            "expires_at": utc(now) + timedelta(seconds=self.conf["robots.cache_ttl_s"]),
+            "expires_at": utc(now) + timedelta(seconds=self.conf.robots.cache_ttl_s),
             "warc_filename": location[0] if location else None,
             "warc_offset": location[1].offset if location else None,
             "warc_length": location[1].length if location else None,

@@ -109,9 +109,9 @@ class LeaseStore:
         self.root = root
         self.clock = clock
         self.owner = owner
-        self.ttl_s = conf["ownership.lease_ttl_s"]
-        self.fence_margin_s = conf["ownership.fence_margin_s"]
-        self.grace_s = conf["ownership.takeover_grace_s"]
+        self.ttl_s = conf.ownership.lease_ttl_s
+        self.fence_margin_s = conf.ownership.fence_margin_s
+        self.grace_s = conf.ownership.takeover_grace_s
         self.hostname = socket.gethostname()
 
     def _epochs(self, bucket: int) -> list[int]:

@@ -38,7 +38,7 @@ PUBLISH_S = 1.0  # how often a process without the endpoint leaves its snapshot 
 
 def process_count(conf: Config) -> int:
     """`fetch.processes`, where 0 means one per core."""
-    return conf["fetch.processes"] or os.cpu_count() or 1
+    return conf.fetch.processes or os.cpu_count() or 1
 
 
 def process_conf(conf: Config, number: int, count: int) -> Config:
@@ -46,13 +46,13 @@ def process_conf(conf: Config, number: int, count: int) -> Config:
     default, hostname-pid, differs already), the metrics endpoint only in the first (the others report to it), and
     no more than its share of the buckets at once (`ownership.max_buckets_per_daemon`, when that is looser), so a
     process that starts first does not take every bucket from the others."""
-    share = -(-conf["crawl.buckets"] // count)
-    limit = conf["ownership.max_buckets_per_daemon"]
+    share = -(-conf.crawl.buckets // count)
+    limit = conf.ownership.max_buckets_per_daemon
     overrides: dict[str, Any] = {"fetch.processes": 1, "ownership.max_buckets_per_daemon": min(limit or share, share)}
     if number:
         overrides["fetch.metrics_port"] = 0
-        if conf["fetch.daemon_id"]:
-            overrides["fetch.daemon_id"] = f"{conf['fetch.daemon_id']}.{number}"
+        if conf.fetch.daemon_id:
+            overrides["fetch.daemon_id"] = f"{conf.fetch.daemon_id}.{number}"
     return conf.with_overrides(overrides)
 
 

@@ -18,7 +18,7 @@ Daemons then start none of its buckets, and a daemon fetching one stops it withi
 
 from __future__ import annotations
 
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import NamedTuple
 
 from crawler import layout
@@ -76,7 +76,7 @@ def close_segment(root: str, segment_id: str, reason: str, conf: Config | None =
         if not progress.closed:
             store.close_segment(segment_id, {
                 "segment_id": segment_id,
-                "closed_at": datetime.now(timezone.utc).isoformat(),
+                "closed_at": datetime.now(UTC).isoformat(),
                 "reason": reason,
                 "unfinished_buckets": progress.unfinished,
             })

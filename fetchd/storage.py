@@ -126,8 +126,8 @@ def s3_client(conf: Config) -> Any:
     from botocore.config import Config as BotoConfig
 
     endpoint = s3_endpoint(conf) or None
-    addressing = "path" if conf["s3.path_style_access"] else "auto"
-    return boto3.client("s3", endpoint_url=endpoint, region_name=conf["s3.region"],
+    addressing = "path" if conf.s3.path_style_access else "auto"
+    return boto3.client("s3", endpoint_url=endpoint, region_name=conf.s3.region,
                         config=BotoConfig(s3={"addressing_style": addressing}, retries={"mode": "standard"}))
 
 
@@ -153,12 +153,12 @@ class S3Store(LocalStore):
 
         self.root = root
         self.bucket, self.prefix = split_s3_root(root)
-        staging = os.path.abspath(os.path.expanduser(conf["fetch.staging_dir"] or default_staging_dir()))
+        staging = os.path.abspath(os.path.expanduser(conf.fetch.staging_dir or default_staging_dir()))
         self.local_root = os.path.join(staging, self.bucket, *self.prefix.split("/")) if self.prefix \
             else os.path.join(staging, self.bucket)
         self.client = client or s3_client(conf)
-        self.transfer = TransferConfig(multipart_threshold=conf["s3.multipart_threshold_bytes"],
-                                       multipart_chunksize=conf["s3.multipart_chunk_bytes"])
+        self.transfer = TransferConfig(multipart_threshold=conf.s3.multipart_threshold_bytes,
+                                       multipart_chunksize=conf.s3.multipart_chunk_bytes)
         self._uploader = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="s3-upload")  # one: in order
         self._lock = threading.Lock()
         self._uploaded: dict[tuple[str, int], set[str]] = {}  # keys (relative to the root) known to be on S3

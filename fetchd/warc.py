@@ -36,7 +36,7 @@ import urllib.parse
 import zlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any, NamedTuple
 
 from isal import isal_zlib
@@ -167,7 +167,7 @@ def writes_pending() -> int:
 
 def iipc_stem(prefix: str, created: float, serial: int, host: str) -> str:
     """`prefix-timestamp-serial-host` (IIPC WARC naming): UTC creation time to the millisecond, 5-digit serial."""
-    moment = datetime.fromtimestamp(created, timezone.utc)
+    moment = datetime.fromtimestamp(created, UTC)
     return f"{prefix}-{moment:%Y%m%d%H%M%S}{moment.microsecond // 1000:03d}-{serial:05d}-{host}"
 
 
@@ -183,7 +183,7 @@ def new_record_id() -> str:
 
 
 def _warc_now() -> str:
-    return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
 def _sha1(*parts: bytes) -> str:

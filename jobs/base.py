@@ -40,13 +40,13 @@ def s3a_settings(conf: Config, environ: Mapping[str, str] = os.environ) -> dict[
     """The Spark settings that make s3:// and s3a:// paths go through S3A with the configured endpoint; none for
     a local root. `s3://` is mapped to S3A so every job uses the root's paths unchanged (Delta logs included:
     Delta picks its S3 LogStore by scheme)."""
-    if not layout.is_s3(conf["storage.root"]):
+    if not layout.is_s3(conf.storage.root):
         return {}
     settings = {
         "spark.hadoop.fs.s3.impl": "org.apache.hadoop.fs.s3a.S3AFileSystem",
         "spark.hadoop.fs.AbstractFileSystem.s3.impl": "org.apache.hadoop.fs.s3a.S3A",
-        "spark.hadoop.fs.s3a.endpoint.region": conf["s3.region"],
-        "spark.hadoop.fs.s3a.path.style.access": str(conf["s3.path_style_access"]).lower(),
+        "spark.hadoop.fs.s3a.endpoint.region": conf.s3.region,
+        "spark.hadoop.fs.s3a.path.style.access": str(conf.s3.path_style_access).lower(),
         "spark.hadoop.fs.s3a.aws.credentials.provider": AWS_DEFAULT_CREDENTIALS,
     }
     endpoint = Storage.from_conf(conf, environ).endpoint_url
@@ -64,7 +64,7 @@ def spark_session(conf: Config, app_name: str = "cyclecrawl") -> SparkSession:
     SDK bundle for an s3:// root).
     """
     submitted = submitted_by_spark_submit()
-    master = conf["spark.master"]
+    master = conf.spark.master
     if master.startswith("local") and not submitted:
         # The machine's hostname may not resolve to a usable address: bind everything to loopback.
         os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
@@ -74,18 +74,18 @@ def spark_session(conf: Config, app_name: str = "cyclecrawl") -> SparkSession:
         SparkSession.builder.appName(app_name)
         .config("spark.sql.extensions", "io.delta.sql.DeltaSparkSessionExtension")
         .config("spark.sql.catalog.spark_catalog", "org.apache.spark.sql.delta.catalog.DeltaCatalog")
-        .config("spark.sql.shuffle.partitions", str(conf["spark.shuffle_partitions"]))
+        .config("spark.sql.shuffle.partitions", str(conf.spark.shuffle_partitions))
         # Delta rebuilds a table's snapshot from its log in 50 partitions unless told otherwise; on a few cores
         # that is about half the time of a small job (update of 21 URLs: 111 s -> 58 s). The shuffle width fits.
-        .config("spark.databricks.delta.snapshotPartitions", str(conf["spark.shuffle_partitions"]))
+        .config("spark.databricks.delta.snapshotPartitions", str(conf.spark.shuffle_partitions))
         .config("spark.sql.session.timeZone", "UTC")
-        .config("spark.driver.memory", conf["spark.driver_memory"])
+        .config("spark.driver.memory", conf.spark.driver_memory)
         .config("spark.ui.enabled", "false")
         .config("spark.ui.showConsoleProgress", "false")
         .config("spark.databricks.delta.schema.autoMerge.enabled", "false")
         # Tables created by this session (delta_tables.create_all) get deletion vectors or not (tables.*).
         .config("spark.databricks.delta.properties.defaults.enableDeletionVectors",
-                str(conf["tables.deletion_vectors"]).lower())
+                str(conf.tables.deletion_vectors).lower())
         .config("spark.sql.sources.partitionOverwriteMode", "static")
         # pyspark's DataFrame debugging records the Python call site of every Column function (F.col, alias,
         # cast...) in the JVM, five py4j round trips and a stack walk each: 1.8 ms an F.col instead of 0.4 ms, and
@@ -95,25 +95,25 @@ def spark_session(conf: Config, app_name: str = "cyclecrawl") -> SparkSession:
     if not submitted:
         # Under spark-submit the master, the jars and the driver's address come from its command line.
         builder = _launch_settings(builder, conf)
-    for key, value in {**s3a_settings(conf), **conf["spark.conf"]}.items():
+    for key, value in {**s3a_settings(conf), **conf.spark.conf}.items():
         builder = builder.config(key, str(value))
     spark = builder.getOrCreate()
-    spark.sparkContext.setLogLevel(conf["spark.log_level"])
+    spark.sparkContext.setLogLevel(conf.spark.log_level)
     return spark
 
 
 def _launch_settings(builder: SparkSession.Builder, conf: Config) -> SparkSession.Builder:
     """Master, driver address and jars of a session this process launches itself (not spark-submit's)."""
-    master = conf["spark.master"]
+    master = conf.spark.master
     builder = builder.master(master)
     if master.startswith("local"):
         builder = builder.config("spark.driver.host", "127.0.0.1").config("spark.driver.bindAddress", "127.0.0.1")
-    extra_jars = conf["spark.extra_jars"].strip()
+    extra_jars = conf.spark.extra_jars.strip()
     if extra_jars:
         return builder.config("spark.jars", extra_jars)
     from delta import configure_spark_with_delta_pip
 
-    builder = builder.config("spark.jars.ivy", os.path.expanduser(conf["spark.ivy_dir"]))
+    builder = builder.config("spark.jars.ivy", os.path.expanduser(conf.spark.ivy_dir))
     builder = builder.config("spark.jars.ivySettings", str(IVY_SETTINGS))
     builder = builder.config("spark.jars.excludes", ",".join(SHIPPED_WITH_PYSPARK))
     return configure_spark_with_delta_pip(builder, extra_packages=extra_packages(conf))
@@ -142,7 +142,7 @@ SHIPPED_WITH_PYSPARK = (
 def extra_packages(conf: Config) -> list[str]:
     """Maven packages resolved beside Delta's: hadoop-aws for an s3:// root, at the version of the Hadoop
     that pyspark ships (it pulls the AWS SDK bundle that version was built with)."""
-    if not layout.is_s3(conf["storage.root"]):
+    if not layout.is_s3(conf.storage.root):
         return []
     return [f"org.apache.hadoop:hadoop-aws:{pyspark_hadoop_version()}"]
 

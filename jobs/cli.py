@@ -184,7 +184,7 @@ def main(argv: list[str] | None = None) -> int:
 def _command(args: argparse.Namespace) -> int:
     logs.setup(args.verbose)
     conf = config_mod.from_arguments(args)
-    root = layout.normalize_root(conf["storage.root"])
+    root = layout.normalize_root(conf.storage.root)
     command = chosen(args)
     _check_before_spark(command, args, conf, root)
     handler = resolve(command.handler)

@@ -85,7 +85,7 @@ def run_cycle(spark: SparkSession, conf: Config, root: str, seeds: str | None = 
     # Before update: update copies pages.duplicate_of into index_events and takes a parent's (lowered) priority.
     timed("dedup", dedup.run, spark, conf, root, generated.segment_id)
     timed("update", update.run, spark, conf, root, generated.segment_id)
-    if conf["index.enabled"]:
+    if conf.index.enabled:
         from jobs import index
 
         timed("index", index.run, spark, conf, root, generated.segment_id)

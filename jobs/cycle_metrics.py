@@ -48,7 +48,7 @@ def generate_figures(spark: SparkSession, conf: Config, root: str, segment_id: s
                      selected: DataFrame, unmerged: int) -> dict[str, Any]:
     """Generate's row: the due backlog at the pinned `urls` version, what `selected` (the fetch list) took, and the
     `unmerged` other segments generate found open."""
-    high = float(conf["generate.high_priority"])
+    high = float(conf.generate.high_priority)
     due = pinned_table(spark, root, "urls").withColumn("gen_now", F.lit(now)).where(is_due_sql("gen_now", segment_id))
     # One pass over `urls`: per host, then the totals and the hot domains from those (few) rows.
     per_host = due.groupBy("host_key").agg(
@@ -74,7 +74,7 @@ def generate_figures(spark: SparkSession, conf: Config, root: str, segment_id: s
         "high_priority_not_leased": max(0, backlog["due_high_priority"] - taken["high"]),
         "leased_urls": taken["leased"],
         "unmerged_segments": unmerged,
-        "hot_domains": hot_domains(spark, root, per_host, selected, int(conf["generate.hot_domains"])),
+        "hot_domains": hot_domains(spark, root, per_host, selected, int(conf.generate.hot_domains)),
     }
 
 
@@ -152,7 +152,7 @@ def read_figures(conf: Config, segment_id: str) -> dict[str, dict[str, Any]]:
     from jobs.storage import Storage
 
     uri, options = Storage.from_conf(conf).delta_rs(
-        layout.table_path(layout.normalize_root(conf["storage.root"]), "cycle_metrics"))
+        layout.table_path(layout.normalize_root(conf.storage.root), "cycle_metrics"))
     # One thread: a threaded pyarrow dataset scan leaves readahead threads that abort the interpreter at exit about one
     # run in five ("terminate called without an active exception", delta-rs#2184, arrow#34314), which fails an
     # Airflow task that already returned. (delta-rs's QueryBuilder holds the GIL while it reads: it never answers

@@ -210,8 +210,8 @@ def near_labels(spark: SparkSession, conf: Config, bands: DataFrame, docs: DataF
                 result: DedupResult) -> tuple[DataFrame, DataFrame]:
     """(label per segment page that has a verified pair: url_id, cluster, cluster_us; the segment pages'
     candidates exploded into bands: url_id, seen_us, simhash, band, band_key)."""
-    max_hamming, max_bucket_size = conf["dedup.max_hamming"], conf["dedup.max_bucket_size"]
-    shards = conf["spark.shuffle_partitions"]
+    max_hamming, max_bucket_size = conf.dedup.max_hamming, conf.dedup.max_bucket_size
+    shards = conf.spark.shuffle_partitions
     candidates = docs.where(F.col("simhash").isNotNull() & (F.col("simhash") != 0)).select(
         "url_id", F.unix_micros("seen").alias("seen_us"), "simhash")
     new_rows = explode_bands(candidates, max_hamming).localCheckpoint()
@@ -318,7 +318,7 @@ def run(spark: SparkSession, conf: Config, root: str, segment_id: str) -> DedupR
         retired = dedup_index.retired_clusters(marks, leaving).localCheckpoint()
         band_relabelled = dedup_index.band_relabels(bands, retired, changed) if retired.limit(1).count() else None
         hash_rows = dedup_index.hash_rows(segment_id, marks, exact_relabelled, leavers, hashes).localCheckpoint()
-        band_rows = dedup_index.band_rows(segment_id, conf["dedup.max_hamming"], marks, new_bands, band_relabelled,
+        band_rows = dedup_index.band_rows(segment_id, conf.dedup.max_hamming, marks, new_bands, band_relabelled,
                                changed).localCheckpoint()
         result.relabelled = (hash_rows.where("_op = 'relabel'").count() + band_rows.where("_op = 'relabel'").count())
         with _once_per_segment(spark, segment_id):
@@ -353,7 +353,7 @@ def _adjust_priority(spark: SparkSession, root: str, conf: Config, marks: DataFr
     """urls whose verdict flipped against the marks of their previous page (dedup_hashes.marked_duplicate):
     became a duplicate -> priority *= the factor; stopped being one, or left the index -> priority /= the factor,
     undoing the lowering. Returns (lowered, restored)."""
-    factor = conf["dedup.duplicate_priority_factor"]
+    factor = conf.dedup.duplicate_priority_factor
     verdicts = marks.select("url_id", "bucket", "is_duplicate",
                             F.coalesce(F.col("old_marked"), F.lit(False)).alias("was_duplicate")).unionByName(
         leaving.where("marked_duplicate").select(

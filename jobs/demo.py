@@ -85,7 +85,7 @@ def demo_config(conf: Config, root: str, farm) -> Config:
             "fetch.static_hosts": farm.static_hosts(),
             "fetch.allow_networks": ["127.0.0.0/8"],
             "scope.host_suffixes": ["farm.test"],
-            "politeness.min_delay_s": conf["demo.min_delay_s"],
+            "politeness.min_delay_s": conf.demo.min_delay_s,
         }
     )
 
@@ -97,8 +97,8 @@ def measure(spark, conf: Config, root: str, farm, cycles: int, farm_log: Path) -
     from sitefarm.judge import politeness_violations, robots_violations
     from sitefarm.server import read_request_log
 
-    token = conf["crawl.robots_token"]
-    min_delay = conf["politeness.min_delay_s"]
+    token = conf.crawl.robots_token
+    min_delay = conf.politeness.min_delay_s
     fetches = table_df(spark, root, "fetches")
     outcomes = [
         (f"{r['outcome']}/{r['status_code']}", int(r["count"]))
@@ -117,7 +117,7 @@ def measure(spark, conf: Config, root: str, farm, cycles: int, farm_log: Path) -
         return spark.createDataFrame([(u,) for u in sorted(expected)], "url string").join(got, "url").count()
 
     expected = farm.expected_fetches(token, max_depth=cycles - 1)
-    sitemap_listed = farm.expected_fetches_sitemaps_only(token) if conf["sitemaps.from_robots"] else set()
+    sitemap_listed = farm.expected_fetches_sitemaps_only(token) if conf.sitemaps.from_robots else set()
 
     log_records = read_request_log(farm_log)
 
@@ -150,12 +150,12 @@ def run_demo(conf: Config, root: str, cycles: int | None = None) -> int:
     from sitefarm.server import SiteFarm
     from sitefarm.sites import FarmSpec
 
-    cycles = cycles or conf["demo.cycles"]
+    cycles = cycles or conf.demo.cycles
     prepare_root(root)
     farm_dir = Path(root) / "sitefarm"
     farm_dir.mkdir(parents=True, exist_ok=True)
     farm = SiteFarm(
-        FarmSpec(hosts=conf["demo.hosts"], pages_per_host=conf["demo.pages_per_host"]),
+        FarmSpec(hosts=conf.demo.hosts, pages_per_host=conf.demo.pages_per_host),
         log_path=farm_dir / "requests.jsonl",
     )
     farm.start()
@@ -163,7 +163,7 @@ def run_demo(conf: Config, root: str, cycles: int | None = None) -> int:
         conf = demo_config(conf, root, farm)
         seeds = farm_dir / "seeds.txt"
         seeds.write_text("".join(f"{url}\n" for url in farm.seed_urls()))
-        print(f"demo: farm of {conf['demo.hosts']} hosts on 127.0.0.1:{farm.port}; crawling into {root}", flush=True)
+        print(f"demo: farm of {conf.demo.hosts} hosts on 127.0.0.1:{farm.port}; crawling into {root}", flush=True)
         spark = spark_session(conf, app_name="crawl-demo")
         segments = []
         for number in range(1, cycles + 1):

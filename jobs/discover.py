@@ -132,8 +132,8 @@ def discovery_targets(conf: Config, segment_id: str, results: DataFrame, links: 
     candidates = from_links.select(columns).unionByName(from_redirects.select(columns)).join(
         parent_state, ["from_url_id", "from_url"])
     candidates = _candidate_rank(candidates)
-    if conf["sitemaps.from_robots"]:
-        candidates = candidates.unionByName(_robots_sitemap_candidates(robots, conf["robots.max_bytes"]))
+    if conf.sitemaps.from_robots:
+        candidates = candidates.unionByName(_robots_sitemap_candidates(robots, conf.robots.max_bytes))
 
     return _classified_targets(conf, segment_id, candidates, urls_snap, hosts_snap)
 
@@ -279,7 +279,7 @@ def url_rows(conf: Config, segment_id: str, targets: DataFrame) -> DataFrame:
             "sitemap_origin",
             F.lit(segment_id).alias("discovered_in"),
             F.col("discovered_at").alias("next_fetch_at"),
-            F.lit(conf["revisit.default_interval_s"]).alias("fetch_interval_s"),
+            F.lit(conf.revisit.default_interval_s).alias("fetch_interval_s"),
             F.lit(0).alias("failure_count"),
             F.lit(segment_id).alias("inlink_segment"),
             F.col("discovered_at").alias("updated_at"),

@@ -129,7 +129,7 @@ def select_due(spark: SparkSession, conf: Config, root: str, segment_id: str, no
         F.expr(politeness.is_dead_sql("failing_since", "gen_now")).alias("h_dead"),
         F.col("domain").alias("h_domain"),
     )
-    token, max_bytes = conf["crawl.robots_token"], conf["robots.max_bytes"]
+    token, max_bytes = conf.crawl.robots_token, conf.robots.max_bytes
 
     @F.udf("boolean")
     def robots_allow(robots_txt, url):
@@ -147,11 +147,11 @@ def select_due(spark: SparkSession, conf: Config, root: str, segment_id: str, no
         allowed
         .withColumn("h_domain", F.coalesce("h_domain", "host_key"))  # no row, or one older than hosts.domain: its own
         .withColumn("delay_s", F.expr(delay))
-        .withColumn("host_cap", F.expr(per_host_cap_sql(conf["generate.per_host_max_urls"],
-                                                        conf["generate.segment_seconds"], "delay_s",
+        .withColumn("host_cap", F.expr(per_host_cap_sql(conf.generate.per_host_max_urls,
+                                                        conf.generate.segment_seconds, "delay_s",
                                                         "coalesce(h_dead, false)")))
         .withColumn("score", F.expr(score_sql("priority", "next_fetch_at", "gen_now",
-                                              conf["generate.age_boost_per_day"])))
+                                              conf.generate.age_boost_per_day)))
         .withColumn("rank", F.row_number().over(
             Window.partitionBy("host_key").orderBy(F.desc("score"), F.asc("url_id"))))
         .where(F.col("rank") <= F.col("host_cap"))
@@ -169,8 +169,8 @@ def select_due(spark: SparkSession, conf: Config, root: str, segment_id: str, no
                 Window.partitionBy("h_domain").orderBy(segment_order())))
             .where(F.col("domain_cap").isNull() | (F.col("domain_rank") <= F.col("domain_cap")))
         )
-    budget = conf["generate.segment_max_urls"]
-    chosen = (within_budget(ranked, budget, refresh_share) if conf["generate.budget_split"]
+    budget = conf.generate.segment_max_urls
+    chosen = (within_budget(ranked, budget, refresh_share) if conf.generate.budget_split
               else ranked.orderBy(segment_order()).limit(budget))
     return chosen.select(
         F.lit(segment_id).alias("segment_id"),
@@ -306,7 +306,7 @@ def run(spark: SparkSession, conf: Config, root: str, segment_id: str | None = N
     own_states, open_ids = segment_states(spark, root, segment_id)
     if own_states - {SegmentState.GENERATED.value}:
         raise UserError(f"segment {segment_id} is past the generated state; generate a new segment instead")
-    refusal = backpressure(unmerged_segments(conf, root, open_ids), conf["generate.max_unmerged_segments"])
+    refusal = backpressure(unmerged_segments(conf, root, open_ids), conf.generate.max_unmerged_segments)
     if refusal:
         log.warning("generate %s refused: %s", segment_id, refusal)
         raise Backpressure(f"no new segment: {refusal}")
@@ -314,7 +314,7 @@ def run(spark: SparkSession, conf: Config, root: str, segment_id: str | None = N
     with step(f"generate {segment_id}: select"):
         # At most segment_max_urls rows, read three times (counts, fetch list, lease): select once.
         share = RefreshShare.from_config(conf)
-        if conf["generate.budget_split"]:
+        if conf.generate.budget_split:
             result.refresh_share = share.current(*cycle_metrics.update_signals(spark, root)) if share.adaptive \
                 else share.share
         selected = select_due(spark, conf, root, segment_id, now, result.refresh_share).persist()
@@ -334,7 +334,7 @@ def run(spark: SparkSession, conf: Config, root: str, segment_id: str | None = N
     with step(f"generate {segment_id}: frontier figures"):
         figures = cycle_metrics.generate_figures(spark, conf, root, segment_id, now, selected, len(open_ids))
     with step(f"generate {segment_id}: lease"):
-        leased = lease(spark, root, selected, segment_id, now, conf["generate.lease_seconds"])
+        leased = lease(spark, root, selected, segment_id, now, conf.generate.lease_seconds)
     selected.unpersist()
     if not own_states:  # a re-run finds the rows its first run wrote (all buckets in one commit)
         record_segment(spark, root, segment_id, per_bucket, now)
@@ -343,7 +343,7 @@ def run(spark: SparkSession, conf: Config, root: str, segment_id: str | None = N
     result.host_count = sum(r["host_count"] for r in per_bucket)
     result.buckets = [r["bucket"] for r in per_bucket]
     result.refresh_count = sum(r["refresh_count"] for r in per_bucket)
-    split = f", refresh share {result.refresh_share:.2f}" if conf["generate.budget_split"] else ""
+    split = f", refresh share {result.refresh_share:.2f}" if conf.generate.budget_split else ""
     log.info("generate %s: %s%s (%d newly leased)", segment_id, result.summary(), split, leased)
     return result
 

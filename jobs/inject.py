@@ -85,7 +85,7 @@ def _probe_rows(conf: Config, entries: list[SeedEntry]) -> list[tuple]:
     seeded = {entry.url for entry in entries}
     probes = sorted({probe_url(urls.host_key(entry.url)) for entry in entries} - seeded)
     origin = SitemapOrigin(FoundVia.PROBE).encode()
-    return [_url_row(url, SITEMAP_FILE_PRIORITY, conf["revisit.default_interval_s"], UrlSource.SITEMAP, origin,
+    return [_url_row(url, SITEMAP_FILE_PRIORITY, conf.revisit.default_interval_s, UrlSource.SITEMAP, origin,
                      Bucketing.from_config(conf)) for url in probes]
 
 
@@ -127,7 +127,7 @@ def run(spark: SparkSession, conf: Config, root: str, seeds_path: str) -> Inject
     result = InjectResult(seed_lines, 0, 0, len(errors), duplicates, errors=errors)
     if entries:
         now = datetime.now(UTC)
-        bucketing, default_interval = Bucketing.from_config(conf), conf["revisit.default_interval_s"]
+        bucketing, default_interval = Bucketing.from_config(conf), conf.revisit.default_interval_s
         seeded_origin = SitemapOrigin(FoundVia.LINK).encode()
         seeds = spark.createDataFrame([
             _url_row(entry.url, entry.priority, entry.interval_s or default_interval, UrlSource.SEED,
@@ -137,7 +137,7 @@ def run(spark: SparkSession, conf: Config, root: str, seeds_path: str) -> Inject
         with step("inject: merge urls"):
             result.injected = _merge_new_urls(spark, root, seeds, now)
             result.already_known = len(entries) - result.injected
-            if conf["sitemaps.probe_default_location"]:
+            if conf.sitemaps.probe_default_location:
                 probes = spark.createDataFrame(_probe_rows(conf, entries), _URL_ROW)
                 result.probes = _merge_new_urls(spark, root, probes, now)
         with step("inject: merge hosts"):

@@ -190,11 +190,11 @@ def run(spark: SparkSession, conf: Config, root: str, tables: list[str] | None =
     from delta.tables import DeltaTable
 
     names = list(TABLES) if tables is None else [layout.check_table_name(name) for name in tables]
-    retention_hours = float(conf["maintain.vacuum_retention_hours"])
+    retention_hours = float(conf.maintain.vacuum_retention_hours)
     result = MaintainResult(retention_hours=retention_hours, vacuumed=vacuum)
-    settings = {MAX_FILE_SIZE_CONF: str(conf["maintain.target_file_mb"] * 1024 * 1024)}
+    settings = {MAX_FILE_SIZE_CONF: str(conf.maintain.target_file_mb * 1024 * 1024)}
     if vacuum:
-        listing_tasks = conf["maintain.vacuum_listing_tasks"] or 4 * spark.sparkContext.defaultParallelism
+        listing_tasks = conf.maintain.vacuum_listing_tasks or 4 * spark.sparkContext.defaultParallelism
         settings.update(vacuum_settings(retention_hours, listing_tasks))
     if all(DeltaTable.isDeltaTable(spark, table_path(root, name)) for name in ("urls", "hosts")):
         result.known_urls_corrected = recount_known_urls(spark, root)

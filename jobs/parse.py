@@ -188,16 +188,16 @@ def _parse(fetched: DataFrame, root: str, segment_id: str, conf: Config) -> Data
     settings = {
         "root": root,
         "storage": Storage.from_conf(conf),
-        "max_bytes": conf["parse.max_html_bytes"],
-        "max_outlinks": conf["parse.max_outlinks"],
-        "shingle": conf["parse.simhash_shingle"],
+        "max_bytes": conf.parse.max_html_bytes,
+        "max_outlinks": conf.parse.max_outlinks,
+        "shingle": conf.parse.simhash_shingle,
         "scope": Scope.from_config(conf),
-        "robots_token": conf["crawl.robots_token"],
-        "max_parse_seconds": conf["parse.max_parse_seconds"],
+        "robots_token": conf.crawl.robots_token,
+        "max_parse_seconds": conf.parse.max_parse_seconds,
         "sitemap_limits": SitemapLimits.from_config(conf),
         # A sitemap's payload is stored decoded: gzip as served (at most max_fetch_bytes) or XML already inflated
         # from a Content-Encoding (at most max_uncompressed_bytes); parse_sitemap caps what it inflates.
-        "sitemap_max_bytes": max(conf["sitemaps.max_fetch_bytes"], conf["sitemaps.max_uncompressed_bytes"]),
+        "sitemap_max_bytes": max(conf.sitemaps.max_fetch_bytes, conf.sitemaps.max_uncompressed_bytes),
     }
     # Ranges of (file, offset): tasks of about equal record counts, each reading its files' records in order
     # (one file per task would leave cores idle when a segment has few, unequal files).

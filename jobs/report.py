@@ -150,7 +150,7 @@ def build(spark: SparkSession, conf: Config, root: str, segment_id: str, top: in
     frontier = cycle_metrics.recent(spark, root, FRONTIER_ROWS)
     return ReportData(
         segment_id=segment_id,
-        min_delay_s=float(conf["politeness.min_delay_s"]),
+        min_delay_s=float(conf.politeness.min_delay_s),
         fetches=sum(outcomes.values()),
         hosts=host_count,
         outcomes=outcomes,

@@ -42,7 +42,7 @@ class Storage:
     @classmethod
     def from_conf(cls, conf: Config, environ: Mapping[str, str] = os.environ) -> Storage:
         return cls(endpoint_url=s3_endpoint(conf, environ),
-                   region=conf["s3.region"], path_style_access=bool(conf["s3.path_style_access"]))
+                   region=conf.s3.region, path_style_access=bool(conf.s3.path_style_access))
 
     def filesystem(self, uri: str) -> tuple[pafs.FileSystem, str]:
         """The filesystem of `uri` and the path within it (bucket/key for S3, an absolute path for a local file)."""

@@ -59,13 +59,13 @@ def submit_command(conf: Config, crawl_args: list[str], master: str, deploy_mode
     if not crawl_args or crawl_args[0] not in SPARK_COMMANDS:
         raise UserError(f"not a Spark command of crawl: {crawl_args[:1]} (one of {', '.join(SPARK_COMMANDS)})")
     command = [spark_submit or spark_submit_path(), "--master", master, "--deploy-mode", deploy_mode,
-               "--name", f"crawl-{crawl_args[0]}", "--driver-memory", conf["spark.driver_memory"]]
-    extra_jars = conf["spark.extra_jars"].strip()
+               "--name", f"crawl-{crawl_args[0]}", "--driver-memory", conf.spark.driver_memory]
+    extra_jars = conf.spark.extra_jars.strip()
     if extra_jars:
         command += ["--jars", extra_jars]
     else:
         command += ["--packages", ",".join(spark_packages(conf)), "--exclude-packages", ",".join(SHIPPED_WITH_PYSPARK),
-                    "--conf", f"spark.jars.ivy={os.path.expanduser(conf['spark.ivy_dir'])}",
+                    "--conf", f"spark.jars.ivy={os.path.expanduser(conf.spark.ivy_dir)}",
                     "--conf", f"spark.jars.ivySettings={IVY_SETTINGS}"]
     # Every other setting is made by the driver's own spark_session before its SparkContext starts.
     for key in ("spark.pyspark.python", "spark.pyspark.driver.python"):
@@ -91,7 +91,7 @@ def _command(args: argparse.Namespace) -> int:
     crawl_args = args.crawl_args[1:] if args.crawl_args[:1] == ["--"] else args.crawl_args
     config_args, _ = _config_parser().parse_known_args(crawl_args[1:])
     conf = config_mod.from_arguments(config_args)
-    command = submit_command(conf, crawl_args, args.master or conf["spark.master"], args.deploy_mode,
+    command = submit_command(conf, crawl_args, args.master or conf.spark.master, args.deploy_mode,
                              args.spark_submit)
     if args.dry_run:
         print(" ".join(command))

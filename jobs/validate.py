@@ -22,7 +22,7 @@ import os
 import shutil
 import tempfile
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -157,7 +157,7 @@ class ValidationResult:
 
 
 def suites_dir(conf: Config) -> Path:
-    configured = conf["validate.suites_dir"]
+    configured = conf.validate.suites_dir
     return Path(configured).expanduser() if configured else BUNDLED_SUITES
 
 
@@ -214,9 +214,9 @@ def output_dir(root: str, out: str | None, started: datetime) -> Path:
 
 
 def suite_parameters(conf: Config, started: datetime) -> dict[str, Any]:
-    latest = started + timedelta(seconds=conf["validate.future_slack_s"])
-    latest = latest.astimezone(timezone.utc).replace(tzinfo=None)
-    return {"latest_time": latest.isoformat(), "max_bucket": conf["crawl.buckets"] - 1}
+    latest = started + timedelta(seconds=conf.validate.future_slack_s)
+    latest = latest.astimezone(UTC).replace(tzinfo=None)
+    return {"latest_time": latest.isoformat(), "max_bucket": conf.crawl.buckets - 1}
 
 
 def run(spark: SparkSession, conf: Config, root: str, tables: list[str] | None = None, out: str | None = None,
@@ -225,12 +225,12 @@ def run(spark: SparkSession, conf: Config, root: str, tables: list[str] | None =
     suite is missing or malformed."""
     suites = load_suites(conf, tables)
     names = list(suites)
-    started = now or datetime.now(timezone.utc)
+    started = now or datetime.now(UTC)
     # An s3:// root gets the run built in a local folder first (GX writes Data Docs to local files), then copied.
     staging = tempfile.mkdtemp(prefix="cyclecrawl-validation-") if out is None and layout.is_s3(root) else None
     result = ValidationResult(output_dir(root, staging or out, started))
     params = suite_parameters(conf, started)
-    examples = conf["validate.unexpected_examples"]
+    examples = conf.validate.unexpected_examples
 
     import great_expectations as gx
     from great_expectations.core.run_identifier import RunIdentifier
@@ -328,7 +328,7 @@ def render_report(result: ValidationResult, root: str, suites: Path, started: da
     lines = [
         "# Validation report", "",
         f"* Root: `{root}`",
-        f"* Run: {started.astimezone(timezone.utc).isoformat(timespec='seconds')}",
+        f"* Run: {started.astimezone(UTC).isoformat(timespec='seconds')}",
         f"* Suites: `{suites}`",
         "* Data Docs: [data_docs/index.html](data_docs/index.html)",
         f"* Result: **{verdict}**", "",

@@ -21,7 +21,7 @@ WORDS = (
 )
 SITEMAP_NS = "http://www.sitemaps.org/schemas/sitemap/0.9"
 # The farm's "today" for lastmod values: fixed, so the farm stays deterministic and takes no clock.
-SITEMAP_DATE = datetime.datetime(2026, 1, 15, tzinfo=datetime.timezone.utc)
+SITEMAP_DATE = datetime.datetime(2026, 1, 15, tzinfo=datetime.UTC)
 CHANGEFREQS = ("always", "hourly", "daily", "weekly", "monthly", "yearly", "never")
 
 

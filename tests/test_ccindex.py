@@ -9,7 +9,7 @@ import io
 import json
 import os
 import random
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pyarrow as pa
@@ -107,7 +107,7 @@ def test_row_fetch_and_content_columns():
     row = row_of("http://example.com/old/page", 301,
                  {"location": "../new?a=1", "content-type": 'Text/HTML; Charset="ISO-8859-1"'},
                  **{"warc-payload-digest": "sha1:ABCDEFGHIJKLMNOPQRSTUVWXYZ234567", "warc-truncated": "length"})
-    assert row["fetch_time"] == datetime(2024, 3, 4, 5, 6, 7, 123456, tzinfo=timezone.utc)
+    assert row["fetch_time"] == datetime(2024, 3, 4, 5, 6, 7, 123456, tzinfo=UTC)
     assert (row["fetch_status"], row["fetch_redirect"]) == (301, "http://example.com/new?a=1")
     assert (row["content_mime_type"], row["content_charset"]) == ("text/html", "iso-8859-1")
     assert row["content_digest"] == "ABCDEFGHIJKLMNOPQRSTUVWXYZ234567"

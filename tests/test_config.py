@@ -16,7 +16,7 @@ from crawler import config, settings
 
 def test_defaults_file_is_valid_and_every_key_documented():
     conf = config.load()
-    assert conf["crawl.buckets"] == 16
+    assert conf.crawl.buckets == 16
     text = config.DEFAULTS_PATH.read_text()
     for line in text.splitlines():
         if re.match(r"^\s+[a-z_]+:\s*\S", line):  # a key with a value on its line
@@ -72,9 +72,9 @@ def test_override_file_and_set_order(tmp_path: Path):
     override = tmp_path / "o.yaml"
     override.write_text("fetch:\n  concurrency: 5\npoliteness:\n  min_delay_s: 2\n")
     conf = config.load(override, ["fetch.concurrency=7"])
-    assert conf["fetch.concurrency"] == 7  # --set wins over the file
-    assert conf["politeness.min_delay_s"] == 2
-    assert conf["crawl.buckets"] == 16  # untouched keys keep their default
+    assert conf.fetch.concurrency == 7  # --set wins over the file
+    assert conf.politeness.min_delay_s == 2
+    assert conf.crawl.buckets == 16  # untouched keys keep their default
 
 
 @pytest.mark.parametrize(
@@ -113,7 +113,7 @@ def test_cli_exits_2_naming_the_key(tmp_path: Path):
 def test_gzip_level_is_judged_on_the_chosen_compressors_scale():
     assert config.load(assignments=["fetch.warc_gzip_level=0"])["fetch.warc_gzip_level"] == 0  # isal's fastest
     conf = config.load(assignments=["fetch.warc_compressor=zlib", "fetch.warc_gzip_level=9"])
-    assert (conf["fetch.warc_compressor"], conf["fetch.warc_gzip_level"]) == ("zlib", 9)
+    assert (conf.fetch.warc_compressor, conf.fetch.warc_gzip_level) == ("zlib", 9)
     with pytest.raises(config.ConfigError, match="between 1 .* and 9 .* zlib, got 0") as info:
         config.load(assignments=["fetch.warc_compressor=zlib", "fetch.warc_gzip_level=0"])
     assert info.value.key == "fetch.warc_gzip_level"

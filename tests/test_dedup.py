@@ -266,14 +266,14 @@ def test_empty_input():
 
 def test_dedup_config_defaults_and_validation():
     conf = config.load()
-    assert (conf["dedup.max_hamming"], conf["dedup.max_bucket_size"]) == (3, 1000)
-    assert dedup.band_layout(conf["dedup.max_hamming"])  # every accepted value is one the rules accept
+    assert (conf.dedup.max_hamming, conf.dedup.max_bucket_size) == (3, 1000)
+    assert dedup.band_layout(conf.dedup.max_hamming)  # every accepted value is one the rules accept
     for assignment, key in (("dedup.max_hamming=8", "dedup.max_hamming"), ("dedup.max_hamming=-1", "dedup.max_hamming"),
                             ("dedup.max_bucket_size=1", "dedup.max_bucket_size")):
         with pytest.raises(config.ConfigError) as info:
             config.load(assignments=[assignment])
         assert info.value.key == key
-    assert config.load(assignments=["dedup.max_hamming=7"])["dedup.max_hamming"] == 7
+    assert config.load(assignments=["dedup.max_hamming=7"]).dedup.max_hamming == 7
 
 
 def test_the_duplicate_verdict_names_the_representative_of_another_url():

@@ -59,7 +59,7 @@ def test_exact_and_near_marks_with_stable_representatives(dedup_crawl):
 
 
 def test_duplicates_priority_lowered_once_and_rerun_changes_nothing(dedup_crawl, base_conf):
-    factor = base_conf["dedup.duplicate_priority_factor"]
+    factor = base_conf.dedup.duplicate_priority_factor
     before, after = dedup_crawl["priorities"], dedup_crawl["urls"]
     lowered = {u for u in SEEDS if after[u].priority != before[u]}
     assert lowered == {COPY, NEAR, LATE}
@@ -85,7 +85,7 @@ def test_update_after_dedup_carries_marks_and_follows_a_duplicates_outlinks(dedu
 
 
 def test_a_later_segment_lowers_only_pages_that_became_duplicates(dedup_crawl, base_conf):
-    factor = base_conf["dedup.duplicate_priority_factor"]
+    factor = base_conf.dedup.duplicate_priority_factor
     pages, before, after = dedup_crawl["next_pages"], dedup_crawl["updated_urls"], dedup_crawl["next_urls"]
     assert pages[(COPY, 2)].duplicate_of == uid(ORIG) and pages[(UNIQUE, 2)].duplicate_of == uid(ORIG)
     assert pages[(UNIQUE, 1)].duplicate_of is None  # the earlier version keeps its own segment's verdict
@@ -127,7 +127,7 @@ def test_gone_pages_leave_the_indexes_and_the_next_holder_takes_over(dedup_crawl
     assert set(index[uid(COPY)]["clusters"].values()) == {uid(COPY)}
     assert set(index[uid(UNIQUE)]["clusters"].values()) == {uid(UNIQUE)}
     assert gone.relabelled == 2 + 2 * 4
-    factor = base_conf["dedup.duplicate_priority_factor"]
+    factor = base_conf.dedup.duplicate_priority_factor
     before, after = dedup_crawl["next_urls"], dedup_crawl["gone_urls"]
     assert after[LATE].priority == pytest.approx(before[LATE].priority / factor)
     assert {u for u in after if after[u].priority != before[u].priority} == {LATE}

@@ -40,7 +40,7 @@ def test_every_reachable_allowed_page_fetched(spark, shared_crawl):
     do not starve them."""
     farm, conf, root = shared_crawl.farm, shared_crawl.conf, str(shared_crawl.root)
     sites = site_keys(farm)
-    expected = {url for url in farm.expected_fetches(conf["crawl.robots_token"], max_depth=CYCLES - 1)
+    expected = {url for url in farm.expected_fetches(conf.crawl.robots_token, max_depth=CYCLES - 1)
                 if host_key(url) in sites}
     assert len(expected) > 100
     requested = set(map(requested_url, shared_crawl.log))
@@ -51,7 +51,7 @@ def test_every_reachable_allowed_page_fetched(spark, shared_crawl):
 
 
 def test_no_disallowed_url_requested(shared_crawl):
-    disallowed = shared_crawl.farm.disallowed_urls(shared_crawl.conf["crawl.robots_token"])
+    disallowed = shared_crawl.farm.disallowed_urls(shared_crawl.conf.crawl.robots_token)
     assert disallowed, "the farm must have robots-disallowed pages for this test to mean anything"
     assert robots_violations(shared_crawl.log, disallowed) == []
 
@@ -60,10 +60,10 @@ def test_zero_politeness_violations_from_farm_log(shared_crawl):
     """Over the whole crawl (every page, robots.txt, sitemap file and probe, trap and large host): one request at a
     time per host, and from the end of one to the start of the next at least the host's delay."""
     farm, conf, log = shared_crawl.farm, shared_crawl.conf, shared_crawl.log
-    min_delay = conf["politeness.min_delay_s"]
+    min_delay = conf.politeness.min_delay_s
     assert len(log) > 250
     assert politeness_violations(log, lambda host: farm.politeness_delay(host, min_delay)) == []
-    assert all(r["user_agent"] == conf["crawl.user_agent"] for r in log)
+    assert all(r["user_agent"] == conf.crawl.user_agent for r in log)
 
 
 def test_warc_records_match_fetches_rows(spark, shared_crawl):
@@ -146,7 +146,7 @@ def test_cycle_metrics_hold_one_row_per_step_run_agreeing_with_the_segments(spar
     for segment in segments:
         chosen = figures[(segment, "generate")]
         hot = [(d.domain, d.due, d.leased) for d in chosen.hot_domains]
-        assert 0 < len(hot) <= shared_crawl.conf["generate.hot_domains"]
+        assert 0 < len(hot) <= shared_crawl.conf.generate.hot_domains
         assert [due for _, due, _ in hot] == sorted((due for _, due, _ in hot), reverse=True)
         assert all(0 <= leased <= due for _, due, leased in hot) and sum(due for _, due, _ in hot) <= chosen.due_urls
 

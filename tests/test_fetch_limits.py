@@ -139,7 +139,7 @@ def limit_conf(base_conf, **overrides):
 
 
 def crawl(server: LimitServer, conf, root: str, paths: list[str]) -> dict[str, dict]:
-    write_fetchlist(root, SEGMENT, [{"url": server.url("edge.test", p)} for p in paths], conf["crawl.buckets"])
+    write_fetchlist(root, SEGMENT, [{"url": server.url("edge.test", p)} for p in paths], conf.crawl.buckets)
     fetch_segment(conf, root, SEGMENT)
     return by_url(read_results(root, SEGMENT))
 
@@ -237,7 +237,7 @@ def test_a_declared_length_bounds_the_body_as_the_cap_does(base_conf):
     async def fetch_all() -> dict:
         server = await asyncio.start_server(answer, "127.0.0.1", 0)
         port = server.sockets[0].getsockname()[1]
-        fetcher = Fetcher(conf, GuardedResolver(conf["fetch.static_hosts"], conf["fetch.allow_networks"]))
+        fetcher = Fetcher(conf, GuardedResolver(conf.fetch.static_hosts, conf.fetch.allow_networks))
         try:
             return {path: await asyncio.wait_for(fetcher.get(f"http://raw.test:{port}{path}", page=True), 10)
                     for path in DECLARED}

@@ -63,7 +63,7 @@ def farm_crawl(tmp_path_factory, base_conf):
             "fetch.warc_max_bytes": 20_000,  # force rotation: results must follow their own WARC file
         })
         fetchlist = write_fetchlist(root, SEGMENT, [{"url": u} for u in sorted(farm.page_urls())],
-                                    conf["crawl.buckets"])
+                                    conf.crawl.buckets)
         summary = fetch_segment(conf, root, SEGMENT)
         yield {"root": root, "farm": farm, "conf": conf, "fetchlist": fetchlist, "summary": summary,
                "log": read_request_log(farm.log_path)}
@@ -80,7 +80,7 @@ def test_every_fetchlist_url_has_exactly_one_result(farm_crawl):
     outcomes = Counter(row["outcome"] for row in results)
     assert outcomes["success"] > 40 and outcomes["robots_denied"] > 0
     for row in results:
-        assert row["bucket"] == urls.bucket_of(row["host_key"], farm_crawl["conf"]["crawl.buckets"])
+        assert row["bucket"] == urls.bucket_of(row["host_key"], farm_crawl["conf"].crawl.buckets)
         assert row["segment_id"] == SEGMENT and row["state_version"] == 1 and row["daemon_id"]
 
 
@@ -96,7 +96,7 @@ def test_politeness_has_zero_violations_in_the_farm_log(farm_crawl):
 
 def test_robots_first_and_disallowed_urls_never_requested(farm_crawl):
     farm, log, root, conf = farm_crawl["farm"], farm_crawl["log"], farm_crawl["root"], farm_crawl["conf"]
-    token = conf["crawl.robots_token"]
+    token = conf.crawl.robots_token
     by_host: dict[str, list[dict]] = {}
     for record in sorted(log, key=lambda r: r["start"]):
         by_host.setdefault(record["host"], []).append(record)
@@ -115,7 +115,7 @@ def test_robots_first_and_disallowed_urls_never_requested(farm_crawl):
     assert denied == expected_denied and denied
     assert not denied & requested
     assert not farm.disallowed_urls(token) & requested
-    assert {r["user_agent"] for r in log} == {conf["crawl.user_agent"]}
+    assert {r["user_agent"] for r in log} == {conf.crawl.user_agent}
     robots_rows = read_results(root, SEGMENT, kind="robots")
     assert len(robots_rows) == 4
     assert {r["state"] for r in robots_rows} == {"rules", "allow_all"}
@@ -199,7 +199,7 @@ def test_rerunning_a_finished_segment_is_a_no_op(farm_crawl):
 def test_not_modified_is_a_revisit_record(edge, base_conf, root):
     conf = edge_conf(base_conf)
     write_fetchlist(root, SEGMENT, [{"url": edge.url("edge.test", "/etag"), "etag": '"v1"',
-                                     "last_modified": "Wed, 21 Oct 2015 07:28:00 GMT"}], conf["crawl.buckets"])
+                                     "last_modified": "Wed, 21 Oct 2015 07:28:00 GMT"}], conf.crawl.buckets)
     fetch_segment(conf, root, SEGMENT)
     [row] = read_results(root, SEGMENT)
     assert row["outcome"] == "not_modified" and row["status_code"] == 304
@@ -215,7 +215,7 @@ def test_not_modified_is_a_revisit_record(edge, base_conf, root):
 def test_retry_after_slows_the_host(edge, base_conf, root):
     conf = edge_conf(base_conf)
     write_fetchlist(root, SEGMENT, [{"url": edge.url("edge.test", p)} for p in ("/busy", "/after", "/later")],
-                    conf["crawl.buckets"])
+                    conf.crawl.buckets)
     fetch_segment(conf, root, SEGMENT)
     rows = by_url(read_results(root, SEGMENT))
     busy = rows[edge.url("edge.test", "/busy")]
@@ -237,7 +237,7 @@ def test_retry_after_slows_the_host_and_successes_halve_it_exactly_on_the_virtua
     after the 429 starts exactly the Retry-After (seconds, or an HTTP date) after the 429's end; each success then
     halves the backoff until it is no longer above the minimum delay, which is back from then on."""
     conf = edge_conf(base_conf)
-    assert conf["politeness.min_delay_s"] == 0.1 and conf["politeness.backoff_recovery_factor"] == 0.5
+    assert conf.politeness.min_delay_s == 0.1 and conf.politeness.backoff_recovery_factor == 0.5
 
     def answer(host: str, path: str, earlier: int) -> virtual.Answer:
         if path == "/busy":  # it starts at 0.1 s (robots.txt answered at once): the date is 1.9 s after its end
@@ -254,7 +254,7 @@ def test_retry_after_slows_the_host_and_successes_halve_it_exactly_on_the_virtua
 
 def test_body_cap_truncates(edge, base_conf, root):
     conf = edge_conf(base_conf, **{"fetch.max_body_bytes": 10_000, "fetch.accept_content_types": []})
-    write_fetchlist(root, SEGMENT, [{"url": edge.url("edge.test", "/big")}], conf["crawl.buckets"])
+    write_fetchlist(root, SEGMENT, [{"url": edge.url("edge.test", "/big")}], conf.crawl.buckets)
     fetch_segment(conf, root, SEGMENT)
     [row] = read_results(root, SEGMENT)
     assert row["outcome"] == "success" and row["truncated"] and row["content_length"] == 10_000
@@ -265,7 +265,7 @@ def test_body_cap_truncates(edge, base_conf, root):
 
 def test_redirect_is_reported_not_followed(edge, base_conf, root):
     conf = edge_conf(base_conf, **{"fetch.max_redirects": 0})  # following: tests/test_fetch_limits.py
-    write_fetchlist(root, SEGMENT, [{"url": edge.url("edge.test", "/moved")}], conf["crawl.buckets"])
+    write_fetchlist(root, SEGMENT, [{"url": edge.url("edge.test", "/moved")}], conf.crawl.buckets)
     fetch_segment(conf, root, SEGMENT)
     [row] = read_results(root, SEGMENT)
     assert row["outcome"] == "redirect" and row["status_code"] == 301
@@ -276,7 +276,7 @@ def test_redirect_is_reported_not_followed(edge, base_conf, root):
 def test_loopback_literal_is_blocked_without_allow_list(edge, base_conf, root):
     conf = edge_conf(base_conf, **{"fetch.allow_networks": []})
     write_fetchlist(root, SEGMENT, [{"url": edge.url("127.0.0.1", "/a")}, {"url": edge.url("127.0.0.1", "/b")}],
-                    conf["crawl.buckets"])
+                    conf.crawl.buckets)
     fetch_segment(conf, root, SEGMENT)
     rows = read_results(root, SEGMENT)
     assert {r["outcome"] for r in rows} == {"blocked"} and len(rows) == 2
@@ -287,14 +287,14 @@ def test_loopback_literal_is_blocked_without_allow_list(edge, base_conf, root):
 def test_static_host_on_private_address_is_blocked_before_connecting(edge, base_conf, root):
     conf = edge_conf(base_conf)  # private.test -> 10.0.0.1, allow list 127.0.0.0/8 only
     write_fetchlist(root, SEGMENT, [{"url": "http://private.test/"}, {"url": "http://private.test/x"}],
-                    conf["crawl.buckets"])
+                    conf.crawl.buckets)
     started = time.monotonic()
     fetch_segment(conf, root, SEGMENT)
     rows = read_results(root, SEGMENT)
     assert {r["outcome"] for r in rows} == {"blocked"} and len(rows) == 2
     assert all("refused address for private.test: 10.0.0.1" in r["error"] for r in rows)  # the guard said no
     assert read_results(root, SEGMENT, kind="robots") == []  # not even robots.txt was attempted
-    assert time.monotonic() - started < conf["fetch.connect_timeout_s"]  # no connect attempt timed out
+    assert time.monotonic() - started < conf.fetch.connect_timeout_s  # no connect attempt timed out
     assert not [f for f in files_under(layout.warc_dir(root, SEGMENT)) if f.endswith(".warc.gz")]
 
 
@@ -311,10 +311,10 @@ def test_robots_5xx_or_a_refused_connection_defers_the_host(edge, base_conf, roo
     """An unreachable robots.txt — a 503, or a host that refuses connections — defers the host's URLs without a
     request and is recorded as a disallow_all robots row (update counts it as a host failure)."""
     conf = edge_conf(base_conf, **{"fetch.static_hosts": {
-        **edge_conf(base_conf)["fetch.static_hosts"], "down.test": "127.0.0.1"}})
+        **edge_conf(base_conf).fetch.static_hosts, "down.test": "127.0.0.1"}})
     down = f"http://down.test:{_closed_port()}"
     write_fetchlist(root, SEGMENT, [{"url": edge.url("broken.test", p)} for p in ("/", "/a", "/b")]
-                    + [{"url": edge.url("edge.test", "/ok")}, {"url": f"{down}/x"}], conf["crawl.buckets"])
+                    + [{"url": edge.url("edge.test", "/ok")}, {"url": f"{down}/x"}], conf.crawl.buckets)
     fetch_segment(conf, root, SEGMENT)
     rows = by_url(read_results(root, SEGMENT))
     assert {rows[edge.url("broken.test", p)]["outcome"] for p in ("/", "/a", "/b")} == {"deferred"}
@@ -333,7 +333,7 @@ def test_robots_5xx_or_a_refused_connection_defers_the_host(edge, base_conf, roo
 def test_repeated_failures_pause_the_host_and_defer_the_rest(edge, base_conf, root):
     conf = edge_conf(base_conf, **{"politeness.max_consecutive_failures": 2, "politeness.backoff_base_s": 0.3})
     paths = [f"/p{i}" for i in range(5)]
-    write_fetchlist(root, SEGMENT, [{"url": edge.url("flaky.test", p)} for p in paths], conf["crawl.buckets"])
+    write_fetchlist(root, SEGMENT, [{"url": edge.url("flaky.test", p)} for p in paths], conf.crawl.buckets)
     fetch_segment(conf, root, SEGMENT)
     rows = by_url(read_results(root, SEGMENT))
     assert [rows[edge.url("flaky.test", p)]["outcome"] for p in paths] == ["http_error"] * 2 + ["deferred"] * 3
@@ -345,7 +345,7 @@ def test_repeated_failures_pause_the_host_and_defer_the_rest(edge, base_conf, ro
 def test_robots_denied_urls_are_reported_and_never_requested(edge, base_conf, root):
     conf = edge_conf(base_conf)
     write_fetchlist(root, SEGMENT, [{"url": edge.url("edge.test", p)} for p in ("/secret/1", "/open", "/secret")],
-                    conf["crawl.buckets"])
+                    conf.crawl.buckets)
     fetch_segment(conf, root, SEGMENT)
     outcomes = {row["url"].rsplit(str(edge.port), 1)[1]: row["outcome"] for row in read_results(root, SEGMENT)}
     assert outcomes == {"/secret/1": "robots_denied", "/open": "success", "/secret": "robots_denied"}
@@ -355,7 +355,7 @@ def test_robots_denied_urls_are_reported_and_never_requested(edge, base_conf, ro
 def test_unfinished_bucket_is_resumed_from_what_was_published(edge, base_conf, root):
     conf = edge_conf(base_conf)
     fetchlist = write_fetchlist(root, SEGMENT, [{"url": edge.url("edge.test", p)} for p in ("/a", "/b")],
-                                conf["crawl.buckets"])
+                                conf.crawl.buckets)
     [bucket] = fetchlist
     done, todo = fetchlist[bucket][0], fetchlist[bucket][1]
     # what a killed daemon leaves behind: a torn open WARC, a temp file and a published results file
@@ -387,7 +387,7 @@ def test_a_slow_recovery_does_not_hold_up_the_lease_heartbeat(edge, base_conf, r
     first epoch, never fenced and taken again."""
     conf = edge_conf(base_conf, **{"ownership.lease_ttl_s": 2.0, "ownership.renew_interval_s": 0.3,
                                    "ownership.fence_margin_s": 0.8, "ownership.takeover_grace_s": 0.2})
-    fetchlist = write_fetchlist(root, SEGMENT, [{"url": edge.url("edge.test", "/a")}], conf["crawl.buckets"])
+    fetchlist = write_fetchlist(root, SEGMENT, [{"url": edge.url("edge.test", "/a")}], conf.crawl.buckets)
     [bucket] = fetchlist
     recoveries = []
 
@@ -413,7 +413,7 @@ def test_a_renewal_stuck_in_storage_does_not_stall_the_fetches(edge, base_conf, 
                                    "ownership.fence_margin_s": 1.0})
     pages = [f"/stuck-{n}" for n in range(12)]
     [bucket] = write_fetchlist(root, SEGMENT, [{"url": edge.url("edge.test", p)} for p in pages],
-                               conf["crawl.buckets"])
+                               conf.crawl.buckets)
     write = LeaseStore._write
     seen_while_stuck: list[int] = []
 
@@ -442,7 +442,7 @@ def test_serve_picks_up_new_fetch_lists_and_stops(edge, base_conf, root):
     thread.start()
     try:
         time.sleep(0.3)
-        fetchlist = write_fetchlist(root, "seg-late", [{"url": edge.url("edge.test", "/late")}], conf["crawl.buckets"])
+        fetchlist = write_fetchlist(root, "seg-late", [{"url": edge.url("edge.test", "/late")}], conf.crawl.buckets)
         [bucket] = fetchlist
         done = Path(layout.done_manifest(root, "seg-late", bucket))
         deadline = time.monotonic() + 20
@@ -461,9 +461,9 @@ def test_cli_fetch_and_config_errors(edge, base_conf, root, capsys):
     assert "fetch.concurrency" in capsys.readouterr().err
     assert cli.main(["serve", "--root", root, "--set", "fetch.no_such_key=1"]) == 2
     assert "fetch.no_such_key" in capsys.readouterr().err
-    fetchlist = write_fetchlist(root, SEGMENT, [{"url": edge.url("edge.test", "/cli")}], base_conf["crawl.buckets"])
+    fetchlist = write_fetchlist(root, SEGMENT, [{"url": edge.url("edge.test", "/cli")}], base_conf.crawl.buckets)
     args = ["fetch", "--segment", SEGMENT, "--root", root, "--set", "fetch.allow_networks=[127.0.0.0/8]",
-            "--set", "politeness.min_delay_s=0.1", "--set", f"crawl.buckets={base_conf['crawl.buckets']}",
+            "--set", "politeness.min_delay_s=0.1", "--set", f"crawl.buckets={base_conf.crawl.buckets}",
             "--set", "fetch.static_hosts={edge.test: 127.0.0.1}"]
     assert cli.main(args) == 0
     summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
@@ -472,8 +472,8 @@ def test_cli_fetch_and_config_errors(edge, base_conf, root, capsys):
 
 def test_back_to_back_segments_stay_polite_and_reuse_robots(edge, base_conf, root):
     conf = edge_conf(base_conf, **{"politeness.min_delay_s": 0.5})
-    write_fetchlist(root, "seg-a", [{"url": edge.url("edge.test", "/one")}], conf["crawl.buckets"])
-    write_fetchlist(root, "seg-b", [{"url": edge.url("edge.test", "/two")}], conf["crawl.buckets"])
+    write_fetchlist(root, "seg-a", [{"url": edge.url("edge.test", "/one")}], conf.crawl.buckets)
+    write_fetchlist(root, "seg-b", [{"url": edge.url("edge.test", "/two")}], conf.crawl.buckets)
     fetch_segment(conf, root, "seg-a")
     fetch_segment(conf, root, "seg-b")
     log = sorted(edge.requests("edge.test"), key=lambda r: r["start"])
@@ -484,7 +484,7 @@ def test_back_to_back_segments_stay_polite_and_reuse_robots(edge, base_conf, roo
 def test_robots_redirect_is_followed_and_gzip_body_decoded(edge, base_conf, root):
     conf = edge_conf(base_conf)
     write_fetchlist(root, SEGMENT, [{"url": edge.url("moved.test", p)} for p in ("/yes", "/no")],
-                    conf["crawl.buckets"])
+                    conf.crawl.buckets)
     fetch_segment(conf, root, SEGMENT)
     outcomes = {row["url"]: row["outcome"] for row in read_results(root, SEGMENT)}
     assert outcomes == {edge.url("moved.test", "/yes"): "success", edge.url("moved.test", "/no"): "robots_denied"}
@@ -500,7 +500,7 @@ def test_a_cross_host_robots_redirect_goes_through_the_target_hosts_gate(edge, b
     request to edge.test takes edge.test's gate, so the farm's log shows every edge.test request a delay apart."""
     conf = edge_conf(base_conf, **{"politeness.min_delay_s": 0.2})
     write_fetchlist(root, SEGMENT, [{"url": edge.url("elsewhere.test", p)} for p in ("/yes", "/no")]
-                    + [{"url": edge.url("edge.test", p)} for p in ("/a", "/b")], conf["crawl.buckets"])
+                    + [{"url": edge.url("edge.test", p)} for p in ("/a", "/b")], conf.crawl.buckets)
     fetch_segment(conf, root, SEGMENT)
     outcomes = {row["url"]: row["outcome"] for row in read_results(root, SEGMENT)}
     assert outcomes[edge.url("elsewhere.test", "/yes")] == "success"
@@ -517,7 +517,7 @@ def test_a_robots_redirect_into_a_bucket_another_daemon_owns_is_not_followed(edg
 
     conf = edge_conf(base_conf)
     target, source = f"http://edge.test:{edge.port}", f"http://elsewhere.test:{edge.port}"
-    buckets = next(n for n in range(conf["crawl.buckets"], 64) if urls.bucket_of(target, n) != urls.bucket_of(
+    buckets = next(n for n in range(conf.crawl.buckets, 64) if urls.bucket_of(target, n) != urls.bucket_of(
         source, n))  # the two hosts in different buckets, whatever the port
     conf = conf.with_overrides({"crawl.buckets": buckets})
     rival = LeaseStore(conf, root, "rival-daemon")
@@ -542,10 +542,10 @@ def test_repeated_kill_9_loses_nothing_and_repeats_only_in_flight_fetches(edge, 
     it had in flight (one host, one request at a time), judged from the server's log."""
     paths = [f"/k{i}" for i in range(24)]
     fetchlist = write_fetchlist(root, SEGMENT, [{"url": edge.url("edge.test", p)} for p in paths],
-                                base_conf["crawl.buckets"])
+                                base_conf.crawl.buckets)
     [bucket] = fetchlist
     sets = {"fetch.allow_networks": "[127.0.0.0/8]", "politeness.min_delay_s": "0.1", "fetch.warc_max_bytes": "3000",
-            "ownership.results_batch_rows": "2", "crawl.buckets": str(base_conf["crawl.buckets"]),
+            "ownership.results_batch_rows": "2", "crawl.buckets": str(base_conf.crawl.buckets),
             "fetch.static_hosts": "{edge.test: 127.0.0.1}"}
     args = [sys.executable, "-m", "fetchd.cli", "fetch", "--segment", SEGMENT, "--root", root]
     for key, value in sets.items():
@@ -599,7 +599,7 @@ def test_a_dropped_connection_is_one_request_and_a_recorded_network_error(base_c
         (home,) = farm.seed_urls()
         pages = [home + f"section/0/page-{n}.html" for n in range(3)]  # plain pages: no redirect, robots allows
         wanted = [pages[0], home + dropped[0][1:], pages[1], home + dropped[1][1:], pages[2]]
-        write_fetchlist(root, SEGMENT, [{"url": u} for u in wanted], conf["crawl.buckets"])
+        write_fetchlist(root, SEGMENT, [{"url": u} for u in wanted], conf.crawl.buckets)
         fetch_segment(conf, root, SEGMENT)
         log = read_request_log(farm.log_path)
     finally:
@@ -649,7 +649,7 @@ def test_robots_is_fetched_again_after_its_ttl_and_an_outage_keeps_the_last_good
         segments = {"seg-a": ["/one"], "seg-b": ["/two", "/secret"], "seg-c": ["/three"]}
         for segment, paths in segments.items():
             items = [{"url": server.url("outage.test", p)} for p in paths]
-            write_fetchlist(root, segment, items, conf["crawl.buckets"])
+            write_fetchlist(root, segment, items, conf.crawl.buckets)
         fetch_segment(conf, root, "seg-a")
         good_at = time.time()
         time.sleep(1.1)  # past the TTL

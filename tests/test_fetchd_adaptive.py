@@ -97,7 +97,7 @@ def test_after_503s_the_gaps_shrink_gradually_exactly_on_the_virtual_clock(base_
 def test_after_503s_the_gaps_shrink_gradually(server, base_conf, root):
     conf = _conf(base_conf, **SICK)
     paths = [f"/p{i}" for i in range(8)]
-    write_fetchlist(root, SEGMENT, [{"url": server.url("sick.test", p)} for p in paths], conf["crawl.buckets"])
+    write_fetchlist(root, SEGMENT, [{"url": server.url("sick.test", p)} for p in paths], conf.crawl.buckets)
     fetch_segment(conf, root, SEGMENT)
     rows = by_url(read_results(root, SEGMENT))
     assert [rows[server.url("sick.test", p)]["status_code"] for p in paths] == [503] * 2 + [200] * 6
@@ -129,7 +129,7 @@ def test_a_slow_host_gets_gaps_of_at_least_k_times_its_response_time(server, bas
     k = 2.0
     conf = _conf(base_conf, **{"politeness.response_time_factor": k, "politeness.max_response_time_delay_s": 5.0})
     items = [{"url": server.url(host, f"/{i}")} for host in ("slow.test", "fast.test") for i in range(4)]
-    write_fetchlist(root, SEGMENT, items, conf["crawl.buckets"])
+    write_fetchlist(root, SEGMENT, items, conf.crawl.buckets)
     fetch_segment(conf, root, SEGMENT)
     assert {row["outcome"] for row in read_results(root, SEGMENT)} == {"success"}
     slow, fast = _pages(server, "slow.test"), _pages(server, "fast.test")
@@ -144,8 +144,8 @@ def test_a_slow_host_gets_gaps_of_at_least_k_times_its_response_time(server, bas
 def test_crawl_delay_above_the_cap_is_capped_and_logged_once(server, base_conf, root, caplog):
     cap = 0.3
     conf = _conf(base_conf, **{"politeness.max_crawl_delay_s": cap})
-    write_fetchlist(root, "seg-a", [{"url": server.url("lazy.test", p)} for p in ("/a", "/b")], conf["crawl.buckets"])
-    write_fetchlist(root, "seg-b", [{"url": server.url("lazy.test", "/c")}], conf["crawl.buckets"])
+    write_fetchlist(root, "seg-a", [{"url": server.url("lazy.test", p)} for p in ("/a", "/b")], conf.crawl.buckets)
+    write_fetchlist(root, "seg-b", [{"url": server.url("lazy.test", "/c")}], conf.crawl.buckets)
     with caplog.at_level(logging.WARNING, logger="fetchd"):
         fetch_segment(conf, root, "seg-a")
         fetch_segment(conf, root, "seg-b")  # same process: robots.txt and gate remembered, no second warning
@@ -189,7 +189,7 @@ def test_a_hosts_planned_delay_is_a_floor_in_the_farm_log(server, base_conf, roo
     from the server's log; the daemon used to ignore it."""
     conf = _conf(base_conf)
     items = [{"url": server.url("fast.test", f"/{i}"), "delay_s": 0.5} for i in range(4)]
-    write_fetchlist(root, SEGMENT, items, conf["crawl.buckets"])
+    write_fetchlist(root, SEGMENT, items, conf.crawl.buckets)
     fetch_segment(conf, root, SEGMENT)
     assert {row["outcome"] for row in read_results(root, SEGMENT)} == {"success"}
     pages = _pages(server, "fast.test")

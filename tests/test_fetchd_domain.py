@@ -47,7 +47,7 @@ def _conf(base_conf, key: str):
 def test_the_subdomains_of_one_domain_share_one_gate(domain_server, base_conf, root):
     conf = _conf(base_conf, "domain")
     urls = [domain_server.url(name, f"/page/{i}") for name in NAMES for i in range(PAGES)]
-    listed = write_fetchlist(root, SEGMENT, [{"url": url} for url in urls], conf["crawl.buckets"],
+    listed = write_fetchlist(root, SEGMENT, [{"url": url} for url in urls], conf.crawl.buckets,
                              Bucketing.from_config(conf))
     assert len(listed) == 1  # one domain, one bucket: one daemon owns all its hosts
     fetch_segment(conf, root, SEGMENT)
@@ -66,8 +66,8 @@ def test_the_subdomains_of_one_domain_share_one_gate(domain_server, base_conf, r
 
 def test_a_daemon_whose_key_is_not_the_crawls_refuses_before_any_request(domain_server, base_conf, root):
     with open(layout.crawl_record(root), "w", encoding="utf-8") as handle:
-        json.dump(Bucketing(base_conf["crawl.buckets"], "domain").identity(), handle)
-    write_fetchlist(root, SEGMENT, [{"url": domain_server.url(NAMES[0], "/page/0")}], base_conf["crawl.buckets"])
+        json.dump(Bucketing(base_conf.crawl.buckets, "domain").identity(), handle)
+    write_fetchlist(root, SEGMENT, [{"url": domain_server.url(NAMES[0], "/page/0")}], base_conf.crawl.buckets)
     with pytest.raises(ConfigError, match="politeness.key.*'host' but this crawl's is 'domain'"):
         fetch_segment(_conf(base_conf, "host"), root, SEGMENT)
     assert domain_server.log == []

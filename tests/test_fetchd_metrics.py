@@ -206,7 +206,7 @@ def served(tmp_path_factory, base_conf):
         "fetch.progress_interval_s": 0.5,
         "fetch.daemon_id": "metrics-test",
     })
-    fetchlist = write_fetchlist(root, SEGMENT, [{"url": u} for u in sorted(farm.page_urls())], conf["crawl.buckets"])
+    fetchlist = write_fetchlist(root, SEGMENT, [{"url": u} for u in sorted(farm.page_urls())], conf.crawl.buckets)
     logger, collect = logging.getLogger("fetchd"), _Collect()
     level = logger.level
     logger.setLevel(logging.INFO)
@@ -342,7 +342,7 @@ def test_ready_lag_grows_when_slots_are_the_bottleneck(root, base_conf):
             "fetch.metrics_port": port,
         })
         page_urls = sorted(farm.page_urls())
-        write_fetchlist(root, SEGMENT, [{"url": u} for u in page_urls], conf["crawl.buckets"])
+        write_fetchlist(root, SEGMENT, [{"url": u} for u in page_urls], conf.crawl.buckets)
         summary: dict = {}
         thread = threading.Thread(target=lambda: summary.update(fetch_segment(conf, root, SEGMENT)), daemon=True)
         thread.start()
@@ -371,7 +371,7 @@ def test_ready_lag_grows_when_slots_are_the_bottleneck(root, base_conf):
 
 
 def test_metrics_keys_are_validated(base_conf):
-    assert base_conf["fetch.metrics_port"] == 0  # no endpoint unless asked for
+    assert base_conf.fetch.metrics_port == 0  # no endpoint unless asked for
     for key, value in (("fetch.metrics_port", 65536), ("fetch.metrics_port", -1), ("fetch.metrics_host", "nope")):
         with pytest.raises(ConfigError) as info:
             base_conf.with_overrides({key: value})

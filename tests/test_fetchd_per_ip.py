@@ -49,7 +49,7 @@ def test_ten_names_on_one_address_share_its_allowance(shared_server, base_conf, 
         "fetch.static_hosts": {name: ADDRESS for name in NAMES},
     })
     urls = [shared_server.url(name, f"/page/{i}") for name in NAMES for i in range(PAGES)]
-    write_fetchlist(root, SEGMENT, [{"url": url} for url in urls], conf["crawl.buckets"])
+    write_fetchlist(root, SEGMENT, [{"url": url} for url in urls], conf.crawl.buckets)
     fetch_segment(conf, root, SEGMENT)
 
     rows = by_url(read_results(root, SEGMENT))

@@ -247,9 +247,9 @@ def test_takeover_after_expiry_fences_the_old_owner(s3, s3_root, tmp_path, base_
     assert not lease.fenced()
     clock.now = lease.deadline
     assert lease.fenced()  # the old owner stops on its own clock, ttl - fence margin after its renewal
-    clock.now = expires + conf["ownership.takeover_grace_s"] - EPOCH - 2 ** -20
+    clock.now = expires + conf.ownership.takeover_grace_s - EPOCH - 2 ** -20
     assert new.try_acquire(3) is None  # expired, but within the takeover grace
-    clock.now = expires + conf["ownership.takeover_grace_s"] - EPOCH
+    clock.now = expires + conf.ownership.takeover_grace_s - EPOCH
     taken = new.try_acquire(3)
     assert taken is not None and taken.record.epoch == 2
     assert not old.renew(lease) and lease.lost

@@ -62,7 +62,7 @@ def test_ip_literals_in_any_spelling_are_judged_by_the_address(server, base_conf
     conf = _conf(base_conf)
     ok = f"http://good.example@0x7f000001:{server.port}/ok"  # 127.0.0.1 (allowed) behind user info
     write_fetchlist(root, SEGMENT, [{"url": u} for u in [*_refused_spellings(server.port), ok]],
-                    conf["crawl.buckets"])
+                    conf.crawl.buckets)
     fetch_segment_rows = _fetch(conf, root)
     blocked = [r for r in fetch_segment_rows if r["outcome"] == "blocked"]
     assert len(blocked) == 7
@@ -81,7 +81,7 @@ def test_loopback_literals_are_refused_without_an_allow_list(server, base_conf, 
     port = server.port
     spellings = [f"http://2130706433:{port}/d", f"http://0x7f000001:{port}/h", f"http://0177.0.0.1:{port}/o",
                  f"http://127.1:{port}/s", f"http://[::ffff:127.0.0.1]:{port}/m", f"http://a@127.0.0.1:{port}/u"]
-    write_fetchlist(root, SEGMENT, [{"url": u} for u in spellings], conf["crawl.buckets"])
+    write_fetchlist(root, SEGMENT, [{"url": u} for u in spellings], conf.crawl.buckets)
     rows = _fetch(conf, root)
     assert len(rows) == len(spellings) and {r["outcome"] for r in rows} == {"blocked"}
     assert server.log == []
@@ -92,7 +92,7 @@ def test_redirects_to_refused_addresses_are_not_followed(server, base_conf, root
     targets = _refused_spellings(server.port)
     server.redirects = list(targets)
     pages = [f"/to/{i}" for i in range(len(server.redirects))]
-    write_fetchlist(root, SEGMENT, [{"url": server.url("edge.test", p)} for p in pages], conf["crawl.buckets"])
+    write_fetchlist(root, SEGMENT, [{"url": server.url("edge.test", p)} for p in pages], conf.crawl.buckets)
     rows = by_url(_fetch(conf, root))
     for i, page in enumerate(pages):
         row = rows[server.url("edge.test", page)]
@@ -125,7 +125,7 @@ def test_rebinding_after_the_pre_check_is_refused_at_connect(server, base_conf, 
     monkeypatch.setattr(daemon_mod, "GuardedResolver", resolver)
     conf = _conf(base_conf, **{"fetch.dns_cache_ttl_s": 0})
     paths = ["/a", "/b", "/c"]
-    write_fetchlist(root, SEGMENT, [{"url": server.url("rebind.test", p)} for p in paths], conf["crawl.buckets"])
+    write_fetchlist(root, SEGMENT, [{"url": server.url("rebind.test", p)} for p in paths], conf.crawl.buckets)
     rows = _fetch(conf, root)
     assert resolver.calls >= 3
     assert [r["outcome"] for r in rows] == ["blocked"] * 3
@@ -138,7 +138,7 @@ def test_rebinding_right_after_the_pre_check_never_connects(server, base_conf, r
     monkeypatch.setattr(daemon_mod, "GuardedResolver", _rebinding(flip_after=1))  # robots.txt connect is refused
     conf = _conf(base_conf, **{"fetch.dns_cache_ttl_s": 0})
     write_fetchlist(root, SEGMENT, [{"url": server.url("rebind.test", p)} for p in ("/a", "/b")],
-                    conf["crawl.buckets"])
+                    conf.crawl.buckets)
     rows = _fetch(conf, root)
     assert server.log == []
     [robots] = read_results(root, SEGMENT, kind="robots")

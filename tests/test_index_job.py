@@ -38,7 +38,7 @@ def crawled(tmp_path_factory, base_conf):
         items = [{"url": server.url("edge.test", p)} for p in paths]
         items += [{"url": server.url("edge.test", "/etag"), "etag": '"v1"'},
                   {"url": server.url("flaky.test", "/down")}]
-        write_fetchlist(root, SEGMENT, items, conf["crawl.buckets"])
+        write_fetchlist(root, SEGMENT, items, conf.crawl.buckets)
         fetch_segment(conf, root, SEGMENT)
     finally:
         server.stop()

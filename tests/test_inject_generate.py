@@ -94,7 +94,7 @@ def test_inject_reports_bad_lines_injects_the_rest_and_is_idempotent(spark, base
     assert (a4.status, a4.source, a4.depth, a4.state_version, a4.priority, a4.fetch_interval_s) == (
         "unfetched", "seed", 0, 0, 2.0, 3600)
     assert a4.url_id == urls.url_id("http://a.test/4") and a4.bucket == urls.bucket_of("http://a.test", 4)
-    assert rows["http://c.test/"].fetch_interval_s == base_conf["revisit.default_interval_s"]
+    assert rows["http://c.test/"].fetch_interval_s == base_conf.revisit.default_interval_s
     hosts = {r["host_key"]: r for r in tables.table_df(spark, root, "hosts").collect()}
     assert set(hosts) == {"http://a.test", "http://b.test", "http://c.test"}
     assert hosts["http://b.test"].fetches == 0 and hosts["http://b.test"].policy_version == 0
@@ -143,7 +143,7 @@ def test_generate_caps_sorts_leases_and_reruns_idempotently(spark, base_conf, ro
     third = generate.run(spark, conf, root, "seg-3", now)
     assert third.empty and not os.path.exists(layout.fetchlist_dir(root, "seg-3"))
 
-    later = now + timedelta(seconds=conf["generate.lease_seconds"] + 1)
+    later = now + timedelta(seconds=conf.generate.lease_seconds + 1)
     generate.run(spark, conf, root, "seg-4", later)
     versions = {r["url"]: r["state_version"] for rows in fetchlist_rows(root, "seg-4").values() for r in rows}
     assert len(versions) == 6 and set(versions.values()) == {2}

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 import pytest
 from pyspark.sql import functions as F
@@ -15,7 +15,7 @@ from jobs import maintain
 from tests.support.tables import append_rows, table_versions
 
 APPENDS = 5
-WHEN = datetime(2026, 1, 2, 3, 4, 5, tzinfo=timezone.utc)
+WHEN = datetime(2026, 1, 2, 3, 4, 5, tzinfo=UTC)
 
 
 def _fill(spark, root: str) -> None:

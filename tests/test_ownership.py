@@ -108,8 +108,8 @@ def test_config_rejects_unworkable_lease_timing(assignments, key):
 
 def test_shipped_defaults_pass_the_timing_rule():
     conf = config_mod.load()
-    assert check_timing(conf["ownership.lease_ttl_s"], conf["ownership.renew_interval_s"],
-                        conf["ownership.fence_margin_s"]) is None
+    assert check_timing(conf.ownership.lease_ttl_s, conf.ownership.renew_interval_s,
+                        conf.ownership.fence_margin_s) is None
 
 
 # --- the file store ----------------------------------------------------------------------------------------

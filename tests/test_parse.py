@@ -6,7 +6,7 @@ import gzip
 import io
 import json
 import os
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -28,7 +28,7 @@ from delta_tables import tables
 from jobs import parse
 
 SEGMENT = "seg-20240101-000001"
-NOW = datetime(2024, 1, 1, 12, 0, tzinfo=timezone.utc)
+NOW = datetime(2024, 1, 1, 12, 0, tzinfo=UTC)
 
 HOME_HTML = b"""<!doctype html><html lang="en"><head><title>  Home
   page </title><link rel="canonical" href="/index.html#top"></head>
@@ -371,7 +371,7 @@ def test_parse_reads_sitemaps_by_their_origin(root):
     [child] = index["outlinks"]
     assert (child["to_url"], child["sitemap_origin"], child["rel_flags"]) == (
         "http://a.test/maps/pages.xml.gz", "index 1 http://a.test", ["sitemapindex"])
-    assert child["sitemap_lastmod"] == datetime(2024, 1, 1, tzinfo=timezone.utc)
+    assert child["sitemap_lastmod"] == datetime(2024, 1, 1, tzinfo=UTC)
 
     urlset = pages["http://a.test/maps/pages.xml.gz"]
     links = {link["to_url"]: link for link in urlset["outlinks"]}
@@ -379,7 +379,7 @@ def test_parse_reads_sitemaps_by_their_origin(root):
     assert list(links) == ["http://a.test/maps/one.html", "http://a.test/maps/two.html"]
     one = links["http://a.test/maps/one.html"]
     assert (one["sitemap_changefreq"], one["sitemap_priority"], one["sitemap_origin"]) == ("daily", 0.9, None)
-    assert one["sitemap_lastmod"] == datetime(2023, 12, 30, 10, tzinfo=timezone.utc)
+    assert one["sitemap_lastmod"] == datetime(2023, 12, 30, 10, tzinfo=UTC)
     assert one["rel_flags"] == ["sitemap"]
     assert links["http://a.test/maps/two.html"]["sitemap_priority"] is None
     assert dict(urlset["sitemap_refused"]) == {"outside sitemap scope": 1, "invalid loc": 1}

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import random
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from email.utils import format_datetime
 
 import pytest
@@ -37,9 +37,9 @@ def test_delay_is_the_largest_of_minimum_capped_crawl_delay_and_backoff():
 def test_retry_after_seconds_and_http_date():
     now = 1_700_000_000.0
     assert parse_retry_after("120", now) == 120.0
-    future = format_datetime(datetime.fromtimestamp(now + 90, timezone.utc), usegmt=True)
+    future = format_datetime(datetime.fromtimestamp(now + 90, UTC), usegmt=True)
     assert parse_retry_after(future, now) == pytest.approx(90.0, abs=1.0)
-    past = format_datetime(datetime.fromtimestamp(now - 90, timezone.utc), usegmt=True)
+    past = format_datetime(datetime.fromtimestamp(now - 90, UTC), usegmt=True)
     assert parse_retry_after(past, now) == 0.0
     assert parse_retry_after("soon", now) is None
     assert parse_retry_after("", now) is None
@@ -225,7 +225,7 @@ def test_a_takeover_before_robots_is_known_waits_for_the_largest_crawl_delay():
     assert not unknown.can_start(109.9)
 
 
-T0 = datetime(2024, 5, 1, 12, 0, tzinfo=timezone.utc)
+T0 = datetime(2024, 5, 1, 12, 0, tzinfo=UTC)
 RULES = PolitenessRules(min_delay_s=1.0, max_crawl_delay_s=10.0, max_concurrency_per_host=2, backoff_base_s=30.0,
                         max_backoff_s=900.0, max_consecutive_failures=3, backoff_recovery_factor=0.5,
                         response_time_factor=0.0, max_response_time_delay_s=60.0, dead_after_days=7.0)
@@ -233,8 +233,8 @@ RULES = PolitenessRules(min_delay_s=1.0, max_crawl_delay_s=10.0, max_concurrency
 
 def test_rules_read_every_politeness_key_from_config(base_conf):
     rules = PolitenessRules.from_config(base_conf)
-    assert rules.min_delay_s == base_conf["politeness.min_delay_s"]
-    assert rules.max_consecutive_failures == base_conf["politeness.max_consecutive_failures"]
+    assert rules.min_delay_s == base_conf.politeness.min_delay_s
+    assert rules.max_consecutive_failures == base_conf.politeness.max_consecutive_failures
     gate = rules.gate()
     assert (gate.min_delay_s, gate.max_concurrency) == (rules.min_delay_s, rules.max_concurrency_per_host)
 

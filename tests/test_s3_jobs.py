@@ -92,7 +92,7 @@ def test_storage_reads_and_writes_objects_under_an_s3_root(s3, base_conf):
     bucket = s3.make_bucket("storage-roundtrip")
     conf = _conf(base_conf, storage__root=f"s3://{bucket}/crawl", s3__endpoint_url=s3.endpoint,
                  s3__path_style_access=True)
-    _roundtrip(Storage.from_conf(conf, environ={}), conf["storage.root"])
+    _roundtrip(Storage.from_conf(conf, environ={}), conf.storage.root)
     keys = sorted(o["Key"] for o in s3.client().list_objects_v2(Bucket=bucket)["Contents"])
     assert keys == ["crawl/segments/s/warc/bucket=00001/a.warc.gz", "crawl/segments/s/warc/bucket=00002/b.warc.gz"]
 

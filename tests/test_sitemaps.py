@@ -8,7 +8,7 @@ from __future__ import annotations
 import gzip
 import io
 import zlib
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
@@ -29,7 +29,7 @@ DATA = Path(__file__).parent / "data" / "sitemaps"
 SITEMAP_URL = "https://www.example.com/blog/sitemap.xml"
 PROBE = SitemapOrigin(FoundVia.PROBE)
 NS = 'xmlns="http://www.sitemaps.org/schemas/sitemap/0.9"'
-UTC = timezone.utc
+UTC = UTC
 
 
 def urlset(*locs: str, ns: str = NS, extra: str = "") -> bytes:
@@ -451,7 +451,7 @@ def test_discovered_depth_and_priority_follow_how_the_url_was_found():
     take their first_schedule priority, sitemap files SITEMAP_FILE_PRIORITY, links the parent's damped."""
     from crawler import frontier
 
-    now = datetime(2024, 5, 1, tzinfo=timezone.utc)
+    now = datetime(2024, 5, 1, tzinfo=UTC)
     entry = sitemaps.SitemapEntry("http://a.test/p", now - timedelta(days=1), sitemaps.ChangeFreq.DAILY, 0.9)
     assert frontier.discovery_depth("link", None, 2) == 3
     assert frontier.discovery_depth("redirect", None, 2) == 3

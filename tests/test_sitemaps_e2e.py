@@ -24,14 +24,14 @@ def crawled(shared_crawl):
     """What the sitemap tests read of the shared crawl (four cycles: probe and robots.txt -> index -> children ->
     listed pages reach everything a sitemap lists)."""
     farm, conf = shared_crawl.farm, shared_crawl.conf
-    assert conf["sitemaps.probe_default_location"] and conf["sitemaps.from_robots"]
+    assert conf.sitemaps.probe_default_location and conf.sitemaps.from_robots
     sitemap_urls = farm.sitemap_urls()
     return {"root": str(shared_crawl.root), "conf": conf, "farm": farm, "log": shared_crawl.log,
             "requested": set(map(requested_url, shared_crawl.log)), "reports": shared_crawl.reports,
             "inject": shared_crawl.inject, "sitemap_urls": sitemap_urls,
             "entries": {url: farm.sitemap_entries(url) for url in sitemap_urls},
-            "expected": farm.expected_fetches_sitemaps_only(conf["crawl.robots_token"]),
-            "never": farm.out_of_scope_sitemap_urls() | farm.disallowed_urls(conf["crawl.robots_token"]),
+            "expected": farm.expected_fetches_sitemaps_only(conf.crawl.robots_token),
+            "never": farm.out_of_scope_sitemap_urls() | farm.disallowed_urls(conf.crawl.robots_token),
             "orphans": farm.orphan_urls()}
 
 

@@ -103,14 +103,14 @@ def test_update_completes_discovers_and_reruns_idempotently(spark, base_conf, ro
     assert len(rows) == 8 and "http://a.test/nofollow" not in rows
     a1, a3, a4, a5, b1 = (rows[u] for u in ("http://a.test/1", "http://a.test/3", "http://a.test/4",
                                             "http://a.test/5", "http://b.test/1"))
-    default = base_conf["revisit.default_interval_s"]
+    default = base_conf.revisit.default_interval_s
     assert (a1.status, a1.content_hash, a1.simhash, a1.etag, a1.lease_segment, a1.last_segment) == (
         "fetched", "h1", 11, '"e1"', None, SEG)
     assert a1.next_fetch_at == (at + timedelta(seconds=default)).replace(tzinfo=None) and a1.last_status_code == 200
     assert (a3.status, a3.failure_count, a3.lease_segment, a3.last_fetch_at) == ("unfetched", 0, None, None)
     assert a3.next_fetch_at == (at + timedelta(seconds=2)).replace(tzinfo=None)
     assert (a4.status, a4.redirect_to) == ("redirect", "http://c.test/landing")
-    assert (a5.status, a5.fetch_interval_s) == ("gone", base_conf["revisit.gone_interval_s"])
+    assert (a5.status, a5.fetch_interval_s) == ("gone", base_conf.revisit.gone_interval_s)
     assert (b1.status, b1.state_version, b1.lease_segment) == ("unfetched", 1, SEG)  # stale result not applied
 
     new = rows["http://a.test/new"]
@@ -161,7 +161,7 @@ def test_a_segment_merged_after_its_leases_expired_applies_what_is_current_and_c
     inject.run(spark, base_conf, root, str(seeds))
     now = datetime.now(UTC).replace(microsecond=0) + timedelta(minutes=1)
     assert generate.run(spark, base_conf, root, "seg-s1", now).url_count == 3
-    expired = now + timedelta(seconds=base_conf["generate.lease_seconds"] + 60)
+    expired = now + timedelta(seconds=base_conf.generate.lease_seconds + 60)
     one = base_conf.with_overrides({"generate.per_host_max_urls": 1})
     assert generate.run(spark, one, root, "seg-s2", expired).url_count == 1  # a.test/1, the highest priority
     at = now + timedelta(seconds=30)
@@ -246,7 +246,7 @@ def test_failures_back_hosts_off_across_segments_and_a_long_streak_makes_a_host_
                   {"http://d.test": (None, "disallow_all", None), "http://r.test": (200, "rules", good)}, at)
     update.run(spark, base_conf, root, SEG)
     rows = hosts()
-    base = timedelta(seconds=base_conf["politeness.backoff_base_s"])
+    base = timedelta(seconds=base_conf.politeness.backoff_base_s)
     naive = at.replace(tzinfo=None)
     for failing in ("http://n.test", "http://f.test", "http://d.test"):
         row = rows[failing]

@@ -13,7 +13,7 @@ import json
 import os
 import random
 import re
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
@@ -81,7 +81,7 @@ def warc_files(root: str) -> list[str]:
 
 
 def test_iipc_stem_is_prefix_timestamp_serial_host():
-    created = datetime(2024, 1, 2, 3, 4, 5, 678_901, tzinfo=timezone.utc).timestamp()
+    created = datetime(2024, 1, 2, 3, 4, 5, 678_901, tzinfo=UTC).timestamp()
     assert iipc_stem("seg-x-00003", created, 7, "box-12") == "seg-x-00003-20240102030405678-00007-box-12"
 
 
@@ -90,14 +90,14 @@ def test_iipc_stem_is_prefix_timestamp_serial_host():
 
 def test_daemon_warc_has_warcinfo_pairs_metadata_and_revisits(edge, base_conf, root):
     conf = edge_conf(base_conf, **{"fetch.max_body_bytes": 10_000})
-    last_fetch = datetime(2024, 5, 6, 7, 8, 9, 123_456, tzinfo=timezone.utc)
+    last_fetch = datetime(2024, 5, 6, 7, 8, 9, 123_456, tzinfo=UTC)
     write_fetchlist(root, SEGMENT, [
         {"url": edge.url("edge.test", "/page")},
         {"url": edge.url("edge.test", "/big")},
         {"url": edge.url("edge.test", "/moved")},
         {"url": edge.url("edge.test", "/etag"), "etag": '"v1"', "last_fetch_at": last_fetch},
         {"url": edge.url("edge.test", "/etag?never-fetched"), "etag": '"v1"'},
-    ], conf["crawl.buckets"])
+    ], conf.crawl.buckets)
     fetch_segment(conf, root, SEGMENT)
     rows = {row["url"]: row for row in read_results(root, SEGMENT)}
     assert len(rows) == 5
@@ -116,7 +116,7 @@ def test_daemon_warc_has_warcinfo_pairs_metadata_and_revisits(edge, base_conf, r
     assert fields["format"] == "WARC File Format 1.1" and fields["robots"] == "obey"
     assert fields["conformsTo"].startswith("http") and "1.1" in fields["conformsTo"]
     assert fields["software"].startswith("cyclecrawl") and fields["hostname"]
-    assert fields["http-header-user-agent"] == conf["crawl.user_agent"]
+    assert fields["http-header-user-agent"] == conf.crawl.user_agent
     assert all(r["headers"]["WARC-Warcinfo-ID"] == info["headers"]["WARC-Record-ID"] for r in recs[1:])
     assert [r["type"] for r in recs].count(WarcRecordType.warcinfo) == 1
 
@@ -183,7 +183,7 @@ def test_rotation_at_warc_max_bytes(edge, base_conf, root):
     max_bytes = 1_500
     conf = edge_conf(base_conf, **{"fetch.warc_max_bytes": max_bytes})
     paths = [f"/r{i}" for i in range(8)]
-    write_fetchlist(root, SEGMENT, [{"url": edge.url("edge.test", p)} for p in paths], conf["crawl.buckets"])
+    write_fetchlist(root, SEGMENT, [{"url": edge.url("edge.test", p)} for p in paths], conf.crawl.buckets)
     fetch_segment(conf, root, SEGMENT)
     files = warc_files(root)
     serials = [int(re.search(r"-\d{17}-(\d{5})-", os.path.basename(f)).group(1)) for f in files]
@@ -219,7 +219,7 @@ def test_rotation_under_concurrency_keeps_exchanges_whole_and_results_with_their
                                          "fetch.concurrency": 16, "fetch.warc_gzip_level": 1,
                                          "fetch.static_hosts": {h: "127.0.0.1" for h in hosts}})
     urls_listed = [edge.url(h, f"/r{i}") for h in hosts for i in range(6)]
-    write_fetchlist(root, SEGMENT, [{"url": u} for u in urls_listed], conf["crawl.buckets"])
+    write_fetchlist(root, SEGMENT, [{"url": u} for u in urls_listed], conf.crawl.buckets)
     fetch_segment(conf, root, SEGMENT)
     rows = read_results(root, SEGMENT)
     assert sorted(r["url"] for r in rows) == sorted(urls_listed)

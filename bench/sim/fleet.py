@@ -158,15 +158,15 @@ class Fleet:
 
     def _new_daemon(self, number: int) -> SimDaemon:
         return SimDaemon(f"d{number}-{self.rng.randrange(1 << 30):x}", self.rules, self.gate_factory,
-                         self.conf["fetch.concurrency"])
+                         self.conf.fetch.concurrency)
 
     # --- ownership -------------------------------------------------------------------------------------------
 
     def start(self) -> None:
         for number, daemon in enumerate(self.daemons):
-            self._every(self.conf["ownership.renew_interval_s"], lambda d=daemon: self._renew(d),
+            self._every(self.conf.ownership.renew_interval_s, lambda d=daemon: self._renew(d),
                         offset=number * 0.37)
-            self._every(self.conf["fetch.poll_interval_s"], lambda d=daemon: self._look_for_work(d),
+            self._every(self.conf.fetch.poll_interval_s, lambda d=daemon: self._look_for_work(d),
                         offset=number * 0.53)
 
     def _every(self, period: float, action: Callable[[], bool], offset: float = 0.0) -> None:
@@ -186,23 +186,23 @@ class Fleet:
             return False
         if self._frozen(daemon) or self._storage_down():
             return True  # a renewal that cannot be written: the lease runs towards its fence
-        now, ttl = self.loop.now, self.conf["ownership.lease_ttl_s"]
+        now, ttl = self.loop.now, self.conf.ownership.lease_ttl_s
         for bucket, lease in daemon.leases.items():
             record = lease.record
             if self.store.get(bucket) is record:
                 lease.record = self.store[bucket] = LeaseRecord(**{**record.to_json(), "expires_at": now + ttl})
-                lease.fence_at = now + ttl - self.conf["ownership.fence_margin_s"]
+                lease.fence_at = now + ttl - self.conf.ownership.fence_margin_s
         return True
 
     def _take(self, daemon: SimDaemon, bucket: int) -> Lease | None:
         now = self.loop.now
         previous = self.store.get(bucket)
-        if not may_take(previous, now, self.conf["ownership.takeover_grace_s"]):
+        if not may_take(previous, now, self.conf.ownership.takeover_grace_s):
             return None
-        ttl = self.conf["ownership.lease_ttl_s"]
+        ttl = self.conf.ownership.lease_ttl_s
         record = LeaseRecord(bucket, (previous.epoch if previous else 0) + 1, daemon.name, "sim", 0, now, now + ttl)
         self.store[bucket] = record
-        lease = daemon.leases[bucket] = Lease(record, now + ttl - self.conf["ownership.fence_margin_s"])
+        lease = daemon.leases[bucket] = Lease(record, now + ttl - self.conf.ownership.fence_margin_s)
         if previous is not None and not previous.released and previous.owner != daemon.name:
             self.takeovers += 1  # after a kill or a freeze: the lapsed lease of another daemon
         end = previous_last_end(previous, now, holder_is_dead=False)
@@ -465,8 +465,8 @@ class Fleet:
             self.loop.at(self.loop.now + 1.0, lambda: self._restart(number, previous))
             return
         fresh = self.daemons[number] = self._new_daemon(number)
-        self._every(self.conf["ownership.renew_interval_s"], lambda: self._renew(fresh))
-        self._every(self.conf["fetch.poll_interval_s"], lambda: self._look_for_work(fresh))
+        self._every(self.conf.ownership.renew_interval_s, lambda: self._renew(fresh))
+        self._every(self.conf.fetch.poll_interval_s, lambda: self._look_for_work(fresh))
 
     def kill(self, number: int, restart_after: float) -> None:
         daemon = self.daemons[number]

@@ -158,7 +158,7 @@ class Frontier:
         """The segment's fetch-list rows: due URLs of hosts not backing off, ranked by score per host, cut per host
         (a dead host gets a probe), then round-robin over hosts up to the budget; each leased (its version
         bumped)."""
-        boost = self.conf["generate.age_boost_per_day"]
+        boost = self.conf.generate.age_boost_per_day
         candidates = np.flatnonzero(self.next_due <= now)
         candidates = candidates[due_mask(self.next_due[candidates], self.lease_segment[candidates],
                                          self.lease_expires[candidates], now, segment)]
@@ -185,7 +185,7 @@ class Frontier:
         candidates, rank, score = candidates[keep], rank[keep], score[keep]
         ordered = candidates[np.lexsort((candidates, -score, rank))]
         share = None
-        if self.conf["generate.budget_split"]:  # jobs/generate.py::within_budget: each side in the same order
+        if self.conf.generate.budget_split:  # jobs/generate.py::within_budget: each side in the same order
             share = self.refresh_share.current(*self._update_signals()) if self.refresh_share.adaptive \
                 else self.refresh_share.share
             revisits, new = ordered[self.fetched_before[ordered]], ordered[~self.fetched_before[ordered]]

@@ -190,8 +190,8 @@ def simulate(settings: SimSettings, gate_factory=None, progress=None) -> SimRun:
             progress(f"sim: {start / 3600:.0f} h of {settings.hours:g}, {len(server.log)} requests")
         frontier.update_hosts(number)
         rows, backlog = frontier.generate(number, start, settings.segment_max_urls,
-                                          conf["generate.per_host_max_urls"], segment_s,
-                                          conf["generate.lease_seconds"])
+                                          conf.generate.per_host_max_urls, segment_s,
+                                          conf.generate.lease_seconds)
         fleet.open_segment(number, rows, lambda key: urls.bucket_of(key, settings.buckets))
         segments.append(SegmentFigures(start, backlog, _bound(rows, server, frontier, min(segment_s, end - start))))
         for fault in faults:

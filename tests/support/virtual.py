@@ -330,7 +330,7 @@ def fetch_virtually(conf: Any, folder: str, items: list[dict[str, Any]], script:
 
     segment_id = "seg-virtual"
     root = tempfile.mkdtemp(prefix="virtual-", dir=folder)
-    buckets = sorted(write_fetchlist(root, segment_id, items, conf["crawl.buckets"], Bucketing.from_config(conf)))
+    buckets = sorted(write_fetchlist(root, segment_id, items, conf.crawl.buckets, Bucketing.from_config(conf)))
     clock = VirtualClock()
     transport = ScriptedTransport(script, clock)
     forget_hosts()
