@@ -100,6 +100,17 @@ def score_sql(priority: str, next_fetch_at: str, now: str, age_boost_per_day: fl
     return f"({priority} + {float(age_boost_per_day)!r} * {overdue})"
 
 
+def host_order(score: float, url_id: str) -> tuple[float, str]:
+    """The order of one host's due URLs, lowest key first: the higher score, then url_id (total, so a re-run ranks
+    the same URLs). A URL's place in it is its `rank`, which `per_host_cap` cuts at and `segment_order` reads."""
+    return -score, url_id
+
+
+def host_order_sql(score: str, url_id: str) -> str:
+    """`host_order` as one Spark SQL sort key, ascending."""
+    return f"struct(-({score}), {url_id})"
+
+
 def segment_order(rank: int, score: float, url_id: str) -> tuple[int, float, str]:
     """The order in which URLs that passed their host's cap (`rank` among the host's due URLs by score) go into a
     segment, lowest key first: every host's first URL, then every host's second, each rank by the higher score, then

@@ -41,6 +41,7 @@ from crawler.frontier import (
     RefreshShare,
     backpressure,
     domain_cap_sql,
+    host_order_sql,
     per_host_cap_sql,
     refresh_quota_sql,
     score_sql,
@@ -153,7 +154,7 @@ def select_due(spark: SparkSession, conf: Config, root: str, segment_id: str, no
         .withColumn("score", F.expr(score_sql("priority", "next_fetch_at", "gen_now",
                                               conf.generate.age_boost_per_day)))
         .withColumn("rank", F.row_number().over(
-            Window.partitionBy("host_key").orderBy(F.desc("score"), F.asc("url_id"))))
+            Window.partitionBy("host_key").orderBy(F.expr(host_order_sql("score", "url_id")))))
         .where(F.col("rank") <= F.col("host_cap"))
     )
     per_segment, per_day = DomainBudgets.per_segment(conf), DomainBudgets.per_day(conf)

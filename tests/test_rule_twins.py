@@ -287,6 +287,20 @@ def test_segment_order_agrees(spark):
         assert [tuple(r) for r in got] == mine
 
 
+def test_host_order_agrees(spark):
+    """A host's rank by the SQL key is its place in the Python order: the higher score first, ties by url_id."""
+    rows = [(host, score, url_id) for host in ("a", "b") for score in (0.0, 0.5, 12.25) for url_id in ("0a", "f1")]
+    random.Random(7).shuffle(rows)
+    frame = spark.createDataFrame(rows, "host string, score double, url_id string").withColumn("rank", F.expr(
+        f"row_number() over (partition by host order by {frontier.host_order_sql('score', 'url_id')})"))
+    got = {(r.host, r.score, r.url_id): r.rank for r in frame.collect()}
+    for host in ("a", "b"):
+        mine = sorted((r for r in rows if r[0] == host), key=lambda r: frontier.host_order(r[1], r[2]))
+        assert [got[r] for r in mine] == list(range(1, len(mine) + 1))
+    first_of_a = sorted((r for r in rows if r[0] == "a"), key=lambda r: frontier.host_order(r[1], r[2]))[:2]
+    assert first_of_a == [("a", 12.25, "0a"), ("a", 12.25, "f1")]
+
+
 @pytest.mark.parametrize("max_depth", [0, 3])
 def test_depth_scope_agrees(spark, max_depth):
     scope = Scope(schemes=("http", "https"), host_suffixes=(), max_url_length=2048, max_depth=max_depth)
