@@ -30,7 +30,7 @@ POKE_INTERVAL_S = float(os.environ.get("CYCLECRAWL_POKE_INTERVAL_S", "60"))
 MAINTAIN_HOUR_UTC = int(os.environ.get("CYCLECRAWL_MAINTAIN_HOUR", "3"))
 FETCH_MODES = ("daemons", "task")
 EXIT_TIMEOUT = 124  # what coreutils `timeout` exits with when the deadline killed the command
-EXIT_BACKPRESSURE = 75  # crawler.errors.EXIT_BACKPRESSURE (this file imports no crawl module when it is parsed)
+EXIT_TRY_LATER = 75  # crawler.errors.EXIT_TRY_LATER (this file imports no crawl module when it is parsed)
 
 # Every step: retried with exponential backoff (1, 2, 4 ... min, at most 30 min apart); each Spark step is
 # idempotent (Delta MERGE, segment-keyed overwrites), so a retry after a lost executor or a flaky cluster
@@ -184,7 +184,7 @@ with DAG(
         "(backpressure: an earlier segment finished fetching but is not merged, or too many are open) skips the run "
         "instead of failing it: no retries, no new leases, the next run asks again.",
         trigger_rule="none_failed",  # runs after a skipped inject
-        skip_on_exit_code=EXIT_BACKPRESSURE,
+        skip_on_exit_code=EXIT_TRY_LATER,
     )
 
     @task.branch(task_id="fetch", doc_md="Chooses the fetch by the `fetch_mode` param; skips the rest of the "

@@ -10,7 +10,7 @@ from datetime import UTC, datetime
 from typing import NoReturn
 
 from crawler import layout
-from crawler.errors import EXIT_BACKPRESSURE, EXIT_USER_ERROR, Backpressure, UserError
+from crawler.errors import EXIT_TRY_LATER, EXIT_USER_ERROR, TryLater, UserError
 
 
 class Parser(argparse.ArgumentParser):
@@ -50,12 +50,12 @@ def positive_int(text: str) -> int:
 
 def run(parser: argparse.ArgumentParser, argv: Sequence[str] | None,
         command: Callable[[argparse.Namespace], int]) -> int:
-    """Parse `argv` and run `command` on it; a UserError it raises is one line on stderr and exit 2 (Backpressure:
-    exit 75). Any other exception is a bug and keeps its traceback."""
+    """Parse `argv` and run `command` on it; a UserError it raises is one line on stderr and exit 2 (TryLater, e.g.
+    backpressure: exit 75). Any other exception is a bug and keeps its traceback."""
     args = parser.parse_args(argv)
     try:
         return command(args)
-    except (UserError, Backpressure) as exc:
+    except (UserError, TryLater) as exc:
         name = " ".join(filter(None, (parser.prog, getattr(args, "command", None))))
         print(f"{name}: {exc}", file=sys.stderr)
-        return EXIT_BACKPRESSURE if isinstance(exc, Backpressure) else EXIT_USER_ERROR
+        return EXIT_TRY_LATER if isinstance(exc, TryLater) else EXIT_USER_ERROR

@@ -12,9 +12,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 EXIT_USER_ERROR = 2
-# Generate refused a new segment (`Backpressure`): nothing is wrong with the command, the crawl is behind. 75 is
-# sysexits' EX_TEMPFAIL ("try again later"); the DAG skips its run on it instead of failing and retrying.
-EXIT_BACKPRESSURE = 75
+# The command cannot go on now but may later (`TryLater`): generate's backpressure, another command holding the
+# crawl's writer lock, a concurrent commit that won. Nothing is wrong with the command and nothing was left half
+# written. 75 is sysexits' EX_TEMPFAIL ("try again later"); the DAG skips its run on it instead of failing and
+# retrying.
+EXIT_TRY_LATER = 75
 # How many existing segments an UnknownSegment message names (the latest ones, by id).
 NAMED_SEGMENTS = 5
 
@@ -23,9 +25,14 @@ class UserError(Exception):
     """A mistake in the input, reported as one line: the message must say what was wrong and with what."""
 
 
-class Backpressure(Exception):
+class TryLater(Exception):
+    """The command cannot go on now but may later; the message says why and what to wait for. One line on stderr
+    and `EXIT_TRY_LATER`, like a UserError but not the user's mistake."""
+
+
+class Backpressure(TryLater):
     """Generate will not start a new segment until earlier ones are merged (or given up): the message says which
-    and what to do. One line on stderr and `EXIT_BACKPRESSURE`, like a UserError but not the user's mistake."""
+    and what to do."""
 
 
 class BadName(UserError, ValueError):

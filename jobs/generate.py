@@ -17,7 +17,7 @@ figures at this moment (backlog, oldest due URL, high-priority URLs left out) go
 
 Before any of that, backpressure (crawler.frontier.backpressure): no new segment while an earlier one has
 finished fetching without being merged, or while more than generate.max_unmerged_segments are still open; the
-refusal is `crawler.errors.Backpressure` (exit 75), which the DAG turns into a skipped run.
+refusal is `crawler.errors.Backpressure` (a `TryLater`: exit 75), which the DAG turns into a skipped run.
 
 The whole job reads `urls` and `hosts` at one pinned Delta version, so every evaluation of the selection
 (counts, fetch list, lease) sees the same rows; a re-run for the same segment selects the same URLs, writes

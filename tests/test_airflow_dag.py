@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from crawler import layout
-from crawler.errors import EXIT_BACKPRESSURE
+from crawler.errors import EXIT_TRY_LATER
 from fetchd.progress import segment_progress
 from sitefarm.judge import requested_url
 from tests.support import airflow
@@ -269,7 +269,7 @@ GENERATE_EXIT = """
 
 
 def test_generate_refused_by_backpressure_skips_the_run(airflow_env, tmp_path):
-    """The real BashOperator of the generate step, `crawl-submit` stubbed: exit 75 (crawler.errors.EXIT_BACKPRESSURE)
+    """The real BashOperator of the generate step, `crawl-submit` stubbed: exit 75 (crawler.errors.EXIT_TRY_LATER)
     skips the task (and so the run: every later step needs it), any other failure still fails it."""
     stub = tmp_path / "bin" / "crawl-submit"
     stub.parent.mkdir()
@@ -278,7 +278,7 @@ def test_generate_refused_by_backpressure_skips_the_run(airflow_env, tmp_path):
     env = {**airflow_env, "PATH": f"{stub.parent}{os.pathsep}{os.environ['PATH']}"}
     found = run_airflow_script(env, tmp_path, GENERATE_EXIT, str(DAGS))
     assert found == {"75": "skipped", "1": "failed", "0": "success"}
-    assert EXIT_BACKPRESSURE == 75
+    assert EXIT_TRY_LATER == 75
 
 
 CLOSE = 'crawl close-segment --fetch-only --segment seg-1 --reason fetch deadline reached (fetch_segment) --root /r\n'

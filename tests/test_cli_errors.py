@@ -14,7 +14,7 @@ import pytest
 
 from crawler import commandline, frontier, layout
 from crawler import config as config_mod
-from crawler.errors import EXIT_BACKPRESSURE, Backpressure, UnknownSegment, UserError
+from crawler.errors import EXIT_TRY_LATER, Backpressure, UnknownSegment, UserError
 from crawler.seeds import read_seeds, split_lines
 from fetchd import cli as fetchd_cli
 from jobs import cli, submit
@@ -224,7 +224,7 @@ def test_backpressure_is_one_line_and_exit_75(capsys):
 
     parser = commandline.Parser(prog="crawl")
     parser.add_argument("command")
-    assert commandline.run(parser, ["generate"], refuse) == EXIT_BACKPRESSURE == 75
+    assert commandline.run(parser, ["generate"], refuse) == EXIT_TRY_LATER == 75
     line = "crawl generate: no new segment: segment seg-1 finished fetching but is not merged\n"
     assert capsys.readouterr().err == line
 
