@@ -170,8 +170,10 @@ async def serve_async(conf: Config, root: str, stop: threading.Event, clock: Clo
         await daemon.open()
         while not stop.is_set():
             try:
-                await daemon.check_settings()  # before any bucket is taken: still the crawl's bucketing?
                 work = await asyncio.to_thread(pending_work, daemon.store)  # S3: many requests, off the loop
+                # Before any bucket is taken, and after the listing: a fetch list written under a new record (generate
+                # after rebucket) and seen there is seen with that record here.
+                await daemon.check_settings()
             except OSError as exc:  # the root cannot be read (S3 unreachable): look again after the pause
                 log.warning("cannot look for work: %s", exc)
                 work = {}
