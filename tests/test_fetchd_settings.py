@@ -121,18 +121,20 @@ def test_a_daemon_running_across_a_rebucket_to_domain_fetches_nothing_under_its_
         record_bucketing(new_conf, root, by_domain)  # what `crawl rebucket` writes last
         after = write_fetchlist(root, "seg-after", [{"url": url} for url in after_urls], BUCKETS, by_domain)
         assert list(after) == [domain_bucket]  # one domain, one bucket
-        _wait_for(serving.done, "the daemon with the old settings stopped by itself")
-        with pytest.raises(SettingsChanged, match="politeness.key is now 'domain', this daemon's 'host'"):
-            serving.result()
-    assert "before" not in _lease_owners(root).get(domain_bucket, set())  # it took no bucket after the change
-
+        # It stops by itself; a daemon that went on under its old key would fetch seg-after to its end instead.
+        _wait_for(lambda: serving.done() or os.path.exists(layout.done_manifest(root, "seg-after", domain_bucket)),
+                  "the daemon with the old settings stopped, or fetched seg-after")
     fetch_segment(new_conf, root, "seg-after")  # what its supervisor starts again, with the crawl's settings
-    assert {url: row["outcome"] for url, row in by_url(read_results(root, "seg-after")).items()} == \
-        dict.fromkeys(after_urls, "success")
+
     domain_requests = [r for r in server.log if r["host"] in DOMAIN_NAMES]
+    assert _domain_violations(domain_requests) == []
     assert Counter(server.url(r["host"], r["path"]) for r in domain_requests if r["path"] != "/robots.txt") == \
         Counter(after_urls)  # every URL fetched once
-    assert _domain_violations(domain_requests) == []
+    assert {url: row["outcome"] for url, row in by_url(read_results(root, "seg-after")).items()} == \
+        dict.fromkeys(after_urls, "success")
+    with pytest.raises(SettingsChanged, match="politeness.key is now 'domain', this daemon's 'host'"):
+        serving.result(0)
+    assert "before" not in _lease_owners(root).get(domain_bucket, set())  # it took no bucket after the change
 
 
 def test_a_daemon_notices_the_change_before_it_takes_a_bucket(server, base_conf, root):
