@@ -26,6 +26,7 @@ from fetchd.commands import fetch_segment, serve
 from fetchd.ownership import leases_dir
 from jobs.rebucket import record_bucketing
 from tests.support.fetchlists import by_url, read_results, write_fetchlist
+from tests.support.s3 import moto_server, objects, put_fetchlist
 from tests.support.servers import ScriptedServer, slow_pages
 
 ADDRESS = "127.0.0.8"  # its own loopback address
@@ -198,3 +199,20 @@ def test_the_daemon_command_exits_75_with_one_line(base_conf, root, capsys):
     err = capsys.readouterr().err.strip().splitlines()
     assert code == EXIT_TRY_LATER
     assert len(err) == 1 and "settings changed" in err[0] and err[0].startswith("fetchd serve: ")
+
+
+def test_a_daemon_on_an_s3_root_notices_the_change_before_it_takes_a_bucket(server, base_conf, tmp_path):
+    """The same look on an s3:// root: the record is one GET through the daemon's store."""
+    with moto_server() as s3:
+        root = f"s3://{s3.make_bucket('settings-change')}/crawl"
+        old_conf = _conf(base_conf, "host", "before").with_overrides({
+            "s3.endpoint_url": s3.endpoint, "fetch.staging_dir": str(tmp_path / "staging")})
+        record_bucketing(old_conf, root, Bucketing(BUCKETS, "host"))
+        with _serving(old_conf, root) as serving:
+            time.sleep(2 * POLL_S)
+            assert not serving.done()
+            record_bucketing(old_conf, root, Bucketing(BUCKETS, "domain"))
+            put_fetchlist(s3, root, tmp_path, "seg-after", _domain_urls(server, 2), BUCKETS)
+            _wait_for(serving.done, "the daemon stopped by itself")
+            assert isinstance(serving.exception(), SettingsChanged)
+        assert server.log == [] and objects(s3, root, "leases/") == {}
