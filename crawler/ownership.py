@@ -19,8 +19,22 @@ Pure: wall and monotonic times are passed in.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 from typing import Any
+
+LEASES_FOLDER = "leases"  # ROOT/leases/bucket=NNNNN/epoch-NNNNNNNNNN.json
+
+
+def epoch_filename(epoch: int) -> str:
+    return f"epoch-{epoch:010d}.json"
+
+
+def epoch_of(filename: str) -> int | None:
+    """The epoch a lease file's name holds; None for any other file (a temp file being written)."""
+    if filename.startswith("epoch-") and filename.endswith(".json") and filename[6:-5].isdigit():
+        return int(filename[6:-5])
+    return None
 
 
 @dataclass(frozen=True)
@@ -53,6 +67,13 @@ def may_take(record: LeaseRecord | None, now: float, takeover_grace_s: float, ho
     process of this machine that no longer exists: it cannot be fetching)."""
     return (record is None or record.released or holder_is_dead
             or now >= record.expires_at + takeover_grace_s)
+
+
+def live_holders(latest: Iterable[LeaseRecord], now: float, takeover_grace_s: float) -> list[LeaseRecord]:
+    """Of each bucket's latest lease, those whose holder may still be fetching at wall time `now`: no other daemon
+    may take the bucket yet (`may_take`). Asked by a command that must not run beside a fetching daemon; it cannot
+    tell a dead holder from a live one, so a crashed daemon's lease counts until it lapses."""
+    return [record for record in latest if not may_take(record, now, takeover_grace_s)]
 
 
 def fence_deadline(renew_started_mono: float, ttl_s: float, fence_margin_s: float) -> float:

@@ -108,9 +108,9 @@ class BucketRun:
                 self.add(row)
 
     def should_stop(self) -> bool:
-        """Whether to stop handing out work: the daemon is stopping, the segment was closed, the bucket's lease is
-        lost (fenced), or its files cannot be written. An unfinished bucket is resumed from what was published or
-        recorded in the WARC."""
+        """Whether to stop handing out work: the daemon is stopping, the segment was closed, the crawl's settings
+        changed, the bucket's lease is lost (fenced), or its files cannot be written. An unfinished bucket is resumed
+        from what was published or recorded in the WARC."""
         return self.stop_signal.is_set() or self.lease.fenced() or self.storage_error is not None
 
     def _storage_failed(self, exc: OSError) -> None:
@@ -202,7 +202,11 @@ class BucketRun:
             self.out.close_current()
             # On S3, up now, while the lease holds: uploads after its release count as fenced and are skipped.
             await asyncio.to_thread(self.store.upload_bucket, self.segment_id, self.bucket, self.lease.fenced)
-            if self.stop_signal.segment_closed:
+            if self.stop_signal.settings_changed is not None:
+                log.warning("bucket %05d of %s: released unfinished because the crawl's settings changed; results so "
+                            "far are published and a daemon with the new settings resumes it",
+                            self.bucket, self.segment_id)
+            elif self.stop_signal.segment_closed:
                 log.warning("bucket %05d of %s: released unfinished because the segment was closed (%s); results "
                             "so far are published, its other URLs come back when their leases expire",
                             self.bucket, self.segment_id, layout.CLOSED_MARKER)

@@ -171,7 +171,10 @@ async def serve_async(conf: Config, root: str, stop: threading.Event, clock: Clo
         while not stop.is_set():
             try:
                 work = await asyncio.to_thread(pending_work, daemon.store)  # S3: many requests, off the loop
-            except OSError as exc:  # the root cannot be listed (S3 unreachable): look again after the pause
+                # Before any bucket is taken, and after the listing: a fetch list written under a new record (generate
+                # after rebucket) and seen there is seen with that record here.
+                await daemon.check_settings()
+            except OSError as exc:  # the root cannot be read (S3 unreachable): look again after the pause
                 log.warning("cannot look for work: %s", exc)
                 work = {}
             _claim(daemon, work)
@@ -194,7 +197,9 @@ def serve(conf: Config, root: str, stop: threading.Event | None = None, peers_di
     work that no other daemon owns (leases, `crawler.ownership`) and fetch them, segment by segment, in
     `fetch.processes` daemon processes (`fetchd.processes`). On the stop, requests in flight get
     `ownership.shutdown_grace_s`, results are published, files closed and the buckets released; whoever owns a
-    bucket next resumes it."""
+    bucket next resumes it. It stops the same way, and raises `SettingsChanged` (exit 75), when the crawl's
+    recorded bucketing stops being its config's (`crawl rebucket`): looked at before buckets are taken and every
+    `fetch.poll_interval_s` while they are fetched."""
     stop, root = stop or threading.Event(), layout.normalize_root(root)
     with _stop_on_signals(stop):
         count = process_count(conf)

@@ -9,7 +9,9 @@ its rows point into, published in batches after the WARC is synced (`fetchd.outp
 a bucket without `_DONE.json` is resumed by its next owner, which fetches only the URLs not yet reported. On an
 s3:// root the same files are written in a staging folder and uploaded as they are published (`fetchd.storage`).
 A closed segment (`_CLOSED.json`, `fetchd.progress.close_segment`) has no pending buckets; a bucket being fetched
-when it is closed stops as on SIGTERM, without `_DONE.json`. The commands that run daemons are in `fetchd.commands`.
+when it is closed stops as on SIGTERM, without `_DONE.json`. So does every bucket being fetched when the crawl's
+recorded bucketing (`ROOT/_crawl.json`, crawler.bucketing) stops being the daemon's; the daemon then releases its
+buckets and exits with `SettingsChanged`. The commands that run daemons are in `fetchd.commands`.
 """
 
 from __future__ import annotations
@@ -170,6 +172,32 @@ class Daemon:
                 self.stop_signal.segment_closed = True
                 return
 
+    async def check_settings(self) -> None:
+        """Raise `SettingsChanged` (crawler.bucketing) if the crawl's record no longer holds this daemon's bucketing:
+        asked before buckets are taken. One small read, off the event loop (a GET on S3); OSError when the record
+        cannot be read (the caller takes no bucket then)."""
+        changed = self.bucketing.changed_under(await asyncio.to_thread(self.store.crawl_record))
+        if changed is not None:
+            self.stop_signal.settings_changed = changed
+            raise changed
+
+    async def watch_settings(self) -> None:
+        """Read the crawl's record every `fetch.poll_interval_s` while buckets are fetched (as `watch_closed` looks
+        for the marker); once its bucketing is not this daemon's, the bucket runs stop handing out requests at
+        once, as on SIGTERM, and `fetch_buckets` raises `SettingsChanged` after they have stopped."""
+        while True:
+            await asyncio.sleep(self.conf.fetch.poll_interval_s)
+            try:
+                record = await asyncio.to_thread(self.store.crawl_record)
+            except OSError as exc:  # storage trouble: look again later
+                log.warning("cannot read the crawl's settings: %s", exc)
+                continue
+            changed = self.bucketing.changed_under(record)
+            if changed is not None:
+                log.warning("stopping every bucket run: %s", changed)
+                self.stop_signal.settings_changed = changed
+                return
+
     async def progress_loop(self) -> None:
         interval = self.conf.fetch.progress_interval_s
         while True:
@@ -190,16 +218,20 @@ class Daemon:
 
     async def fetch_buckets(self, segment_id: str, buckets: list[int]) -> list[dict[str, Any]]:
         """Fetch the given buckets of a segment (each must be owned: `acquire`) concurrently, resuming what an
-        earlier run left; the manifests of those that finished."""
+        earlier run left; the manifests of those that finished. Raises `SettingsChanged` once the runs have stopped
+        if the crawl's bucketing changed meanwhile (`watch_settings`)."""
         share = max(1, self.conf.fetch.max_queued_urls // max(1, len(buckets)))  # queued rows per bucket run
         self.segment_id, self.runs, self.stop_signal.segment_closed = segment_id, [], False
-        watchers = [asyncio.create_task(self.progress_loop()), asyncio.create_task(self.watch_closed(segment_id))]
+        watchers = [asyncio.create_task(self.progress_loop()), asyncio.create_task(self.watch_closed(segment_id)),
+                    asyncio.create_task(self.watch_settings())]
         try:
             manifests = await asyncio.gather(*(self._fetch_bucket(segment_id, b, share) for b in buckets))
         finally:
             for watcher in watchers:
                 watcher.cancel()
             self.log_progress()
+        if self.stop_signal.settings_changed is not None:
+            raise self.stop_signal.settings_changed
         return [m for m in manifests if m is not None]
 
     def _open_bucket(self, segment_id: str, bucket: int, lease: Lease) -> ResumeState | None:

@@ -23,7 +23,15 @@ from typing import Any
 from crawler import layout
 from crawler.clock import SYSTEM_CLOCK, Clock
 from crawler.config import Config
-from crawler.ownership import LeaseRecord, fence_deadline, may_take, previous_last_end
+from crawler.ownership import (
+    LEASES_FOLDER,
+    LeaseRecord,
+    epoch_filename,
+    epoch_of,
+    fence_deadline,
+    may_take,
+    previous_last_end,
+)
 
 log = logging.getLogger("fetchd.ownership")
 
@@ -34,12 +42,8 @@ _KEEP_EPOCHS = 3  # older epoch files than the last few are removed when a bucke
 
 
 def leases_dir(root: str, bucket: int | None = None) -> str:
-    base = layout.join(root, "leases")
+    base = layout.join(root, LEASES_FOLDER)
     return base if bucket is None else layout.join(base, layout.bucket_dirname(bucket))
-
-
-def _epoch_name(epoch: int) -> str:
-    return f"epoch-{epoch:010d}.json"
 
 
 def _sync_dir(folder: str) -> None:
@@ -118,10 +122,10 @@ class LeaseStore:
         folder = leases_dir(self.root, bucket)
         if not os.path.isdir(folder):
             return []
-        return sorted(int(n[6:16]) for n in os.listdir(folder) if n.startswith("epoch-") and n.endswith(".json"))
+        return sorted(e for e in map(epoch_of, os.listdir(folder)) if e is not None)
 
     def _read(self, bucket: int, epoch: int) -> LeaseRecord:
-        with open(os.path.join(leases_dir(self.root, bucket), _epoch_name(epoch)), encoding="utf-8") as fh:
+        with open(os.path.join(leases_dir(self.root, bucket), epoch_filename(epoch)), encoding="utf-8") as fh:
             return LeaseRecord.from_json(json.load(fh))
 
     def latest(self, bucket: int) -> LeaseRecord | None:
@@ -131,7 +135,7 @@ class LeaseStore:
     def _write(self, record: LeaseRecord, exclusive: bool) -> bool:
         folder = leases_dir(self.root, record.bucket)
         os.makedirs(folder, exist_ok=True)
-        path = os.path.join(folder, _epoch_name(record.epoch))
+        path = os.path.join(folder, epoch_filename(record.epoch))
         tmp = os.path.join(folder, f".{self.owner}-{os.getpid()}-{record.epoch}.tmp")
         with open(tmp, "w", encoding="utf-8") as fh:
             json.dump(record.to_json(), fh)
@@ -213,7 +217,7 @@ class LeaseStore:
 
     def _remove(self, bucket: int, epoch: int) -> None:
         with contextlib.suppress(FileNotFoundError):
-            os.remove(os.path.join(leases_dir(self.root, bucket), _epoch_name(epoch)))
+            os.remove(os.path.join(leases_dir(self.root, bucket), epoch_filename(epoch)))
 
     def _prune(self, bucket: int, epoch: int) -> None:
         for old in self._epochs(bucket):
@@ -249,8 +253,8 @@ class S3LeaseStore(LeaseStore):
         self._etags: dict[tuple[int, int], str] = {}  # (bucket, epoch) -> ETag of this daemon's last write
 
     def _key(self, bucket: int, epoch: int | None = None) -> str:
-        folder = layout.join("leases", layout.bucket_dirname(bucket))
-        relkey = folder + "/" + (_epoch_name(epoch) if epoch is not None else "epoch-")
+        folder = layout.join(LEASES_FOLDER, layout.bucket_dirname(bucket))
+        relkey = folder + "/" + (epoch_filename(epoch) if epoch is not None else "epoch-")
         return f"{self.prefix}/{relkey}" if self.prefix else relkey
 
     def _epochs(self, bucket: int) -> list[int]:
@@ -259,7 +263,7 @@ class S3LeaseStore(LeaseStore):
             for page in self.client.get_paginator("list_objects_v2").paginate(Bucket=self.s3_bucket,
                                                                               Prefix=self._key(bucket)):
                 names += [o["Key"].rsplit("/", 1)[1] for o in page.get("Contents", [])]
-        return sorted(int(n[6:16]) for n in names if n.startswith("epoch-") and n.endswith(".json"))
+        return sorted(e for e in map(epoch_of, names) if e is not None)
 
     def _read(self, bucket: int, epoch: int) -> LeaseRecord:
         with s3_errors():

@@ -24,12 +24,14 @@ import multiprocessing
 import os
 import queue
 import signal
+import sys
 import threading
 from collections.abc import Callable
 from typing import Any
 
 from crawler import logs
 from crawler.config import Config
+from crawler.errors import EXIT_TRY_LATER, TryLater
 
 log = logging.getLogger(__name__)
 JOIN_POLL_S = 0.5
@@ -76,6 +78,9 @@ def _child(work: Callable[..., Any], args: tuple, results: Any, verbose: bool, p
     logs.setup(verbose)
     try:
         results.put((os.getpid(), True, work(*args)))
+    except TryLater as exc:  # a stop with one line (the crawl's settings changed): its exit code, no traceback
+        results.put((os.getpid(), False, f"{type(exc).__name__}: {exc}"))
+        sys.exit(EXIT_TRY_LATER)
     except BaseException as exc:  # reported, then re-raised so the exit code says so too
         results.put((os.getpid(), False, f"{type(exc).__name__}: {exc}"))
         raise

@@ -15,7 +15,7 @@ import random
 import threading
 from dataclasses import dataclass
 
-from crawler.bucketing import Bucketing
+from crawler.bucketing import Bucketing, SettingsChanged
 from crawler.clock import Clock
 from crawler.config import Config
 from crawler.politeness import HostGate, PolitenessRules, SharedGate
@@ -31,15 +31,17 @@ log = logging.getLogger("fetchd")
 
 class StopSignal:
     """Whether a daemon's bucket runs must stop as on SIGTERM: the daemon is stopping (`daemon_stop`, set by the
-    signal handler or the caller), or the cycle closed the segment being fetched (`segment_closed`). The daemon
-    sets it; bucket runs only read it."""
+    signal handler or the caller), the cycle closed the segment being fetched (`segment_closed`), or the crawl's
+    bucketing is no longer the daemon's (`settings_changed`, what the daemon then exits with). The daemon sets it;
+    bucket runs only read it."""
 
     def __init__(self, daemon_stop: threading.Event):
         self.daemon_stop = daemon_stop
         self.segment_closed = False
+        self.settings_changed: SettingsChanged | None = None
 
     def is_set(self) -> bool:
-        return self.daemon_stop.is_set() or self.segment_closed
+        return self.daemon_stop.is_set() or self.segment_closed or self.settings_changed is not None
 
 
 class HostGates:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import math
 import os
 import sys
 from collections.abc import Callable, Mapping
@@ -80,6 +81,12 @@ def _seeds_file(path: str) -> None:
         raise UserError(f"seeds file {path}: {'it is a folder' if os.path.isdir(path) else 'not found'}")
 
 
+def _wait_seconds(seconds: float) -> None:
+    """A wait must be a finite number of seconds, 0 or more (float() takes "inf" and "nan" too)."""
+    if not math.isfinite(seconds) or seconds < 0:
+        raise UserError(f"--wait-for-daemons must be a number of seconds, 0 or more: {seconds}")
+
+
 SEGMENT = option("--segment", type=commandline.segment_id, required=True, help="segment id")
 TABLE = option("--table", action="append", dest="tables", choices=layout.TABLES, help="only this table (repeatable)")
 
@@ -121,8 +128,12 @@ COMMANDS: tuple[Command, ...] = (
                 option("--out", help="local folder for the report and Data Docs (default: ROOT/validation)",
                        check=lambda path: layout.check_local_folder(path, "validation folder")))),
     Command("rebucket", "move every URL and host to its bucket under crawl.buckets and politeness.key, and make "
-                        "those the crawl's (between cycles: refused while a segment is open)",
-            "jobs.rebucket:run_command", spark=True),
+                        "those the crawl's (between cycles: refused while a segment is open or a daemon holds a "
+                        "bucket lease)",
+            "jobs.rebucket:run_command", spark=True, arguments=(
+                option("--wait-for-daemons", type=float, default=0.0, metavar="SECONDS", dest="wait_for_daemons_s",
+                       check=_wait_seconds, help="wait up to SECONDS for daemons holding bucket leases to release "
+                                                 "them (default 0: refuse at once, exit 75)"),)),
     Command("stats", "row counts by status for each table",
             "jobs.stats:run_command", spark=True),
     Command("report", "write the segment's HTML cycle report and print a summary",
