@@ -65,6 +65,19 @@ def _cases(tmp: Path) -> list[tuple[str, list[str], str]]:
         ("report-out-under-a-file", ["report", "--segment", KNOWN, "--out", str(a_file / "r.html")], "not a folder"),
         ("report-out-is-a-folder", ["report", "--segment", KNOWN, "--out", str(tmp)], "folder"),
         ("unknown-command", ["nosuch"], "nosuch"),
+        # Numbers past what Spark, a timestamp or the JVM takes, and Spark settings it would not take.
+        ("generate-budget-past-int", ["generate", "--set", "generate.segment_max_urls=99999999999999999999"],
+         "generate.segment_max_urls"),
+        ("generate-host-cap-past-int", ["generate", "--set", "generate.per_host_max_urls=99999999999999999999"],
+         "generate.per_host_max_urls"),
+        ("generate-domain-budget-past-int",
+         ["generate", "--set", "generate.domain_budgets={a.test: 99999999999999999999}"], "generate.domain_budgets"),
+        ("update-delay-past-a-century", ["update", "--segment", KNOWN, "--set", "politeness.min_delay_s=1.0e+30"],
+         "politeness.min_delay_s"),
+        ("inject-driver-memory-lots", ["inject", "--seeds", str(a_file), "--set", "spark.driver_memory=lots"],
+         "spark.driver_memory"),
+        ("stats-spark-conf-list", ["stats", "--set", "spark.conf={spark.jars.packages: [a, b]}"], "spark.conf"),
+        ("stats-spark-conf-not-spark", ["stats", "--set", "spark.conf={sql.shuffle.partitions: 4}"], "spark.conf"),
     ]
     return cases
 
