@@ -376,7 +376,7 @@ def _check_fits(dotted: str, default: float, value: float) -> None:
             raise ConfigError(dotted, f"must be {limit} ({what}), got {value!r}")
     unit = next((seconds for suffix, seconds in _DURATION_UNITS.items() if dotted.endswith(suffix)), None)
     if unit is not None and abs(value) * unit > MAX_DURATION_S:
-        raise ConfigError(dotted, f"must be at most {MAX_DURATION_S / unit:g} (a century), got {value!r}")
+        raise ConfigError(dotted, f"must be at most {MAX_DURATION_S / unit:.0f} (a century), got {value!r}")
 
 
 def defaults() -> dict[str, Any]:
