@@ -1,8 +1,8 @@
 """Configuration: one documented defaults file (`conf/crawler.yaml`), overrides, validation at start-up.
 
 The defaults file is the schema: a key that is not in it is unknown, and a value must have the type of its
-default. A few keys carry extra range rules below. Errors name the offending key so the CLI can exit 2
-with a message a person can act on.
+default. Every number must also fit where it goes (`_UPPER_BOUNDS`, `_DURATION_UNITS`), and a few keys carry
+extra range rules below. Errors name the offending key so the CLI can exit 2 with a message a person can act on.
 """
 
 from __future__ import annotations
@@ -30,6 +30,30 @@ DEFAULTS_PATH = Path(os.environ.get("CRAWL_DEFAULTS", Path(__file__).resolve().p
 
 # `fetch.warc_gzip_level`'s range on each `fetch.warc_compressor`'s scale (fastest, smallest).
 WARC_GZIP_LEVELS = {"isal": (0, 3), "zlib": (1, 9)}
+
+# Every integer a key holds reaches Spark as a 32-bit int (`.limit()`, a count compared in SQL, a partition
+# number) or a Python size, so INT_MAX bounds every integer key; `_UPPER_BOUNDS` names the keys whose values go
+# elsewhere (a file size: 64-bit) or that need a tighter bound. The budgets of `generate.domain_budgets` and
+# `generate.domain_daily_budgets` are integers under the same bound.
+INT_MAX = 2**31 - 1
+LONG_MAX = 2**63 - 1
+_UPPER_BOUNDS: dict[str, tuple[int, str]] = {
+    "fetch.warc_max_bytes": (LONG_MAX, "a file size"),
+    "s3.multipart_threshold_bytes": (LONG_MAX, "a file size"),
+    "s3.multipart_chunk_bytes": (5 * 1024**3, "S3's largest part, 5 GiB"),
+}
+# A duration (a key named *_s, *_seconds, *_hours or *_days, with its unit in seconds) is added to a time: at most
+# a century, so the sum stays inside the timestamps Spark and Python hold (years 1 to 9999) and inside a
+# timer's range. (An integer one is also under INT_MAX: 68 years in seconds.)
+MAX_DURATION_S = 100 * 365.25 * 86400
+_DURATION_UNITS = {"_s": 1, "_seconds": 1, "_hours": 3600, "_days": 86400}
+# `spark.driver_memory`: the JVM's heap size (`-Xmx`, which Spark's launcher builds from it): digits and a unit,
+# k, m, g or t (Spark's documented form; a bare number means bytes to the JVM but MiB to Spark, so it is refused).
+_JVM_MEMORY = re.compile(r"([0-9]+)([kmgt])", re.IGNORECASE)
+_JVM_UNITS = {"k": 1024, "m": 1024**2, "g": 1024**3, "t": 1024**4}
+# Spark will not start a driver with a heap under 450 MiB (its reserved 300 MiB x 1.5), and the JVM keeps part of
+# the heap for itself: 512m is the least this accepts.
+MIN_DRIVER_MEMORY = 512 * 1024**2
 
 # Keys whose value is a free-form mapping: their sub-keys are not checked against the defaults.
 _OPEN_MAPPINGS = {"fetch.static_hosts", "spark.conf", "scope.strip_query_params", "generate.domain_budgets",
@@ -81,8 +105,20 @@ def _param_rules(value: Any) -> bool:
 def _domain_budgets(value: Any) -> bool:
     from crawler.frontier import is_domain_pattern
 
-    return all(is_domain_pattern(pattern) and isinstance(budget, int) and not isinstance(budget, bool) and budget >= 0
-               for pattern, budget in value.items())
+    return all(is_domain_pattern(pattern) and isinstance(budget, int) and not isinstance(budget, bool)
+               and 0 <= budget <= INT_MAX for pattern, budget in value.items())
+
+
+def _jvm_memory(value: Any) -> bool:
+    match = _JVM_MEMORY.fullmatch(value)
+    return match is not None and MIN_DRIVER_MEMORY <= int(match[1]) * _JVM_UNITS[match[2].lower()] <= LONG_MAX
+
+
+def _spark_settings(value: Any) -> bool:
+    """`spark.conf`: Spark settings by name, each a scalar (Spark takes every value as text: a list or mapping
+    would reach it as Python's repr)."""
+    return all(isinstance(key, str) and key.startswith("spark.") and isinstance(setting, str | int | float | bool)
+               and (not isinstance(setting, float) or math.isfinite(setting)) for key, setting in value.items())
 
 
 _RULES: dict[str, tuple[Any, str]] = {
@@ -104,9 +140,11 @@ _RULES: dict[str, tuple[Any, str]] = {
     "generate.segment_max_urls": (_positive, "must be > 0"),
     "generate.per_host_max_urls": (_positive, "must be > 0"),
     "generate.per_domain_max_urls": (_non_negative, "must be >= 0 (0: no domain budget)"),
-    "generate.domain_budgets": (_domain_budgets, "must map domain globs (* and ? only) to budgets >= 0"),
+    "generate.domain_budgets": (_domain_budgets,
+                                f"must map domain globs (* and ? only) to budgets from 0 to {INT_MAX}"),
     "generate.per_domain_daily_max_urls": (_non_negative, "must be >= 0 (0: no daily domain budget)"),
-    "generate.domain_daily_budgets": (_domain_budgets, "must map domain globs (* and ? only) to budgets >= 0"),
+    "generate.domain_daily_budgets": (_domain_budgets,
+                                      f"must map domain globs (* and ? only) to budgets from 0 to {INT_MAX}"),
     "generate.hot_domains": (_non_negative, "must be >= 0"),
     "generate.segment_seconds": (_positive, "must be > 0"),
     "generate.lease_seconds": (_positive, "must be > 0"),
@@ -187,6 +225,9 @@ _RULES: dict[str, tuple[Any, str]] = {
     "dedup.max_bucket_size": (lambda v: v >= 2, "must be >= 2"),
     "dedup.duplicate_priority_factor": (lambda v: 0 < v <= 1, "must be in (0, 1]"),
     "spark.shuffle_partitions": (_positive, "must be > 0"),
+    "spark.driver_memory": (_jvm_memory, "must be a JVM memory size, digits and a unit k, m, g or t (such as 2g), "
+                                         "at least 512m"),
+    "spark.conf": (_spark_settings, "must map spark.* setting names to single values (text, numbers, true/false)"),
     "maintain.vacuum_retention_hours": (_non_negative, "must be >= 0"),
     "maintain.target_file_mb": (_positive, "must be > 0"),
     "maintain.vacuum_listing_tasks": (_non_negative, "must be >= 0"),
@@ -289,6 +330,8 @@ def _check(defaults: Mapping[str, Any], data: Mapping[str, Any], prefix: str = "
             raise ConfigError(dotted, f"must be a finite number, got {value!r}")
         if isinstance(default, list) and default and not all(isinstance(v, type(default[0])) for v in value):
             raise ConfigError(dotted, f"items must be of type {type(default[0]).__name__}")
+        if isinstance(value, int | float) and not isinstance(value, bool):
+            _check_fits(dotted, default, value)
         rule = _RULES.get(dotted)
         if rule is not None:
             check, message = rule
@@ -317,6 +360,23 @@ def _check(defaults: Mapping[str, Any], data: Mapping[str, Any], prefix: str = "
         problem = check_timing(lease["lease_ttl_s"], lease["renew_interval_s"], lease["fence_margin_s"])
         if problem is not None:
             raise ConfigError(*problem)
+
+
+def _check_fits(dotted: str, default: float, value: float) -> None:
+    """A number within what its key reaches (`_UPPER_BOUNDS`, `MAX_DURATION_S`): ConfigError naming the key."""
+    if isinstance(default, float):
+        try:
+            float(value)  # a whole number for a float key: 10**400 has no float
+        except OverflowError:
+            raise ConfigError(dotted, f"must be a finite number, got {value!r}") from None
+    else:
+        bound, what = _UPPER_BOUNDS.get(dotted, (INT_MAX, "Spark's largest int"))
+        if abs(value) > bound:
+            limit = f"at most {bound}" if value > 0 else f"at least {-bound}"
+            raise ConfigError(dotted, f"must be {limit} ({what}), got {value!r}")
+    unit = next((seconds for suffix, seconds in _DURATION_UNITS.items() if dotted.endswith(suffix)), None)
+    if unit is not None and abs(value) * unit > MAX_DURATION_S:
+        raise ConfigError(dotted, f"must be at most {MAX_DURATION_S / unit:.0f} (a century), got {value!r}")
 
 
 def defaults() -> dict[str, Any]:

@@ -35,6 +35,19 @@ class Backpressure(TryLater):
     and what to do."""
 
 
+class WriteConflict(TryLater):
+    """Another command committed to the same table first and this command's commit lost (a Delta concurrent
+    modification: two `crawl update` of one segment at once). Delta commits are whole or nothing, so the lost
+    commit wrote nothing; the command's earlier commits stand, and running it again finishes it."""
+
+    def __init__(self, table: str | None, conflict: str):
+        where = f"table {table}" if table else "one of its tables"
+        super().__init__(f"another command committed to {where} at the same time and this command's commit lost "
+                         f"({conflict}); that commit was not made (Delta commits are whole or nothing) and its "
+                         "earlier commits stand: run it again once the other has finished")
+        self.table = table
+
+
 class BadName(UserError, ValueError):
     """A user-given name that becomes part of a path (segment id, table name) is not allowed."""
 

@@ -4,9 +4,9 @@
     https://example.org/news        3.0     3600         (bare positional: priority, then interval)
     https://example.net/feeds/sitemap.xml.gz    kind=sitemap   (a sitemap to fetch and read, not a page)
 
-A bad line (invalid URL, unsupported scheme, bad metadata, out of scope, too long, not UTF-8) is reported with
-its line number and reason and skipped; the rest is injected. A UTF-8 byte-order mark at the start of the file is
-not part of the first seed. Pure: the inject job reads the file's bytes and calls this.
+A bad line (invalid URL, unsupported scheme, bad or out-of-range metadata, out of scope, too long, not UTF-8) is
+reported with its line number and reason and skipped; the rest is injected. A UTF-8 byte-order mark at the start of
+the file is not part of the first seed. Pure: the inject job reads the file's bytes and calls this.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from crawler import urls
+from crawler.config import MAX_DURATION_S
 from crawler.scope import Scope
 
 DEFAULT_PRIORITY = 1.0
@@ -73,6 +74,8 @@ def _interval(text: str) -> int:
         raise ValueError(f"interval is not a number of seconds: {text!r}") from None
     if not math.isfinite(value) or value <= 0 or value != int(value):
         raise ValueError(f"interval must be a whole number of seconds > 0: {text!r}")
+    if value > MAX_DURATION_S:  # added to a time, like every duration of the config
+        raise ValueError(f"interval must be at most {MAX_DURATION_S:.0f} seconds (a century): {text!r}")
     return int(value)
 
 

@@ -177,10 +177,13 @@ def pinned_table(spark: SparkSession, root: str, name: str) -> DataFrame:
     return spark.read.format("delta").option("versionAsOf", version).load(tables.table_path(root, name))
 
 
-def check_bucketing(conf: Config, root: str) -> None:
+def check_bucketing(conf: Config, root: str, record: bool = True) -> None:
     """Refuse (ConfigError, exit 2) a config whose `crawl.buckets` or `politeness.key` is not the crawl's, as
-    recorded in `ROOT/_crawl.json` (crawler.bucketing); the first job on a root records this config's. Called by
-    the jobs that assign buckets (inject, update)."""
+    recorded in `ROOT/_crawl.json` (crawler.bucketing). The command line asks it before Spark starts for every
+    command that reads or writes bucketed rows (`jobs/cli.py`, `Command.checks_bucketing`), with `record` off: a
+    command that only reads leaves a root as it found it. The jobs that assign buckets (inject, update) ask it
+    again with `record` on, so that the first of them on a root records this config's, wherever they are called
+    from (the cycle, the demo, a test)."""
     bucketing, storage = Bucketing.from_config(conf), Storage.from_conf(conf)
     path = layout.crawl_record(root)
     filesystem, local = storage.filesystem(path)
@@ -191,7 +194,7 @@ def check_bucketing(conf: Config, root: str) -> None:
     problem = bucketing.refusal(recorded)
     if problem is not None:
         raise ConfigError(*problem)
-    if recorded is None:
+    if recorded is None and record:
         storage.write_bytes(path, json.dumps(bucketing.identity(), sort_keys=True).encode("utf-8"))
 
 

@@ -4,8 +4,10 @@ Each command is one entry of `COMMANDS`: its help, its arguments, whether it run
 folder, and its handler in its job module. The parser, the checks before Spark and the dispatch all read that
 table, so a command is added or changed in one place.
 
-A user mistake (a bad config key or value, argument, file or segment) exits with code 2 and one line on stderr
-that names it (`crawler/commandline.py`); what can be checked before Spark starts is checked first.
+A user mistake (a bad config key or value, argument, file or segment, a config whose bucketing is not the crawl's)
+exits with code 2 and one line on stderr that names it (`crawler/commandline.py`); what can be checked before Spark
+starts is checked first. A commit that lost to another command's on the same Delta table is one line and exit 75
+(`crawler.errors.WriteConflict`), recognised here for every command.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import argparse
 import importlib
 import math
 import os
+import re
 import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -21,7 +24,8 @@ from typing import Any
 
 from crawler import commandline, layout, logs
 from crawler import config as config_mod
-from crawler.errors import UserError
+from crawler.bucketing import REBUCKET_COMMAND
+from crawler.errors import UserError, WriteConflict
 
 
 @dataclass(frozen=True)
@@ -62,6 +66,12 @@ class Command:
     # "module:function", called as function(conf, root, **options) before Spark starts: the command's own checks
     # beyond its arguments' (validate: every suite it will run is there and well-formed).
     before_spark: str | None = None
+    # It reads or writes rows by bucket: refused before Spark starts when the config's `crawl.buckets` or
+    # `politeness.key` is not the crawl's (`jobs/base.py::check_bucketing`). Not `init` (no rows yet); the commands
+    # that run a fetch daemon leave it to the daemon, which checks for `fetchd`'s own command line too; `demo`
+    # makes a crawl of its own; `close-segment` works from the segment's folder and `segments` rows, not from the
+    # config's buckets. (`rebucket`, which the refusal tells to run, is never refused: `_check_before_spark`.)
+    checks_bucketing: bool = True
     arguments: tuple[Argument, ...] = ()
 
     def options(self, args: argparse.Namespace) -> dict[str, Any]:
@@ -92,7 +102,7 @@ TABLE = option("--table", action="append", dest="tables", choices=layout.TABLES,
 
 COMMANDS: tuple[Command, ...] = (
     Command("init", "create every Delta table under the root",
-            "jobs.init:run_command", spark=True),
+            "jobs.init:run_command", spark=True, checks_bucketing=False),
     Command("inject", "add seed URLs (one per line, tab-separated metadata)",
             "jobs.inject:run_command", spark=True, arguments=(
                 option("--seeds", required=True, help="seeds file", check=_seeds_file),)),
@@ -101,7 +111,7 @@ COMMANDS: tuple[Command, ...] = (
                 option("--segment", type=commandline.segment_id, help="segment id (default: seg-<UTC timestamp>)"),
                 option("--now", type=commandline.iso_time, help="ISO-8601 time to generate as of (default: now)"))),
     Command("fetch", "run a fetch daemon in the foreground until the segment's buckets are done",
-            "jobs.fetch:fetch_command", arguments=(SEGMENT,)),
+            "jobs.fetch:fetch_command", checks_bucketing=False, arguments=(SEGMENT,)),
     Command("parse", "parse the segment's WARC records into pages and links",
             "jobs.parse:run_command", spark=True, segment_folder=True, arguments=(SEGMENT,)),
     Command("dedup", "mark the segment's exact and near-duplicate pages and lower their URLs' priority",
@@ -116,7 +126,7 @@ COMMANDS: tuple[Command, ...] = (
                 option("--cycles", type=commandline.positive_int, default=1,
                        help="how many cycles to run (default 1)"))),
     Command("demo", "crawl the bundled demo site farm on loopback",
-            "jobs.demo:run_demo", arguments=(
+            "jobs.demo:run_demo", checks_bucketing=False, arguments=(
                 option("--cycles", type=commandline.positive_int, help="cycles to run (default: demo.cycles)"),)),
     Command("maintain", "compact (OPTIMIZE), VACUUM and report every table",
             "jobs.maintain:run_command", spark=True, arguments=(
@@ -142,10 +152,10 @@ COMMANDS: tuple[Command, ...] = (
                 option("--out", help="HTML file to write (default: ROOT/reports/<segment>.html)",
                        check=lambda path: layout.check_output_file(path, "report file")))),
     Command("fetchd", "run a long-lived fetch daemon watching ROOT/segments",
-            "jobs.fetch:serve_command"),
+            "jobs.fetch:serve_command", checks_bucketing=False),
     Command("close-segment", "give a segment up: daemons release its unfinished buckets, and its buckets that are "
                              "not merged become `closed` (generate stops waiting for it)",
-            "jobs.close_segment:run_command", segment_folder=True, arguments=(
+            "jobs.close_segment:run_command", segment_folder=True, checks_bucketing=False, arguments=(
                 SEGMENT,
                 option("--reason", default="closed by crawl close-segment", help="why, recorded in the marker"),
                 option("--fetch-only", action="store_true",
@@ -186,6 +196,10 @@ def _check_before_spark(command: Command, args: argparse.Namespace, conf: config
         layout.require_segment(args.segment, root, storage.list_folders(layout.segments_dir(root)))
     if command.before_spark:
         resolve(command.before_spark)(conf, root, **command.options(args))
+    if command.checks_bucketing and f"crawl {command.name}" != REBUCKET_COMMAND:  # it makes the config's the crawl's
+        from jobs.base import check_bucketing
+
+        check_bucketing(conf, root, record=False)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -199,12 +213,40 @@ def _command(args: argparse.Namespace) -> int:
     command = chosen(args)
     _check_before_spark(command, args, conf, root)
     handler = resolve(command.handler)
-    if not command.spark:
-        return handler(conf, root, **command.options(args))
+    try:
+        if not command.spark:
+            return handler(conf, root, **command.options(args))
 
-    from jobs.base import spark_session
+        import delta.exceptions  # noqa: F401  (from now on pyspark raises Delta's commit conflicts as its classes)
 
-    return handler(spark_session(conf, app_name=f"crawl-{command.name}"), conf, root, **command.options(args))
+        from jobs.base import spark_session
+
+        return handler(spark_session(conf, app_name=f"crawl-{command.name}"), conf, root, **command.options(args))
+    except Exception as exc:
+        conflict = write_conflict(exc)
+        if conflict is None:
+            raise
+        raise conflict from exc
+
+
+def write_conflict(exc: BaseException) -> WriteConflict | None:
+    """The `WriteConflict` a Delta concurrent-modification exception is, naming its table when Delta's message
+    does (`.../tables/<name>`); None for any other exception. Delta's Python classes are what pyspark raises once
+    `delta` is imported (the dispatch imports it for every Spark command; the others that start Spark import it
+    before their first commit, `jobs/base.py::merge_into`); a command that never loaded Delta cannot have lost a
+    commit, and is not made to import it here."""
+    delta_exceptions = sys.modules.get("delta.exceptions.base")
+    if delta_exceptions is None or not isinstance(exc, tuple(getattr(delta_exceptions, name)
+                                                              for name in DELTA_CONFLICTS)):
+        return None
+    table = next((name for name in layout.TABLES if re.search(rf"/tables/{name}(?![\w-])", str(exc))), None)
+    return WriteConflict(table, type(exc).__name__)
+
+
+# Delta's commit conflicts (delta.exceptions): each is its own class, with no common base but pyspark's.
+DELTA_CONFLICTS = ("ConcurrentAppendException", "ConcurrentDeleteReadException", "ConcurrentDeleteDeleteException",
+                   "ConcurrentTransactionException", "ConcurrentWriteException", "MetadataChangedException",
+                   "ProtocolChangedException", "DeltaConcurrentModificationException")
 
 
 if __name__ == "__main__":

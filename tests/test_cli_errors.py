@@ -65,6 +65,19 @@ def _cases(tmp: Path) -> list[tuple[str, list[str], str]]:
         ("report-out-under-a-file", ["report", "--segment", KNOWN, "--out", str(a_file / "r.html")], "not a folder"),
         ("report-out-is-a-folder", ["report", "--segment", KNOWN, "--out", str(tmp)], "folder"),
         ("unknown-command", ["nosuch"], "nosuch"),
+        # Numbers past what Spark, a timestamp or the JVM takes, and Spark settings it would not take.
+        ("generate-budget-past-int", ["generate", "--set", "generate.segment_max_urls=99999999999999999999"],
+         "generate.segment_max_urls"),
+        ("generate-host-cap-past-int", ["generate", "--set", "generate.per_host_max_urls=99999999999999999999"],
+         "generate.per_host_max_urls"),
+        ("generate-domain-budget-past-int",
+         ["generate", "--set", "generate.domain_budgets={a.test: 99999999999999999999}"], "generate.domain_budgets"),
+        ("update-delay-past-a-century", ["update", "--segment", KNOWN, "--set", "politeness.min_delay_s=1.0e+30"],
+         "politeness.min_delay_s"),
+        ("inject-driver-memory-lots", ["inject", "--seeds", str(a_file), "--set", "spark.driver_memory=lots"],
+         "spark.driver_memory"),
+        ("stats-spark-conf-list", ["stats", "--set", "spark.conf={spark.jars.packages: [a, b]}"], "spark.conf"),
+        ("stats-spark-conf-not-spark", ["stats", "--set", "spark.conf={sql.shuffle.partitions: 4}"], "spark.conf"),
     ]
     return cases
 
@@ -243,3 +256,46 @@ def test_backpressure_rule(unmerged, expected):
     if refusal and "finished fetching" in refusal:
         assert "crawl close-segment --segment seg-b" in refusal  # says what to do
     assert frontier.backpressure({"seg-a": False}, max_unmerged=0) is not None
+
+
+# Delta's message for a lost MERGE on a path table (delta-spark's DELTA_CONCURRENT_APPEND error class).
+CONFLICT_MESSAGE = ("[DELTA_CONCURRENT_APPEND.WITH_PARTITION_HINT] Transaction conflict detected. a concurrent MERGE "
+                    "added data to table delta.`file:{root}/tables/urls` committed at version 7. The concurrent "
+                    "operation modified data in the partition [bucket=3] that should have been read by this "
+                    "operation. Please retry the operation.")
+
+
+@pytest.mark.parametrize("conflict", ["ConcurrentAppendException", "ConcurrentDeleteReadException",
+                                      "MetadataChangedException", "ConcurrentWriteException"])
+def test_a_lost_delta_commit_is_one_line_and_exit_75(setting, capsys, monkeypatch, conflict):
+    """Raised by the handler as pyspark raises it (delta.exceptions' class, which the JVM-backed one subclasses),
+    through the real dispatch: the table named when Delta's message names it, and never a traceback."""
+    from delta.exceptions import base as delta_exceptions
+
+    root, _ = setting
+    message = CONFLICT_MESSAGE.format(root=root) if conflict == "ConcurrentAppendException" else "conflict"
+
+    def lose(*args, **options):
+        raise getattr(delta_exceptions, conflict)(message=message)
+
+    monkeypatch.setattr("jobs.base.spark_session", lambda conf, app_name: "the session")
+    monkeypatch.setattr("jobs.update.run_command", lose)
+    assert cli.main(["update", "--root", str(root), "--segment", KNOWN]) == EXIT_TRY_LATER
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    where = "table urls" if conflict == "ConcurrentAppendException" else "one of its tables"
+    assert line == (f"crawl update: another command committed to {where} at the same time and this command's "
+                    f"commit lost ({conflict}); that commit was not made (Delta commits are whole or nothing) and its "
+                    "earlier commits stand: run it again once the other has finished")
+
+
+def test_any_other_failure_of_a_job_keeps_its_traceback(setting, monkeypatch):
+    root, _ = setting
+
+    def fail(*args, **options):
+        raise RuntimeError("a bug")
+
+    monkeypatch.setattr("jobs.base.spark_session", lambda conf, app_name: "the session")
+    monkeypatch.setattr("jobs.update.run_command", fail)
+    with pytest.raises(RuntimeError, match="a bug"):
+        cli.main(["update", "--root", str(root), "--segment", KNOWN])
+    assert cli.write_conflict(RuntimeError("ConcurrentAppendException at /tables/urls")) is None

@@ -163,3 +163,46 @@ def test_close_segment_gives_the_segment_up_in_the_table_unless_only_the_fetch_s
         "close-segment: 2 buckets given up (segments.state closed): not merged, and generate no longer waits for "
         "them\n")
     assert given_up == [("crawl-close-segment", segment_root, "seg-1")]
+
+
+# Every Spark command reads or writes rows by bucket but init (no rows yet) and rebucket (it moves them).
+BUCKETING_EXEMPT_SPARK_COMMANDS = {"init", "rebucket"}
+
+
+def test_a_config_with_another_crawls_buckets_is_refused_before_spark_by_every_command(segment_root, capsys):
+    """`ROOT/_crawl.json` holds 8 buckets; the config says 16: each Spark command but init and rebucket refuses in
+    one line naming the key, before Spark starts (the segment_root fixture fails a command that starts it)."""
+    Path(layout.crawl_record(segment_root)).write_text(json.dumps({"crawl.buckets": 8, "politeness.key": "host"}))
+    seeds = Path(segment_root) / "seeds.txt"
+    seeds.write_text("http://a.test/\n")
+    values = {"--segment": "seg-1", "--seeds": str(seeds)}
+    exempt = set()
+    for command in cli.COMMANDS:
+        if not command.spark:
+            continue
+        argv = [command.name, "--root", segment_root]
+        for argument in command.arguments:
+            if argument.settings.get("required"):
+                argv += [argument.flags[0], values[argument.flags[0]]]
+        try:
+            code = cli.main(argv)
+        except AssertionError as started:
+            assert str(started) == "Spark started"
+            exempt.add(command.name)
+            continue
+        assert code == 2, command.name
+        (line,) = capsys.readouterr().err.strip().splitlines()
+        assert line == (f"crawl {command.name}: config key 'crawl.buckets': is 16 but this crawl's is 8 (buckets "
+                        "are fixed for a crawl's life): set it back, or run `crawl rebucket` with the new settings "
+                        "to move every URL and host to its new bucket"), command.name
+    assert exempt == BUCKETING_EXEMPT_SPARK_COMMANDS
+    assert cli.main(["generate", "--root", segment_root, "--set", "politeness.key=domain",
+                     "--set", "crawl.buckets=8"]) == 2
+    assert "config key 'politeness.key': is 'domain' but this crawl's is 'host'" in capsys.readouterr().err
+
+
+def test_the_check_before_spark_records_nothing_on_a_root_without_a_record(segment_root):
+    """A command that only reads (stats) leaves a root as it found it: the jobs that assign buckets record."""
+    with pytest.raises(AssertionError, match="Spark started"):
+        cli.main(["stats", "--root", segment_root])
+    assert not os.path.exists(layout.crawl_record(segment_root))

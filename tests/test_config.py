@@ -59,6 +59,30 @@ def test_defaults_file_is_valid_and_every_key_documented():
         ("fetch.warc_gzip_level=6", "fetch.warc_gzip_level"),  # above isal's scale (0-3), the default compressor
         ("fetch.warc_gzip_level=-1", "fetch.warc_gzip_level"),
         ("noequals", "noequals"),
+        # Numbers that fit no place they go: Spark's int (`.limit()`, SQL), a timestamp, the JVM's heap size.
+        ("generate.segment_max_urls=99999999999999999999", "generate.segment_max_urls"),
+        ("generate.per_host_max_urls=99999999999999999999", "generate.per_host_max_urls"),
+        ("generate.per_domain_max_urls=2147483648", "generate.per_domain_max_urls"),
+        ('generate.domain_budgets={"x.com": 99999999999999999999}', "generate.domain_budgets"),
+        ('generate.domain_daily_budgets={"x.com": 2147483648}', "generate.domain_daily_budgets"),
+        ("s3.multipart_threshold_bytes=-99999999999999999999", "s3.multipart_threshold_bytes"),
+        ("s3.multipart_chunk_bytes=6000000000", "s3.multipart_chunk_bytes"),
+        ("fetch.warc_max_bytes=99999999999999999999", "fetch.warc_max_bytes"),
+        ("politeness.min_delay_s=1.0e+30", "politeness.min_delay_s"),
+        ("politeness.max_backoff_s=99999999999999999999", "politeness.max_backoff_s"),
+        ("politeness.dead_after_days=40000", "politeness.dead_after_days"),
+        ("maintain.vacuum_retention_hours=1000000.0", "maintain.vacuum_retention_hours"),
+        ("generate.high_priority=1" + "0" * 400, "generate.high_priority"),
+        ("spark.driver_memory=lots", "spark.driver_memory"),
+        ("spark.driver_memory=2gb", "spark.driver_memory"),
+        ("spark.driver_memory=2048", "spark.driver_memory"),
+        ("spark.driver_memory=100m", "spark.driver_memory"),
+        ("spark.driver_memory=99999999999999999999t", "spark.driver_memory"),
+        ("spark.conf={spark.jars.packages: [a, b]}", "spark.conf"),
+        ("spark.conf={spark.x: {y: 1}}", "spark.conf"),
+        ("spark.conf={spark.x: null}", "spark.conf"),
+        ("spark.conf={spark.x: .inf}", "spark.conf"),
+        ("spark.conf={sql.shuffle.partitions: 4}", "spark.conf"),
     ],
 )
 def test_bad_assignment_names_the_key(assignment, key):
@@ -150,3 +174,41 @@ def test_typed_settings_are_immutable_and_coerced():
         conf.fetch.concurrency = 1  # type: ignore[misc]
     assert conf.with_overrides({"fetch.concurrency": 3}).fetch.concurrency == 3
     assert conf.fetch.concurrency == 64  # the original is untouched
+
+
+def test_every_integer_key_is_bounded_by_what_it_reaches():
+    """No integer key takes a value past Spark's int unless it names its own bound, and those hold."""
+    integer_keys = [key for key, value in _flat(config.defaults()).items()
+                    if isinstance(value, int) and not isinstance(value, bool)]
+    assert len(integer_keys) > 40
+    for key in integer_keys:
+        bound = config._UPPER_BOUNDS.get(key, (config.INT_MAX, ""))[0]
+        with pytest.raises(config.ConfigError, match=f"'{key}'"):
+            config.load(assignments=[f"{key}={bound + 1}"])
+    assert config.load(assignments=["fetch.warc_max_bytes=5000000000"]).fetch.warc_max_bytes == 5000000000
+    assert config.load(assignments=["generate.segment_max_urls=2147483647"]).generate.segment_max_urls == config.INT_MAX
+
+
+def test_durations_are_at_most_a_century_in_their_unit():
+    century_days = 36525
+    assert config.load(assignments=[f"politeness.dead_after_days={century_days}"]).politeness.dead_after_days == 36525
+    for assignment in (f"politeness.dead_after_days={century_days + 1}", "ownership.shutdown_grace_s=3200000000.0",
+                       "parse.max_parse_seconds=3200000000.0"):
+        with pytest.raises(config.ConfigError, match="a century"):
+            config.load(assignments=[assignment])
+
+
+def test_spark_memory_and_settings_in_the_forms_spark_takes():
+    conf = config.load(assignments=["spark.driver_memory=4G", "spark.conf={spark.a: 1, spark.b: x, spark.c: true}"])
+    assert conf.spark.driver_memory == "4G" and conf.spark.conf == {"spark.a": 1, "spark.b": "x", "spark.c": True}
+    assert config.load(assignments=["spark.driver_memory=524288k"]).spark.driver_memory == "524288k"
+
+
+def _flat(data: dict, prefix: str = "") -> dict:
+    flat = {}
+    for key, value in data.items():
+        if isinstance(value, dict):
+            flat.update(_flat(value, f"{prefix}{key}."))
+        else:
+            flat[f"{prefix}{key}"] = value
+    return flat

@@ -34,6 +34,16 @@ def test_kind_marks_a_sitemap_seed():
         ("http://a.test/\tpriority=-1", "priority must be"),
         ("http://a.test/\tinterval=0", "interval must be"),
         ("http://a.test/\tinterval=1.5", "interval must be"),
+        # Out of range: each would reach a bigint column or a timestamp and abort the whole inject.
+        ("http://a.test/\tinterval=1e30", "at most 3155760000 seconds"),
+        ("http://a.test/\tinterval=3155760001", "a century"),
+        ("http://a.test/\tinterval=-5", "interval must be"),
+        ("http://a.test/\tinterval=nan", "interval must be"),
+        ("http://a.test/\tinterval=inf", "interval must be"),
+        ("http://a.test/\tpriority=1e400", "priority must be"),
+        ("http://a.test/\tpriority=nan", "priority must be"),
+        ("http://a.test/\tpriority=-inf", "priority must be"),
+        ("http://a.test/\tpriority=-0.5", "priority must be"),
         ("http://a.test/\tcolour=red", "unknown metadata key"),
         ("http://a.test/\t1\t2\t3", "unexpected metadata field"),
         ("http://a.test/\tpriority=1\tpriority=2", "given twice"),
@@ -45,6 +55,15 @@ def test_kind_marks_a_sitemap_seed():
 def test_bad_lines_raise_with_a_reason(line, reason):
     with pytest.raises(ValueError, match=reason):
         parse_seed_line(line, SCOPE)
+
+
+def test_a_line_out_of_range_is_reported_and_the_rest_is_read():
+    lines = ["http://a.test/\tinterval=1e30", "http://b.test/\t1\t3155760000", "http://c.test/\tpriority=1e400"]
+    entries, errors = read_seeds(lines)
+    assert entries == [SeedEntry("http://b.test/", 1.0, 3155760000)]
+    assert [(line_no, reason.split(":")[0]) for line_no, _, reason in errors] == [
+        (1, "interval must be at most 3155760000 seconds (a century)"),
+        (3, "priority must be a finite number >= 0")]
 
 
 def test_host_suffix_scope():
