@@ -24,7 +24,6 @@ from typing import Any
 
 from crawler import commandline, layout, logs
 from crawler import config as config_mod
-from crawler.bucketing import REBUCKET_COMMAND
 from crawler.errors import UserError, WriteConflict
 
 
@@ -70,7 +69,7 @@ class Command:
     # `politeness.key` is not the crawl's (`jobs/base.py::check_bucketing`). Not `init` (no rows yet); the commands
     # that run a fetch daemon leave it to the daemon, which checks for `fetchd`'s own command line too; `demo`
     # makes a crawl of its own; `close-segment` works from the segment's folder and `segments` rows, not from the
-    # config's buckets. (`rebucket`, which the refusal tells to run, is never refused: `_check_before_spark`.)
+    # config's buckets; `rebucket` makes the config's settings the crawl's.
     checks_bucketing: bool = True
     arguments: tuple[Argument, ...] = ()
 
@@ -140,7 +139,7 @@ COMMANDS: tuple[Command, ...] = (
     Command("rebucket", "move every URL and host to its bucket under crawl.buckets and politeness.key, and make "
                         "those the crawl's (between cycles: refused while a segment is open or a daemon holds a "
                         "bucket lease)",
-            "jobs.rebucket:run_command", spark=True, arguments=(
+            "jobs.rebucket:run_command", spark=True, checks_bucketing=False, arguments=(  # it makes them the crawl's
                 option("--wait-for-daemons", type=float, default=0.0, metavar="SECONDS", dest="wait_for_daemons_s",
                        check=_wait_seconds, help="wait up to SECONDS for daemons holding bucket leases to release "
                                                  "them (default 0: refuse at once, exit 75)"),)),
@@ -196,7 +195,7 @@ def _check_before_spark(command: Command, args: argparse.Namespace, conf: config
         layout.require_segment(args.segment, root, storage.list_folders(layout.segments_dir(root)))
     if command.before_spark:
         resolve(command.before_spark)(conf, root, **command.options(args))
-    if command.checks_bucketing and f"crawl {command.name}" != REBUCKET_COMMAND:  # it makes the config's the crawl's
+    if command.checks_bucketing:
         from jobs.base import check_bucketing
 
         check_bucketing(conf, root, record=False)
