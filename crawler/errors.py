@@ -35,6 +35,11 @@ class Backpressure(TryLater):
     and what to do."""
 
 
+class CrawlBusy(TryLater):
+    """Another command holds the crawl's writer lock (crawler.writelock) and did not let go within
+    `writer_lock.wait_s`: the message names it (command, host/pid, since when)."""
+
+
 class BadName(UserError, ValueError):
     """A user-given name that becomes part of a path (segment id, table name) is not allowed."""
 

@@ -29,6 +29,7 @@ from crawler.status import FINISHED_SEGMENT_STATES
 from delta_tables import tables
 from jobs.base import pinned_table, step
 from jobs.storage import Storage
+from jobs.writelock import holding_writer_lock
 
 log = logging.getLogger("jobs.rebucket")
 
@@ -46,6 +47,7 @@ class RebucketResult:
                 f"{self.bucketing.buckets}, politeness.key = {self.bucketing.key}); rewrote {tables_part}")
 
 
+@holding_writer_lock("rebucket")
 def run(spark: SparkSession, conf: Config, root: str) -> RebucketResult:
     tables.ensure_tables(spark, root)
     open_segments = sorted({row["segment_id"] for row in tables.table_df(spark, root, "segments")
