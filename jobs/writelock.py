@@ -192,7 +192,8 @@ class HeldLock:
     def release(self) -> None:
         """Give the lock up: the next command may take it at once. A lock already lost is left alone."""
         with self.writing:
-            if self.lost or self.files.epochs()[-1] != self.record.epoch:
+            epochs = self.files.epochs()
+            if self.lost or not epochs or epochs[-1] != self.record.epoch:
                 return
             self.files.write(replace(self.record, released=True, expires_at=self.clock.wall()), exclusive=False)
             self.lost = True
@@ -257,7 +258,10 @@ def writer_lock(conf: Config, root: str, command: str, clock: Clock = SYSTEM_CLO
     finally:
         stop.set()
         renewer.join()
-        held.release()
+        try:
+            held.release()
+        except Exception as exc:  # the command's own outcome matters more: the lock then expires after its ttl
+            log.warning("could not release the crawl's writer lock (it expires in %.0f s): %s", settings.ttl_s, exc)
 
 
 def holding_writer_lock(command: str) -> Callable[[Job], Job]:

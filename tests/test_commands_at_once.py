@@ -22,8 +22,11 @@ from crawler import layout
 from crawler.errors import CrawlBusy, UserError
 from delta_tables import tables
 from fetchd.progress import pending_buckets, pending_work, segment_progress, unfinished_buckets
+from fetchd.storage import open_store
 from jobs import cli, generate, inject, rebucket
+from jobs.storage import Storage
 from tests.support.config import SPARK_CLI_SETTINGS
+from tests.support.s3 import moto_server
 
 # Hosts some of which `politeness.key: domain` puts in another bucket than `host` does (4 buckets).
 SEEDS = [f"http://{name}/{page}" for name in ("a.news.test", "b.news.test", "c.news.test", "www.shop.test",
@@ -141,6 +144,32 @@ def test_a_segment_generate_has_not_published_is_no_segment_to_the_daemons(tmp_p
     assert pending_buckets(root, "seg-2") == [] and segment_progress(root, "seg-1").listed == [0, 2]
     os.remove(marker)  # published
     assert pending_work(root) == {0: ["seg-1", "seg-2"], 2: ["seg-1", "seg-2"]}
+
+
+def test_on_s3_too_the_marker_hides_a_segment_and_generate_can_write_and_remove_it(base_conf, tmp_path):
+    """The daemons' S3 store looks for the marker with a HEAD; the jobs' storage (pyarrow) writes, finds and
+    removes it and a segment's folder."""
+    with moto_server() as s3:
+        s3.make_bucket("unpublished")
+        root, client = "s3://unpublished/crawl", s3.client()
+        for segment_id in ("seg-1", "seg-2"):
+            client.put_object(Bucket="unpublished", Body=b"rows",
+                              Key=f"crawl/segments/{segment_id}/fetchlist/bucket=00001/part-0.parquet")
+        storage = Storage(endpoint_url=s3.endpoint, path_style_access=True)
+        marker = layout.generating_marker(root, "seg-2")
+        storage.write_bytes(marker, b"{}")
+        assert storage.exists(marker)
+        conf = base_conf.with_overrides({"s3.endpoint_url": s3.endpoint, "s3.path_style_access": True,
+                                         "fetch.staging_dir": str(tmp_path / "staging")})
+        store = open_store(conf, root)
+        try:
+            assert pending_work(store) == {1: ["seg-1"]}
+            storage.delete_file(marker)
+            assert not storage.exists(marker) and pending_work(store) == {1: ["seg-1", "seg-2"]}
+            storage.delete_folder(layout.segment_dir(root, "seg-2"))
+            assert pending_work(store) == {1: ["seg-1"]}
+        finally:
+            store.close()
 
 
 @pytest.mark.slow
