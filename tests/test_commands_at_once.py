@@ -194,6 +194,7 @@ def test_two_generates_at_once_never_list_a_url_twice(spark, base_conf, crawl, m
     assert not any(lease for lease in (row.lease_segment for row in _urls(spark, root).values())
                    if lease in ("seg-b", "seg-c"))
 
+    caplog.clear()  # seg-b's wait was logged
     patient = conf.with_overrides({"writer_lock.wait_s": 600.0})
     second = Running(lambda: generate.run(spark.newSession(), patient, root, "seg-d", NOW))
     assert _eventually(_waiting(caplog))
