@@ -29,7 +29,7 @@ from crawler.status import FINISHED_SEGMENT_STATES
 from delta_tables import tables
 from jobs.base import pinned_table, step
 from jobs.storage import Storage
-from jobs.writelock import holding_writer_lock
+from jobs.writelock import check_held, holding_writer_lock
 
 log = logging.getLogger("jobs.rebucket")
 
@@ -93,6 +93,7 @@ def _rewrite(root: str, name: str, table: DataFrame, moves: DataFrame) -> None:
     """The whole table again, each row in its host's new bucket: one overwrite commit (of every partition, whatever
     the session's partition overwrite mode), partitioned as before."""
     moved = table.join(moves, "host_key").withColumn("bucket", F.col("new_bucket"))
+    check_held(root, f"rewriting {name}")  # the overwrite is blind: only the lock keeps other commits out
     (tables.conform(moved, name).write.format("delta").mode("overwrite").option("partitionOverwriteMode", "static")
      .save(tables.table_path(root, name)))
 

@@ -233,6 +233,17 @@ def acquire(files: LockFiles, command: str, root: str, wait_s: float, ttl_s: flo
         sleep(next_look(clock.monotonic(), give_up))
 
 
+_holding = threading.local()  # root -> the HeldLock this thread holds there (`check_held`)
+
+
+def check_held(root: str, before: str) -> None:
+    """CrawlBusy when this thread's writer lock on `root` is lost: a job calls it right before a commit no
+    later holder may see undone (rebucket's blind overwrite)."""
+    held = getattr(_holding, "locks", {}).get(root)
+    if held is not None:
+        held.check(before)
+
+
 @contextlib.contextmanager
 def writer_lock(conf: Config, root: str, command: str, clock: Clock = SYSTEM_CLOCK) -> Iterator[HeldLock]:
     """Hold the crawl's writer lock for the work inside, renewed by a thread; released on the way out (also on
@@ -253,9 +264,12 @@ def writer_lock(conf: Config, root: str, command: str, clock: Clock = SYSTEM_CLO
 
     renewer = threading.Thread(target=renew_until_stopped, name="writer-lock-renewal", daemon=True)
     renewer.start()
+    held_here = _holding.__dict__.setdefault("locks", {})
+    held_here[root] = held
     try:
         yield held
     finally:
+        held_here.pop(root, None)
         stop.set()
         renewer.join()
         try:

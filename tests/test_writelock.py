@@ -16,7 +16,7 @@ import pytest
 from crawler import layout
 from crawler.errors import EXIT_TRY_LATER, CrawlBusy, TryLater
 from crawler.writelock import LockRecord, fence_deadline, holder, may_take, next_look, refusal, renew_interval
-from jobs.writelock import LockFiles, S3LockFiles, acquire, writer_lock
+from jobs.writelock import LockFiles, S3LockFiles, acquire, check_held, writer_lock
 from tests.support.s3 import moto_server
 from tests.support.virtual import EPOCH, VirtualClock
 
@@ -199,3 +199,14 @@ def test_the_lock_is_released_when_the_command_fails(base_conf, tmp_path):
     with pytest.raises(RuntimeError, match="boom"), writer_lock(conf, root, "rebucket"):
         raise RuntimeError("boom")
     assert LockFiles(root).read(1).released
+
+
+def test_a_job_asks_before_a_commit_whether_its_thread_still_holds_the_lock(base_conf, tmp_path):
+    root = str(tmp_path / "root")
+    conf = base_conf.with_overrides({"writer_lock.wait_s": 0.0})
+    with writer_lock(conf, root, "rebucket") as held:
+        check_held(root, "rewriting urls")
+        held.lost = True  # as a renewal that found a higher epoch leaves it
+        with pytest.raises(CrawlBusy, match="before rewriting urls"):
+            check_held(root, "rewriting urls")
+    check_held(root, "anything")  # not holding it: nothing to check
