@@ -26,8 +26,8 @@ marked segment for absent; a lease that fails removes the folder, and the next g
 that crashed.
 
 The whole job reads `urls` and `hosts` at one pinned Delta version, so every evaluation of the selection
-(counts, fetch list, lease) sees the same rows; a re-run for the same segment selects the same URLs, writes
-the same fetch list and changes no table.
+(counts, fetch list, lease) sees the same rows; a re-run for the same segment selects the same URLs, keeps the
+fetch list its first run published (or writes it, if that run never published it) and changes no table.
 """
 
 from __future__ import annotations
