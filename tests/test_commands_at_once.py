@@ -127,7 +127,9 @@ def crawl(spark, base_conf, tables_root, tmp_path) -> str:
     return tables_root
 
 
-NOW = datetime.now(UTC) + timedelta(minutes=1)
+def _soon() -> datetime:
+    """A generate's `now` at which the crawl's seeds, just injected, are due."""
+    return datetime.now(UTC) + timedelta(minutes=1)
 
 
 def test_a_segment_generate_has_not_published_is_no_segment_to_the_daemons(tmp_path):
@@ -177,14 +179,14 @@ def test_two_generates_at_once_never_list_a_url_twice(spark, base_conf, crawl, m
     """The second generate waits for the first: refused (exit 75, one line naming the first) when the first takes
     longer than `writer_lock.wait_s`, leaving nothing a daemon or backpressure would see; else it generates a
     segment of other URLs once the first is done."""
-    root = crawl
+    root, now = crawl, _soon()
     conf = base_conf.with_overrides({"generate.segment_max_urls": 6, "writer_lock.wait_s": 1.0})
     pause = Pause(monkeypatch, generate, "write_fetchlist", lambda selected, path: "/seg-a/" in path)
-    first = Running(lambda: generate.run(spark.newSession(), conf, root, "seg-a", NOW))
+    first = Running(lambda: generate.run(spark.newSession(), conf, root, "seg-a", now))
     assert pause.reached.wait(300)
 
     with pytest.raises(CrawlBusy, match=r"busy: `crawl generate` \(.*/\d+, since .*\) holds its writer lock"):
-        generate.run(spark, conf, root, "seg-b", NOW)
+        generate.run(spark, conf, root, "seg-b", now)
     code = cli.main(["generate", "--root", root, "--segment", "seg-c", "--set", "writer_lock.wait_s=0",
                      "--set", "crawl.buckets=4", *SPARK_CLI_SETTINGS])
     err = capsys.readouterr().err.strip()
@@ -196,7 +198,7 @@ def test_two_generates_at_once_never_list_a_url_twice(spark, base_conf, crawl, m
 
     caplog.clear()  # seg-b's wait was logged
     patient = conf.with_overrides({"writer_lock.wait_s": 600.0})
-    second = Running(lambda: generate.run(spark.newSession(), patient, root, "seg-d", NOW))
+    second = Running(lambda: generate.run(spark.newSession(), patient, root, "seg-d", now))
     assert _eventually(_waiting(caplog))
     # While seg-a is mid-way it is no segment to anyone: its fetch list is being written, its leases are not.
     assert "seg-a" not in _segment_rows(spark, root) and not segment_progress(root, "seg-a").listed
@@ -214,7 +216,7 @@ def test_a_generate_that_fails_its_lease_leaves_nothing_and_a_crashed_ones_lefto
         spark, base_conf, crawl, monkeypatch, capsys):
     """A lease commit lost to a write conflict (or anything else) removes the fetch list written before it; what a
     generate killed mid-way left (marked `_GENERATING.json`) is seen by no reader and removed by the next."""
-    root = crawl
+    root, now = crawl, _soon()
 
     def conflict(*args: Any, **kwargs: Any) -> int:
         raise RuntimeError("ConcurrentAppendException: Files were added to the root of the table")
@@ -222,7 +224,7 @@ def test_a_generate_that_fails_its_lease_leaves_nothing_and_a_crashed_ones_lefto
     with monkeypatch.context() as patched:
         patched.setattr(generate, "lease", conflict)
         with pytest.raises(RuntimeError, match="ConcurrentAppendException"):
-            generate.run(spark, base_conf, root, "seg-lost", NOW)
+            generate.run(spark, base_conf, root, "seg-lost", now)
     assert not os.path.exists(layout.segment_dir(root, "seg-lost"))
     assert "seg-lost" not in _segment_rows(spark, root) and not pending_work(root)
 
@@ -237,7 +239,7 @@ def test_a_generate_that_fails_its_lease_leaves_nothing_and_a_crashed_ones_lefto
     code = cli.main(["parse", "--root", root, "--segment", "seg-crashed", *SPARK_CLI_SETTINGS])
     assert code == 2 and "unknown segment 'seg-crashed'" in capsys.readouterr().err  # to every command
 
-    assert generate.run(spark, base_conf, root, "seg-next", NOW).url_count == len(SEEDS)
+    assert generate.run(spark, base_conf, root, "seg-next", now).url_count == len(SEEDS)
     assert not os.path.exists(layout.segment_dir(root, "seg-crashed"))
     assert set(map(tuple, pending_work(root).values())) == {("seg-next",)}
 
@@ -246,9 +248,9 @@ def test_a_generate_that_fails_its_lease_leaves_nothing_and_a_crashed_ones_lefto
 def test_rebucket_started_while_a_generate_runs_waits_and_loses_no_lease(spark, base_conf, crawl, monkeypatch,
                                                                           caplog):
     """Rebucket waits for the generate holding the lock, then finds its segment open and refuses (exit 2)."""
-    root = crawl
+    root, now = crawl, _soon()
     pause = Pause(monkeypatch, generate, "lease")
-    running = Running(lambda: generate.run(spark.newSession(), base_conf, root, "seg-g", NOW))
+    running = Running(lambda: generate.run(spark.newSession(), base_conf, root, "seg-g", now))
     assert pause.reached.wait(300)
     by_domain = base_conf.with_overrides({"politeness.key": "domain", "writer_lock.wait_s": 600.0})
     waiting = Running(lambda: rebucket.run(spark.newSession(), by_domain, root))
@@ -258,7 +260,7 @@ def test_rebucket_started_while_a_generate_runs_waits_and_loses_no_lease(spark, 
     with pytest.raises(UserError, match="segments are open: seg-g"):
         waiting.outcome()
     assert len(_assert_leased_as_listed(spark, root, "seg-g")) == len(SEEDS)
-    assert generate.run(spark, base_conf, root, "seg-after", NOW).empty  # no URL goes into a second segment
+    assert generate.run(spark, base_conf, root, "seg-after", now).empty  # no URL goes into a second segment
 
 
 @pytest.mark.slow
@@ -266,12 +268,12 @@ def test_a_generate_started_while_rebucket_runs_waits_and_leases_in_the_new_buck
                                                                                    monkeypatch, caplog):
     """Generate waits for rebucket to finish, then selects and leases from the rewritten table: every URL it
     lists is leased to it, in its new bucket."""
-    root = crawl
+    root, now = crawl, _soon()
     by_domain = base_conf.with_overrides({"politeness.key": "domain", "writer_lock.wait_s": 600.0})
     pause = Pause(monkeypatch, rebucket, "_rewrite")
     running = Running(lambda: rebucket.run(spark.newSession(), by_domain, root))
     assert pause.reached.wait(300)
-    waiting = Running(lambda: generate.run(spark.newSession(), by_domain, root, "seg-w", NOW))
+    waiting = Running(lambda: generate.run(spark.newSession(), by_domain, root, "seg-w", now))
     assert _eventually(_waiting(caplog))
     pause.go.set()
     assert running.outcome().rewritten == ("urls", "hosts")
