@@ -197,6 +197,8 @@ _RULES: dict[str, tuple[Any, str]] = {
     "ownership.max_buckets_per_daemon": (_non_negative, "must be >= 0"),
     "ownership.shutdown_grace_s": (_non_negative, "must be >= 0"),
     "ownership.results_batch_rows": (_positive, "must be > 0"),
+    "writer_lock.wait_s": (_non_negative, "must be >= 0 (0: refuse at once)"),
+    "writer_lock.ttl_s": (_positive, "must be > 0"),
     "robots.max_bytes": (lambda v: v >= 512000, "must be >= 512000 (RFC 9309 asks for at least 500 KiB)"),
     "robots.cache_ttl_s": (lambda v: 0 < v <= 86400, "must be in (0, 86400] (RFC 9309: cache at most 24 h)"),
     "robots.max_redirects": (lambda v: 0 <= v <= 5, "must be between 0 and 5"),

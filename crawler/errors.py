@@ -13,9 +13,9 @@ from collections.abc import Sequence
 
 EXIT_USER_ERROR = 2
 # The command cannot go on now but may later (`TryLater`): generate's backpressure, another command holding the
-# crawl's writer lock, a concurrent commit that won. Nothing is wrong with the command and nothing was left half
-# written. 75 is sysexits' EX_TEMPFAIL ("try again later"); the DAG skips its run on it instead of failing and
-# retrying.
+# crawl's writer lock, a concurrent Delta commit that won, daemons holding bucket leases a rebucket waits for, a
+# daemon whose crawl's settings changed under it. Nothing is wrong with what was asked. 75 is sysexits' EX_TEMPFAIL
+# ("try again later"); the DAG skips its generate on it instead of failing and retrying.
 EXIT_TRY_LATER = 75
 # How many existing segments an UnknownSegment message names (the latest ones, by id).
 NAMED_SEGMENTS = 5
@@ -46,6 +46,11 @@ class WriteConflict(TryLater):
                          f"({conflict}); that commit was not made (Delta commits are whole or nothing) and its "
                          "earlier commits stand: run it again once the other has finished")
         self.table = table
+
+
+class CrawlBusy(TryLater):
+    """Another command holds the crawl's writer lock (crawler.writelock) and did not let go within
+    `writer_lock.wait_s`: the message names it (command, host/pid, since when)."""
 
 
 class BadName(UserError, ValueError):

@@ -9,6 +9,9 @@
                                                            (written by `crawl index`)
     ROOT/segments/<segment_id>/_CLOSED.json                the cycle stopped waiting for the segment (its fetch
                                                            deadline): no daemon starts or goes on with its buckets
+    ROOT/segments/<segment_id>/_GENERATING.json            generate has not published the segment yet: every reader
+                                                           takes it for absent
+    ROOT/locks/writer/epoch-NNNNNNNNNN.json                the crawl's writer lock (crawler.writelock)
 
 CDXJ files live in their own folder, not next to the WARC files: the daemon owns its warc/ folder (its resume
 removes and renames files there), and a replay tool can be pointed at cdxj/ alone. The WARC paths a CDXJ line
@@ -18,6 +21,12 @@ names (`filename`) are relative to ROOT, like every `warc_filename` column.
 without the segment's unfinished buckets (`fetchd.progress.close_segment`). A daemon fetching one of them stops
 it as on SIGTERM (results so far published, lease released, no `_DONE.json`); its URLs come back to generate
 when their leases expire.
+
+`_GENERATING.json` is written by generate before the segment's first file and removed (the segment published)
+only once the segment's leases are committed: a fetch list whose lease commit failed or never came is never
+fetched. A reader lists first and looks for the marker after (the marker is written before anything it hides, so
+what a reader listed while the marker is absent was published). Leftovers of a generate that crashed keep the
+marker; the next generate (holding the writer lock) removes them.
 
 Paths are plain strings joined with "/" so the same code serves local folders and s3:// roots.
 """
@@ -36,6 +45,7 @@ BUCKET_DIR = re.compile(r"^bucket=(\d{5})$")
 DONE_MANIFEST = "_DONE.json"
 CLOSED_MARKER = "_CLOSED.json"
 CRAWL_RECORD = "_crawl.json"
+GENERATING_MARKER = "_GENERATING.json"
 # A segment id names a folder and goes into SQL predicates: letters, digits, '_', '.', '-', starting with a letter or
 # digit (so never '.', '..', a hidden name or an option), at most 128 characters.
 SEGMENT_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,127}$")
@@ -178,6 +188,14 @@ def crawl_record(root: str) -> str:
 
 def closed_marker(root: str, segment_id: str) -> str:
     return join(segment_dir(root, segment_id), CLOSED_MARKER)
+
+
+def generating_marker(root: str, segment_id: str) -> str:
+    return join(segment_dir(root, segment_id), GENERATING_MARKER)
+
+
+def writer_lock_dir(root: str) -> str:
+    return join(root, "locks", "writer")
 
 
 def parse_bucket_dirname(name: str) -> int | None:

@@ -143,6 +143,12 @@ class OwnershipSettings:
     results_batch_rows: int
 
 @dataclass(frozen=True)
+class WriterLockSettings:
+    """`writer_lock.*`."""
+    wait_s: float
+    ttl_s: float
+
+@dataclass(frozen=True)
 class RobotsSettings:
     """`robots.*`."""
     max_bytes: int
@@ -247,6 +253,7 @@ class Settings:
     politeness: PolitenessSettings
     fetch: FetchSettings
     ownership: OwnershipSettings
+    writer_lock: WriterLockSettings
     robots: RobotsSettings
     revisit: RevisitSettings
     parse: ParseSettings

@@ -10,6 +10,10 @@ The daemons look for work here too, with the same store calls: the buckets of a 
 (`pending_buckets`, none once it is closed), those of every segment (`pending_work`), and a bucket's fetch list
 (`read_fetchlist`).
 
+A segment generate has not published yet (`_GENERATING.json`, crawler.layout: its leases are not committed, or
+its generate crashed) is no segment here: no bucket is listed, none pending. The buckets are listed first and the
+marker looked for after, the order that layout's rule asks of a reader.
+
 At the fetch deadline the scheduler closes the segment (`close_segment`: `ROOT/segments/<id>/_CLOSED.json`).
 Daemons then start none of its buckets, and a daemon fetching one stops it within `fetch.poll_interval_s` plus
 `ownership.shutdown_grace_s`, the way SIGTERM stops it: results so far published, lease released, no
@@ -52,8 +56,14 @@ def _open_store(root: str, segment_id: str, conf: Config | None) -> LocalStore:
     return open_store(conf, root) if conf is not None else LocalStore(root)
 
 
+def listed_buckets(store: LocalStore, segment_id: str) -> list[int]:
+    """The buckets of a published segment's fetch list (none for a segment generate has not published)."""
+    listed = store.fetchlist_buckets(segment_id)
+    return [] if listed and store.is_generating(segment_id) else listed
+
+
 def _progress(store: LocalStore, segment_id: str) -> SegmentProgress:
-    listed = store.fetchlist_buckets(segment_id)  # listed once per poke (a delimited listing on S3)
+    listed = listed_buckets(store, segment_id)  # listed once per poke (a delimited listing on S3)
     return SegmentProgress(listed=listed, done=[b for b in listed if store.is_done(segment_id, b)],
                            closed=store.is_closed(segment_id))
 
@@ -98,7 +108,7 @@ def _store(root: str | LocalStore) -> LocalStore:
 def unfinished_buckets(root: str | LocalStore, segment_id: str) -> list[int]:
     """Buckets of a segment that have a fetch list and no `_DONE.json` yet."""
     store = _store(root)
-    return [b for b in store.fetchlist_buckets(segment_id) if not store.is_done(segment_id, b)]
+    return [b for b in listed_buckets(store, segment_id) if not store.is_done(segment_id, b)]
 
 
 def pending_buckets(root: str | LocalStore, segment_id: str) -> list[int]:

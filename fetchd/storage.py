@@ -83,6 +83,10 @@ class LocalStore:
     def is_closed(self, segment_id: str) -> bool:
         return os.path.exists(layout.closed_marker(self.root, segment_id))
 
+    def is_generating(self, segment_id: str) -> bool:
+        """Generate has not published the segment yet (crawler.layout: `_GENERATING.json`)."""
+        return os.path.exists(layout.generating_marker(self.root, segment_id))
+
     def close_segment(self, segment_id: str, payload: dict[str, Any]) -> None:
         """Write the segment's `_CLOSED.json` (atomically: a reader sees all of it or nothing)."""
         folder = layout.segment_dir(self.root, segment_id)
@@ -223,6 +227,9 @@ class S3Store(LocalStore):
 
     def is_closed(self, segment_id: str) -> bool:
         return self._exists(layout.closed_marker(self.local_root, segment_id))
+
+    def is_generating(self, segment_id: str) -> bool:
+        return self._exists(layout.generating_marker(self.local_root, segment_id))
 
     def close_segment(self, segment_id: str, payload: dict[str, Any]) -> None:
         """Put the segment's `_CLOSED.json` (a PUT is atomic on S3)."""

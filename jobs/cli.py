@@ -192,7 +192,10 @@ def _check_before_spark(command: Command, args: argparse.Namespace, conf: config
         from jobs.storage import Storage
 
         storage = Storage.from_conf(conf)
-        layout.require_segment(args.segment, root, storage.list_folders(layout.segments_dir(root)))
+        listing = storage.list_folders(layout.segments_dir(root))
+        if args.segment in listing and storage.exists(layout.generating_marker(root, args.segment)):
+            listing.remove(args.segment)  # not published yet (crawler.layout): no segment to work on
+        layout.require_segment(args.segment, root, listing)
     if command.before_spark:
         resolve(command.before_spark)(conf, root, **command.options(args))
     if command.checks_bucketing:

@@ -19,13 +19,20 @@ Before any of that, backpressure (crawler.frontier.backpressure): no new segment
 finished fetching without being merged, or while more than generate.max_unmerged_segments are still open; the
 refusal is `crawler.errors.Backpressure` (a `TryLater`: exit 75), which the DAG turns into a skipped run.
 
+The whole job holds the crawl's writer lock (crawler.writelock), so no other command rewrites `urls` or leases
+meanwhile. The segment is published only once its leases are committed: its folder carries `_GENERATING.json`
+(crawler.layout) from before the fetch list is written until after the lease commit, and every reader takes a
+marked segment for absent; a lease that fails removes the folder, and the next generate removes any left by one
+that crashed.
+
 The whole job reads `urls` and `hosts` at one pinned Delta version, so every evaluation of the selection
-(counts, fetch list, lease) sees the same rows; a re-run for the same segment selects the same URLs, writes
-the same fetch list and changes no table.
+(counts, fetch list, lease) sees the same rows; a re-run for the same segment selects the same URLs, keeps the
+fetch list its first run published (or writes it, if that run never published it) and changes no table.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -52,9 +59,12 @@ from crawler.leases import is_due_sql, leased_version_sql
 from crawler.politeness import PolitenessRules, is_backing_off_sql
 from crawler.robots import allowed_by_stored_rules, rules_in_force_sql
 from crawler.status import FINISHED_SEGMENT_STATES, SegmentState
+from crawler.writelock import holder
 from delta_tables import tables
 from jobs import cycle_metrics
 from jobs.base import merge_counts, pinned_table, step
+from jobs.storage import Storage
+from jobs.writelock import HeldLock, writer_lock
 
 log = logging.getLogger("jobs.generate")
 
@@ -300,10 +310,17 @@ def unmerged_segments(conf: Config, root: str, open_ids: list[str]) -> dict[str,
 
 def run(spark: SparkSession, conf: Config, root: str, segment_id: str | None = None,
         now: datetime | None = None) -> GenerateResult:
-    """Select, write and lease the next segment's fetch list."""
+    """Select, write and lease the next segment's fetch list, holding the crawl's writer lock (crawler.writelock:
+    no other generate, rebucket, update or inject runs meanwhile)."""
     now = as_utc(now or datetime.now(UTC))
     segment_id = layout.check_segment_id(segment_id or default_segment_id(now))
     tables.ensure_tables(spark, root)
+    with writer_lock(conf, root, "generate") as lock:
+        return _generate(spark, conf, root, segment_id, now, lock)
+
+
+def _generate(spark: SparkSession, conf: Config, root: str, segment_id: str, now: datetime,
+              lock: HeldLock) -> GenerateResult:
     own_states, open_ids = segment_states(spark, root, segment_id)
     if own_states - {SegmentState.GENERATED.value}:
         raise UserError(f"segment {segment_id} is past the generated state; generate a new segment instead")
@@ -311,6 +328,8 @@ def run(spark: SparkSession, conf: Config, root: str, segment_id: str | None = N
     if refusal:
         log.warning("generate %s refused: %s", segment_id, refusal)
         raise Backpressure(f"no new segment: {refusal}")
+    storage = Storage.from_conf(conf)
+    remove_unpublished(spark, storage, root)
     result = GenerateResult(segment_id)
     with step(f"generate {segment_id}: select"):
         # At most segment_max_urls rows, read three times (counts, fetch list, lease): select once.
@@ -330,13 +349,27 @@ def run(spark: SparkSession, conf: Config, root: str, segment_id: str | None = N
         selected.unpersist()
         log.info("generate %s: nothing due at %s; no segment written", segment_id, now.isoformat())
         return result
-    with step(f"generate {segment_id}: write fetch list"):
-        write_fetchlist(selected, layout.fetchlist_dir(root, segment_id))
-    with step(f"generate {segment_id}: frontier figures"):
-        figures = cycle_metrics.generate_figures(spark, conf, root, segment_id, now, selected, len(open_ids))
-    with step(f"generate {segment_id}: lease"):
-        leased = lease(spark, root, selected, segment_id, now, conf.generate.lease_seconds)
-    selected.unpersist()
+    # A re-run finds its first run's fetch list published (the same rows: the selection of a segment is
+    # stable) and leaves it alone under the daemons that may be reading it.
+    published = storage.exists(layout.fetchlist_dir(root, segment_id))
+    try:
+        if not published:
+            with step(f"generate {segment_id}: write fetch list"):
+                storage.write_bytes(layout.generating_marker(root, segment_id), json.dumps(
+                    {"segment_id": segment_id, "generate": holder(lock.record)}).encode("utf-8"))
+                write_fetchlist(selected, layout.fetchlist_dir(root, segment_id))
+        with step(f"generate {segment_id}: frontier figures"):
+            figures = cycle_metrics.generate_figures(spark, conf, root, segment_id, now, selected, len(open_ids))
+        with step(f"generate {segment_id}: lease"):
+            lock.check(f"leasing segment {segment_id}")
+            leased = lease(spark, root, selected, segment_id, now, conf.generate.lease_seconds)
+    except BaseException:
+        if not published:  # nothing leased (the lease is one commit): nothing of the segment may stay
+            storage.delete_folder(layout.segment_dir(root, segment_id))
+        raise
+    finally:
+        selected.unpersist()
+    storage.delete_file(layout.generating_marker(root, segment_id))  # published: its leases are committed
     if not own_states:  # a re-run finds the rows its first run wrote (all buckets in one commit)
         record_segment(spark, root, segment_id, per_bucket, now)
     cycle_metrics.record(spark, root, figures)
@@ -347,6 +380,19 @@ def run(spark: SparkSession, conf: Config, root: str, segment_id: str | None = N
     split = f", refresh share {result.refresh_share:.2f}" if conf.generate.budget_split else ""
     log.info("generate %s: %s%s (%d newly leased)", segment_id, result.summary(), split, leased)
     return result
+
+
+def remove_unpublished(spark: SparkSession, storage: Storage, root: str) -> None:
+    """Remove what a generate that crashed or lost left: segment folders still marked `_GENERATING.json`. Only
+    folders of segments without `segments` rows can be (rows are written after the publication), so only those
+    are looked at. Safe under the writer lock: no other generate is writing one."""
+    recorded = {row["segment_id"] for row in
+                tables.table_df(spark, root, "segments").select("segment_id").distinct().collect()}
+    for segment_id in layout.segment_ids(storage.list_folders(layout.segments_dir(root))):
+        if segment_id not in recorded and storage.exists(layout.generating_marker(root, segment_id)):
+            log.warning("generate: removing segment %s, left unpublished by a generate that did not finish",
+                        segment_id)
+            storage.delete_folder(layout.segment_dir(root, segment_id))
 
 
 def run_command(spark: SparkSession, conf: Config, root: str, segment: str | None, now: datetime | None) -> int:

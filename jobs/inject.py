@@ -26,6 +26,7 @@ from crawler.sitemaps import SITEMAP_FILE_PRIORITY, FoundVia, SitemapOrigin, pro
 from crawler.status import UrlSource, UrlStatus
 from delta_tables import tables
 from jobs.base import check_bucketing, insert_if_absent, recount_known_urls, step
+from jobs.writelock import holding_writer_lock
 
 log = logging.getLogger("jobs.inject")
 
@@ -113,6 +114,7 @@ def _merge_new_urls(spark: SparkSession, root: str, rows: DataFrame, now: dateti
                             "t.bucket = s.bucket AND t.url_id = s.url_id AND t.url = s.url")
 
 
+@holding_writer_lock("inject")
 def run(spark: SparkSession, conf: Config, root: str, seeds_path: str) -> InjectResult:
     """Inject the seeds file at `seeds_path` into the tables under `root`."""
     tables.ensure_tables(spark, root)

@@ -36,6 +36,7 @@ from crawler.status import FINISHED_SEGMENT_STATES
 from delta_tables import tables
 from jobs.base import pinned_table, step
 from jobs.storage import Storage
+from jobs.writelock import check_held, holding_writer_lock
 
 log = logging.getLogger("jobs.rebucket")
 
@@ -62,6 +63,7 @@ class RebucketResult:
                 f"{self.bucketing.buckets}, politeness.key = {self.bucketing.key}); rewrote {tables_part}")
 
 
+@holding_writer_lock("rebucket")
 def run(spark: SparkSession, conf: Config, root: str, wait_for_daemons_s: float = 0.0) -> RebucketResult:
     wait_for_daemons(conf, root, wait_for_daemons_s)
     tables.ensure_tables(spark, root)
@@ -152,6 +154,7 @@ def _rewrite(root: str, name: str, table: DataFrame, moves: DataFrame) -> None:
     """The whole table again, each row in its host's new bucket: one overwrite commit (of every partition, whatever
     the session's partition overwrite mode), partitioned as before."""
     moved = table.join(moves, "host_key").withColumn("bucket", F.col("new_bucket"))
+    check_held(root, f"rewriting {name}")  # the overwrite is blind: only the lock keeps other commits out
     (tables.conform(moved, name).write.format("delta").mode("overwrite").option("partitionOverwriteMode", "static")
      .save(tables.table_path(root, name)))
 

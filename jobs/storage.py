@@ -17,7 +17,7 @@ import tempfile
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import BinaryIO
+from typing import Any, BinaryIO
 from urllib.parse import urlsplit
 
 import pyarrow.fs as pafs
@@ -102,6 +102,33 @@ class Storage:
         selector = pafs.FileSelector(base, recursive=False, allow_not_found=True)
         return sorted(info.base_name for info in filesystem.get_file_info(selector)
                       if info.type == pafs.FileType.Directory)
+
+    def exists(self, uri: str) -> bool:
+        """Whether a file (or folder) is there (on S3: an object, or a prefix with objects)."""
+        filesystem, path = self.filesystem(uri)
+        return filesystem.get_file_info(path).type != pafs.FileType.NotFound
+
+    def delete_file(self, uri: str) -> None:
+        """Remove one file; none there is no error."""
+        filesystem, path = self.filesystem(uri)
+        if filesystem.get_file_info(path).type == pafs.FileType.File:
+            filesystem.delete_file(path)
+
+    def delete_folder(self, uri: str) -> None:
+        """Remove a folder and everything under it; none there is no error."""
+        filesystem, path = self.filesystem(uri)
+        if filesystem.get_file_info(path).type != pafs.FileType.NotFound:
+            filesystem.delete_dir(path)
+
+    def s3_client(self) -> Any:
+        """A boto3 S3 client with these settings (for what pyarrow does not offer: conditional writes);
+        credentials from the AWS default chain."""
+        import boto3
+        from botocore.config import Config as BotoConfig
+
+        addressing = "path" if self.path_style_access else "auto"
+        return boto3.client("s3", endpoint_url=self.endpoint_url or None, region_name=self.region,
+                            config=BotoConfig(s3={"addressing_style": addressing}, retries={"mode": "standard"}))
 
     @contextmanager
     def local_copy(self, uri: str) -> Iterator[str]:

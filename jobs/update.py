@@ -59,6 +59,7 @@ from jobs.base import (
     to_micros,
 )
 from jobs.update_hosts import host_fetch_counts, merge_hosts, segment_robots
+from jobs.writelock import holding_writer_lock
 
 log = logging.getLogger("jobs.update")
 
@@ -119,6 +120,7 @@ def completion_udfs(policy: RevisitPolicy):
     return decide, event_kind
 
 
+@holding_writer_lock("update")
 def run(spark: SparkSession, conf: Config, root: str, segment_id: str) -> UpdateResult:
     """Fold segment `segment_id` into the tables under `root`."""
     layout.check_segment_id(segment_id)
