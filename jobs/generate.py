@@ -62,7 +62,7 @@ from crawler.status import FINISHED_SEGMENT_STATES, SegmentState
 from crawler.writelock import holder
 from delta_tables import tables
 from jobs import cycle_metrics
-from jobs.base import merge_counts, pinned_table, step
+from jobs.base import check_bucketing, merge_counts, pinned_table, step
 from jobs.storage import Storage
 from jobs.writelock import HeldLock, writer_lock
 
@@ -321,6 +321,8 @@ def run(spark: SparkSession, conf: Config, root: str, segment_id: str | None = N
 
 def _generate(spark: SparkSession, conf: Config, root: str, segment_id: str, now: datetime,
               lock: HeldLock) -> GenerateResult:
+    # Asked again under the lock: a rebucket this generate waited for may have changed the crawl's bucketing.
+    check_bucketing(conf, root, record=False)
     own_states, open_ids = segment_states(spark, root, segment_id)
     if own_states - {SegmentState.GENERATED.value}:
         raise UserError(f"segment {segment_id} is past the generated state; generate a new segment instead")
