@@ -49,6 +49,7 @@ from crawler.records import FETCHED
 from delta_tables import tables
 from jobs import dedup_index
 from jobs.base import merge_counts, merge_into, pinned_table, read_segment_files, session_settings, step
+from jobs.writelock import writer_lock
 
 log = logging.getLogger("jobs.dedup")
 
@@ -321,7 +322,9 @@ def run(spark: SparkSession, conf: Config, root: str, segment_id: str) -> DedupR
         band_rows = dedup_index.band_rows(segment_id, conf.dedup.max_hamming, marks, new_bands, band_relabelled,
                                changed).localCheckpoint()
         result.relabelled = (hash_rows.where("_op = 'relabel'").count() + band_rows.where("_op = 'relabel'").count())
-        with _once_per_segment(spark, segment_id):
+        # Its commits hold the crawl's writer lock: the priority MERGE into `urls` must not land under a rebucket's
+        # rewrite of the table (which would drop it) or between a generate's selection and its lease.
+        with writer_lock(conf, root, "dedup"), _once_per_segment(spark, segment_id):
             result.marked = _write_marks(spark, root, segment_id, marks)
             result.priority_lowered, result.priority_restored = _adjust_priority(spark, root, conf, marks, leaving)
             committed = [dedup_index.merge_index(spark, root, HASHES, hash_rows, "t.url_id = s.url_id"),
