@@ -31,6 +31,7 @@ MAINTAIN_HOUR_UTC = int(os.environ.get("CYCLECRAWL_MAINTAIN_HOUR", "3"))
 FETCH_MODES = ("daemons", "task")
 EXIT_TIMEOUT = 124  # what coreutils `timeout` exits with when the deadline killed the command
 EXIT_TRY_LATER = 75  # crawler.errors.EXIT_TRY_LATER (this file imports no crawl module when it is parsed)
+NO_SEEDS = 99  # the inject task's own exit when the run has no seeds file: BashOperator's default skip code
 
 # Every step: retried with exponential backoff (1, 2, 4 ... min, at most 30 min apart); each Spark step is
 # idempotent (Delta MERGE, segment-keyed overwrites), so a retry after a lost executor or a flaky cluster
@@ -171,11 +172,13 @@ with DAG(
 ) as dag:
     inject = BashOperator(
         task_id="inject",
-        bash_command=(f'if [ -z "$SEEDS" ]; then echo "no seeds file: nothing to inject"; exit 99; fi\n'
+        bash_command=(f'if [ -z "$SEEDS" ]; then echo "no seeds file: nothing to inject"; exit {NO_SEEDS}; fi\n'
                       f'{SUBMIT} inject --seeds "$SEEDS" {CONFIG_ARGS}'),
         env=STEP_ENV, append_env=True,
         doc_md="`crawl inject --seeds` when the run has a seeds file (it also probes the seeds' sitemaps); "
-               "skipped otherwise.",
+               "skipped otherwise, and on exit 75 (another command held the crawl's writer lock: the seeds wait for "
+               "the next run).",
+        skip_on_exit_code=[NO_SEEDS, EXIT_TRY_LATER],
     )
     generate = spark_step(
         "generate",
@@ -239,7 +242,9 @@ through lease expiry, as with daemons).""",
     )
     update = spark_step(
         "update", 'update --segment "$SEGMENT"',
-        "`crawl update`: results, discoveries and host state merged into the tables (idempotent MERGE).",
+        "`crawl update`: results, discoveries and host state merged into the tables (idempotent MERGE). Exit 75 "
+        "(the crawl's writer lock held elsewhere, a lost commit) is retried like a failure: the segment must be merged "
+        "before generate leases anew.",
     )
 
     @task(task_id="frontier", doc_md="""Reads the segment's frontier figures from `cycle_metrics` (written by generate

@@ -248,36 +248,41 @@ def test_frontier_task_reads_the_segments_figures_without_spark_and_alerts_past_
     assert found["5/0"].startswith(f"failed: cycle_metrics has no update row for {other}")
 
 
-GENERATE_EXIT = """
+STEP_EXITS = """
     import json, os, sys
     from airflow.dag_processing.dagbag import DagBag
     from airflow.exceptions import AirflowException, AirflowSkipException
 
-    generate = DagBag(dag_folder=sys.argv[1]).dags["crawl_cycle"].task_dict["generate"]
+    tasks = DagBag(dag_folder=sys.argv[1]).dags["crawl_cycle"].task_dict
     found = {}
-    for status in ("75", "1", "0"):
-        os.environ["STUB_STATUS"] = status
-        try:
-            generate.execute({})
-            found[status] = "success"
-        except AirflowSkipException:
-            found[status] = "skipped"
-        except AirflowException:
-            found[status] = "failed"
+    for task_id in sys.argv[2:]:
+        for status in ("75", "1", "0"):
+            os.environ["STUB_STATUS"] = status
+            try:
+                tasks[task_id].execute({})
+                found[f"{task_id} {status}"] = "success"
+            except AirflowSkipException:
+                found[f"{task_id} {status}"] = "skipped"
+            except AirflowException:
+                found[f"{task_id} {status}"] = "failed"
     print(json.dumps(found))
     """
 
 
-def test_generate_refused_by_backpressure_skips_the_run(airflow_env, tmp_path):
-    """The real BashOperator of the generate step, `crawl-submit` stubbed: exit 75 (crawler.errors.EXIT_TRY_LATER)
-    skips the task (and so the run: every later step needs it), any other failure still fails it."""
+def test_exit_75_skips_generate_and_inject_and_update_retries_it(airflow_env, tmp_path):
+    """The real BashOperators, `crawl-submit` stubbed: exit 75 (crawler.errors.EXIT_TRY_LATER: backpressure, the
+    crawl's writer lock held elsewhere) skips generate (and so the run: every later step needs it) and inject (its
+    seeds wait for the next run); update fails on it like on any failure, to be retried (a segment must be merged
+    before generate leases anew). Any other failure fails each."""
     stub = tmp_path / "bin" / "crawl-submit"
     stub.parent.mkdir()
     stub.write_text('#!/bin/sh\nexit "$STUB_STATUS"\n')
     stub.chmod(0o755)
     env = {**airflow_env, "PATH": f"{stub.parent}{os.pathsep}{os.environ['PATH']}"}
-    found = run_airflow_script(env, tmp_path, GENERATE_EXIT, str(DAGS))
-    assert found == {"75": "skipped", "1": "failed", "0": "success"}
+    found = run_airflow_script(env, tmp_path, STEP_EXITS, str(DAGS), "generate", "inject", "update")
+    assert found == {"generate 75": "skipped", "generate 1": "failed", "generate 0": "success",
+                     "inject 75": "skipped", "inject 1": "failed", "inject 0": "success",
+                     "update 75": "failed", "update 1": "failed", "update 0": "success"}
     assert EXIT_TRY_LATER == 75
 
 
