@@ -311,7 +311,7 @@ def unmerged_segments(conf: Config, root: str, open_ids: list[str]) -> dict[str,
 def run(spark: SparkSession, conf: Config, root: str, segment_id: str | None = None,
         now: datetime | None = None) -> GenerateResult:
     """Select, write and lease the next segment's fetch list, holding the crawl's writer lock (crawler.writelock:
-    no other generate, rebucket, update or inject runs meanwhile)."""
+    no other generate, rebucket, update, inject or dedup commit runs meanwhile)."""
     now = as_utc(now or datetime.now(UTC))
     segment_id = layout.check_segment_id(segment_id or default_segment_id(now))
     tables.ensure_tables(spark, root)
