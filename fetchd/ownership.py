@@ -23,6 +23,7 @@ from typing import Any
 from crawler import layout
 from crawler.clock import SYSTEM_CLOCK, Clock
 from crawler.config import Config
+from crawler.localfiles import write_json_file
 from crawler.ownership import (
     LEASES_FOLDER,
     LeaseRecord,
@@ -44,14 +45,6 @@ _KEEP_EPOCHS = 3  # older epoch files than the last few are removed when a bucke
 def leases_dir(root: str, bucket: int | None = None) -> str:
     base = layout.join(root, LEASES_FOLDER)
     return base if bucket is None else layout.join(base, layout.bucket_dirname(bucket))
-
-
-def _sync_dir(folder: str) -> None:
-    fd = os.open(folder, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def process_space() -> str:
@@ -133,26 +126,8 @@ class LeaseStore:
         return self._read(bucket, epochs[-1]) if epochs else None
 
     def _write(self, record: LeaseRecord, exclusive: bool) -> bool:
-        folder = leases_dir(self.root, record.bucket)
-        os.makedirs(folder, exist_ok=True)
-        path = os.path.join(folder, epoch_filename(record.epoch))
-        tmp = os.path.join(folder, f".{self.owner}-{os.getpid()}-{record.epoch}.tmp")
-        with open(tmp, "w", encoding="utf-8") as fh:
-            json.dump(record.to_json(), fh)
-            fh.flush()
-            os.fsync(fh.fileno())
-        try:
-            if exclusive:
-                os.link(tmp, path)
-            else:
-                os.replace(tmp, path)
-        except FileExistsError:
-            return False
-        finally:
-            if os.path.exists(tmp):
-                os.remove(tmp)
-        _sync_dir(folder)  # the new name survives a machine crash too
-        return True
+        return write_json_file(leases_dir(self.root, record.bucket), epoch_filename(record.epoch), record.to_json(),
+                               exclusive)
 
     def try_acquire(self, bucket: int) -> Lease | None:
         """Take the bucket if the rule allows it now; None if another daemon holds it or won the race."""

@@ -29,6 +29,7 @@ from crawler import layout
 from crawler.clock import SYSTEM_CLOCK, Clock
 from crawler.config import Config
 from crawler.errors import CrawlBusy
+from crawler.localfiles import write_json_file
 from crawler.writelock import LockRecord, fence_deadline, holder, may_take, next_look, refusal, renew_interval
 from jobs.storage import Storage
 
@@ -69,24 +70,7 @@ class LockFiles:
 
     def write(self, record: LockRecord, exclusive: bool) -> bool:
         """Create the epoch's file (exclusive: False if it exists) or replace the holder's own."""
-        os.makedirs(self.folder, exist_ok=True)
-        path = os.path.join(self.folder, _epoch_name(record.epoch))
-        partial = os.path.join(self.folder, f".{record.owner}-{record.epoch}.tmp")
-        with open(partial, "w", encoding="utf-8") as handle:
-            json.dump(record.to_json(), handle)
-            handle.flush()
-            os.fsync(handle.fileno())
-        try:
-            if exclusive:
-                os.link(partial, path)
-            else:
-                os.replace(partial, path)
-        except FileExistsError:
-            return False
-        finally:
-            with contextlib.suppress(FileNotFoundError):
-                os.remove(partial)
-        return True
+        return write_json_file(self.folder, _epoch_name(record.epoch), record.to_json(), exclusive)
 
     def remove(self, epoch: int) -> None:
         with contextlib.suppress(FileNotFoundError):

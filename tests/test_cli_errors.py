@@ -18,6 +18,7 @@ from crawler.errors import EXIT_TRY_LATER, Backpressure, UnknownSegment, UserErr
 from crawler.seeds import read_seeds, split_lines
 from fetchd import cli as fetchd_cli
 from jobs import cli, submit
+from tests.support.config import flat_keys
 
 KNOWN = "seg-known"
 OTHER = "seg-other"
@@ -186,7 +187,7 @@ def test_segment_ids_that_could_leave_their_folder_are_refused():
 
 
 def test_non_finite_numbers_are_refused_for_every_numeric_key():
-    numeric = [key for key, value in _flat(config_mod.defaults()).items()
+    numeric = [key for key, value in flat_keys(config_mod.defaults()).items()
                if isinstance(value, float | int) and not isinstance(value, bool)]
     assert len(numeric) > 50
     for key in numeric:
@@ -194,15 +195,6 @@ def test_non_finite_numbers_are_refused_for_every_numeric_key():
             with pytest.raises(config_mod.ConfigError, match=f"'{key}'"):
                 config_mod.load(assignments=[f"{key}={value}"])
 
-
-def _flat(data: dict, prefix: str = "") -> dict:
-    flat = {}
-    for key, value in data.items():
-        if isinstance(value, dict):
-            flat.update(_flat(value, f"{prefix}{key}."))
-        else:
-            flat[f"{prefix}{key}"] = value
-    return flat
 
 
 def test_a_missing_config_file_is_named_as_a_file_not_a_key(tmp_path):

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from crawler import config, settings
+from tests.support.config import flat_keys
 
 
 def test_defaults_file_is_valid_and_every_key_documented():
@@ -178,7 +179,7 @@ def test_typed_settings_are_immutable_and_coerced():
 
 def test_every_integer_key_is_bounded_by_what_it_reaches():
     """No integer key takes a value past Spark's int unless it names its own bound, and those hold."""
-    integer_keys = [key for key, value in _flat(config.defaults()).items()
+    integer_keys = [key for key, value in flat_keys(config.defaults()).items()
                     if isinstance(value, int) and not isinstance(value, bool)]
     assert len(integer_keys) > 40
     for key in integer_keys:
@@ -203,12 +204,3 @@ def test_spark_memory_and_settings_in_the_forms_spark_takes():
     assert conf.spark.driver_memory == "4G" and conf.spark.conf == {"spark.a": 1, "spark.b": "x", "spark.c": True}
     assert config.load(assignments=["spark.driver_memory=524288k"]).spark.driver_memory == "524288k"
 
-
-def _flat(data: dict, prefix: str = "") -> dict:
-    flat = {}
-    for key, value in data.items():
-        if isinstance(value, dict):
-            flat.update(_flat(value, f"{prefix}{key}."))
-        else:
-            flat[f"{prefix}{key}"] = value
-    return flat

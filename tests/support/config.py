@@ -80,3 +80,14 @@ def at_background_priority(command: list) -> list[str]:
 
 def load_test_config() -> config_mod.Config:
     return config_mod.load().with_overrides(TEST_OVERRIDES)
+
+
+def flat_keys(data: dict, prefix: str = "") -> dict:
+    """A nested config mapping as {"section.key": value} (an open mapping's entries too)."""
+    flat = {}
+    for key, value in data.items():
+        if isinstance(value, dict):
+            flat.update(flat_keys(value, f"{prefix}{key}."))
+        else:
+            flat[f"{prefix}{key}"] = value
+    return flat
