@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import Any, Protocol
 
 LEASES_FOLDER = "leases"  # ROOT/leases/bucket=NNNNN/epoch-NNNNNNNNNN.json
 
@@ -61,10 +61,18 @@ class LeaseRecord:
         return cls(**{name: data[name] for name in cls.__dataclass_fields__ if name in data})
 
 
-def may_take(record: LeaseRecord | None, now: float, takeover_grace_s: float, holder_is_dead: bool = False) -> bool:
-    """May a daemon take the bucket whose latest lease is `record` at wall time `now`? Yes if nobody ever held
-    it, its holder released it, its lease expired more than the grace ago, or its holder is known dead (a
-    process of this machine that no longer exists: it cannot be fetching)."""
+class HeldRecord(Protocol):
+    """What `may_take` reads of a lease's latest epoch: a bucket lease, or the crawl's writer lock
+    (crawler.writelock)."""
+
+    released: bool
+    expires_at: float
+
+
+def may_take(record: HeldRecord | None, now: float, takeover_grace_s: float, holder_is_dead: bool = False) -> bool:
+    """May a daemon take the bucket (or a command the writer lock) whose latest epoch is `record` at wall time
+    `now`? Yes if nobody ever held it, its holder released it, its lease expired more than the grace ago, or its
+    holder is known dead (a process of this machine that no longer exists: it cannot be fetching)."""
     return (record is None or record.released or holder_is_dead
             or now >= record.expires_at + takeover_grace_s)
 

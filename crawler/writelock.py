@@ -6,12 +6,12 @@ rebucket's overwrite commits blind, so it drops a lease or a result committed af
 generates pick the same due URLs; update and inject against generate lose a conflict half way. Under the lock
 the second comer waits (`writer_lock.wait_s`) and then refuses (`crawler.errors.CrawlBusy`, exit 75).
 
-The lock is a lease with an epoch, like a bucket lease (crawler.ownership): taking it creates epoch N+1
-exclusively, so exactly one command holds an epoch and the highest epoch is the holder. The holder renews it
-every `ttl / RENEWALS_PER_TTL` seconds (a thread), so a holder that crashed blocks the crawl at most one ttl
-(plus the takeover grace, for clock skew); one known dead (its process is gone) not even that. A holder that
-could not renew in time has lost the lock and must not commit: before each commit it checks its fence, counted
-on its own monotonic clock from the start of its last successful renewal.
+The lock is a lease with an epoch, like a bucket lease (crawler.ownership, whose `may_take` and fence it uses):
+taking it creates epoch N+1 exclusively, so exactly one command holds an epoch and the highest epoch is the
+holder. The holder renews it every `ttl / RENEWALS_PER_TTL` seconds (a thread), so a holder that crashed blocks
+the crawl at most one ttl (plus the takeover grace, for clock skew). A holder that could not renew in time has
+lost the lock and must not commit: before each commit it checks its fence, counted on its own monotonic clock
+from the start of its last successful renewal.
 
 Pure: wall and monotonic times are passed in.
 """
@@ -21,6 +21,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from typing import Any
+
+from crawler import ownership
 
 # Renewals per ttl: with the fence at 3/4 of it, a renewal may fail (a slow storage answer) and the next one
 # still comes before the fence.
@@ -43,7 +45,6 @@ class LockRecord:
     acquired_at: float  # wall clock
     expires_at: float   # wall clock; renewed by the holder
     released: bool = False
-    process_space: str = ""  # boot id + pid namespace of the holder: its pid means something only there
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -53,22 +54,15 @@ class LockRecord:
         return cls(**{name: data[name] for name in cls.__dataclass_fields__ if name in data})
 
 
-def may_take(record: LockRecord | None, now: float, takeover_grace_s: float, holder_is_dead: bool = False) -> bool:
-    """May a command take the lock whose latest epoch is `record` at wall time `now`? Yes if nobody held it, its
-    holder released it, its lease expired more than the grace ago, or its holder is known dead."""
-    return (record is None or record.released or holder_is_dead
-            or now >= record.expires_at + takeover_grace_s)
-
-
 def renew_interval(ttl_s: float) -> float:
     """How often the holder renews."""
     return ttl_s / RENEWALS_PER_TTL
 
 
 def fence_deadline(renew_started_mono: float, ttl_s: float) -> float:
-    """Monotonic time after which the holder must not commit: its last lease file, written no earlier than
-    `renew_started_mono`, expires no earlier than that plus the ttl; the margin covers a commit under way."""
-    return renew_started_mono + ttl_s * (1 - FENCE_SHARE)
+    """Monotonic time after which the holder must not commit: the bucket leases' fence (crawler.ownership) with
+    `FENCE_SHARE` of the ttl as its margin, which covers a commit under way."""
+    return ownership.fence_deadline(renew_started_mono, ttl_s, ttl_s * FENCE_SHARE)
 
 
 def next_look(now_mono: float, give_up_mono: float) -> float:

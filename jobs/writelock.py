@@ -30,7 +30,8 @@ from crawler.clock import SYSTEM_CLOCK, Clock
 from crawler.config import Config
 from crawler.errors import CrawlBusy
 from crawler.localfiles import write_json_file
-from crawler.writelock import LockRecord, fence_deadline, holder, may_take, next_look, refusal, renew_interval
+from crawler.ownership import may_take
+from crawler.writelock import LockRecord, fence_deadline, holder, next_look, refusal, renew_interval
 from jobs.storage import Storage
 
 log = logging.getLogger("jobs.writelock")

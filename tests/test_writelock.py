@@ -15,7 +15,8 @@ import pytest
 
 from crawler import layout
 from crawler.errors import EXIT_TRY_LATER, CrawlBusy, TryLater
-from crawler.writelock import LockRecord, fence_deadline, holder, may_take, next_look, refusal, renew_interval
+from crawler.ownership import may_take
+from crawler.writelock import LockRecord, fence_deadline, holder, next_look, refusal, renew_interval
 from jobs.writelock import LockFiles, S3LockFiles, acquire, check_held, writer_lock
 from tests.support.s3 import moto_server
 from tests.support.virtual import EPOCH, VirtualClock
