@@ -85,6 +85,18 @@ class GenerateSettings:
     max_unmerged_segments: int
 
 @dataclass(frozen=True)
+class CycleSettings:
+    """`cycle.*`."""
+    interval_s: float
+
+@dataclass(frozen=True)
+class ServiceLevelsSettings:
+    """`service_levels.*`."""
+    discovery_durable_s: float
+    lease_within_s: float
+    lease_share: float
+
+@dataclass(frozen=True)
 class PolitenessSettings:
     """`politeness.*`."""
     min_delay_s: float
@@ -250,6 +262,8 @@ class Settings:
     scope: ScopeSettings
     traps: TrapsSettings
     generate: GenerateSettings
+    cycle: CycleSettings
+    service_levels: ServiceLevelsSettings
     politeness: PolitenessSettings
     fetch: FetchSettings
     ownership: OwnershipSettings
