@@ -201,6 +201,7 @@ _RULES: dict[str, tuple[Any, str]] = {
     "ownership.max_buckets_per_daemon": (_non_negative, "must be >= 0"),
     "ownership.shutdown_grace_s": (_non_negative, "must be >= 0"),
     "ownership.results_batch_rows": (_positive, "must be > 0"),
+    "ownership.results_publish_s": (_positive, "must be > 0"),
     "writer_lock.wait_s": (_non_negative, "must be >= 0 (0: refuse at once)"),
     "writer_lock.ttl_s": (_positive, "must be > 0"),
     "robots.max_bytes": (lambda v: v >= 512000, "must be >= 512000 (RFC 9309 asks for at least 500 KiB)"),

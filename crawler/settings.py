@@ -153,6 +153,7 @@ class OwnershipSettings:
     max_buckets_per_daemon: int
     shutdown_grace_s: float
     results_batch_rows: int
+    results_publish_s: float
 
 @dataclass(frozen=True)
 class WriterLockSettings:

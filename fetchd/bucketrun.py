@@ -55,8 +55,10 @@ class BucketRun:
             root=self.root, segment_id=segment_id, bucket=bucket, daemon_id=self.daemon_id,
             warcinfo=services.warcinfo, warc_max_bytes=self.conf.fetch.warc_max_bytes,
             compression=(self.conf.fetch.warc_compressor, self.conf.fetch.warc_gzip_level),
-            batch_rows=self.conf.ownership.results_batch_rows, fenced=lease.fenced,
-            on_write=self.metrics.warc_written, on_publish=self._sync_files, wall_time=self.clock.wall)
+            batch_rows=self.conf.ownership.results_batch_rows,
+            publish_after_s=self.conf.ownership.results_publish_s, fenced=lease.fenced,
+            on_write=self.metrics.warc_written, on_publish=self._sync_files, wall_time=self.clock.wall,
+            monotonic=self.clock.monotonic)
         self.sched = HostScheduler(services.gates.gate_for, self.clock.monotonic, self._report,
                                    recheck_s=STOP_POLL_S, rules=services.rules)
         self.hosts = self.sched.hosts
@@ -119,6 +121,18 @@ class BucketRun:
             log.warning("bucket %05d of %s: cannot write its files: %s", self.bucket, self.segment_id, exc)
             self.storage_error = exc
         self.wake.set()
+
+    def _publish_if_due(self) -> None:
+        """Publish rows that have waited `ownership.results_publish_s` (the loop wakes at least every STOP_POLL_S);
+        a lost lease is the loop's to see, a failed write stops the bucket."""
+        if self.lease.fenced():
+            return
+        try:
+            self.out.publish_if_due()
+        except Fenced:
+            pass  # the lease lapsed since the look above: the loop stops on it
+        except OSError as exc:
+            self._storage_failed(exc)
 
     async def _guarded(self, coro: Any) -> None:
         """Run a request task; a storage error it hits stops the bucket. Network errors never get here: the
@@ -189,6 +203,7 @@ class BucketRun:
                 await self.wake.wait()
             finally:
                 timer.cancel()
+            self._publish_if_due()
         await self._drain()
         unread, self.reading = self.reading is not None, None  # dropping the reader closes its file
         if self.storage_error is not None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import time
 from collections import Counter
@@ -160,14 +161,20 @@ class BucketOutput:
     `fenced()` is asked before every write: once the bucket's lease is gone this output writes nothing."""
 
     def __init__(self, *, root: str, segment_id: str, bucket: int, daemon_id: str, warcinfo: dict[str, str],
-                 warc_max_bytes: int, batch_rows: int,
+                 warc_max_bytes: int, batch_rows: int, publish_after_s: float = math.inf,
                  compression: tuple[str, int] = (DEFAULT_COMPRESSOR, DEFAULT_GZIP_LEVEL),
                  fenced: Callable[[], bool] = lambda: False, on_write: Callable[[int], None] = lambda n: None,
-                 on_publish: Callable[[], None] = lambda: None, wall_time: Callable[[], float] = time.time):
+                 on_publish: Callable[[], None] = lambda: None, wall_time: Callable[[], float] = time.time,
+                 monotonic: Callable[[], float] = time.monotonic):
         self.root, self.segment_id, self.bucket, self.daemon_id = root, segment_id, bucket, daemon_id
         self.warc_max_bytes = warc_max_bytes
         self.warcinfo = warcinfo
         self.batch_rows = batch_rows
+        # Rows wait at most this long (`ownership.results_publish_s`, on the `monotonic` clock) before they are
+        # published, so a fetch is durable within a bound even when results come slowly (hosts held by their delay).
+        self.publish_after_s = publish_after_s
+        self.monotonic = monotonic
+        self.pending_since: float | None = None  # when the oldest row not yet published was queued
         self.fenced = fenced
         self.on_write = on_write
         self.compressor, self.gzip_level = compression  # `fetch.warc_compressor`, `fetch.warc_gzip_level`
@@ -218,13 +225,23 @@ class BucketOutput:
             warc = self.warc()
             warc.log(warc.result_record(row.get("url") or row["host_key"], date, kind,
                                         records.row_to_json(row, RESULT_KINDS[kind])))
+        if self.pending_since is None:
+            self.pending_since = self.monotonic()
         self.pending[kind].append(row)
 
     def after_result(self) -> None:
-        """Rotate a full WARC; publish a full batch of rows."""
+        """Rotate a full WARC; publish a full batch of rows, or rows that have waited long enough."""
         if self.current is not None and self.current.reached(self.warc_max_bytes):
             self.close_current()
         elif sum(map(len, self.pending.values())) >= self.batch_rows:
+            self.publish()
+        else:
+            self.publish_if_due()
+
+    def publish_if_due(self) -> None:
+        """Publish the queued rows when the oldest has waited `publish_after_s` (the bucket's driver asks this
+        between results too, so a lull does not hold rows back)."""
+        if self.pending_since is not None and self.monotonic() - self.pending_since >= self.publish_after_s:
             self.publish()
 
     def publish(self) -> None:
@@ -245,6 +262,7 @@ class BucketOutput:
                 write_parquet_atomic(group, RESULT_KINDS[kind], path)
         self.batch += 1
         self.pending = {kind: [] for kind in RESULT_KINDS}
+        self.pending_since = None
         self.on_publish()
 
     def close_current(self) -> None:
@@ -269,3 +287,4 @@ class BucketOutput:
             self.current.abandon()
             self.current = None
         self.pending = {kind: [] for kind in RESULT_KINDS}
+        self.pending_since = None

@@ -667,3 +667,18 @@ def test_robots_is_fetched_again_after_its_ttl_and_an_outage_keeps_the_last_good
                         "seg-c": {"three": "deferred"}}
     kept = read_results(root, "seg-b", kind="robots")[0]
     assert kept["status_code"] == 503 and "the copy fetched" in kept["error"]
+
+
+def test_rows_are_published_within_results_publish_s_of_their_fetch_exactly_on_the_virtual_clock(base_conf, root):
+    """`ownership.results_publish_s` bounds how long a fetched row waits to be published when results come slowly
+    (here one every 2 s, a host's delay; the batch of 5,000 rows would hold them all to the bucket's end): each
+    row has waited 1 s, less than the next result's arrival, so each is published alone, in order."""
+    conf = edge_conf(base_conf, **{"politeness.min_delay_s": 2.0, "ownership.results_publish_s": 1.0})
+    assert conf.ownership.results_batch_rows == 5000
+    paths = ["/a", "/b", "/c", "/d"]
+    virtual.fetch_virtually(conf, root, [{"url": f"http://edge.test{p}"} for p in paths],
+                            lambda host, path, earlier: virtual.Answer(404 if path == "/robots.txt" else 200, 0.0))
+    [fetched] = [folder for folder in Path(root).glob("virtual-*/segments/*/fetched/bucket=*")]
+    files = sorted(fetched.glob("*.parquet"))
+    assert [[row["url"] for row in pq.read_table(f).to_pylist()] for f in files] == \
+        [[f"http://edge.test{p}"] for p in paths]

@@ -275,7 +275,8 @@ def test_a_killed_daemon_is_resumed_and_its_recovered_files_uploaded(s3, s3_root
                     "s3": {"endpoint_url": s3.endpoint},
                     "fetch": {"static_hosts": farm.static_hosts(), "allow_networks": ["127.0.0.0/8"],
                               "poll_interval_s": 0.3, "staging_dir": str(staging)},
-                    "ownership": {"results_batch_rows": 1000}}  # nothing published before the kill
+                    "ownership": {"results_batch_rows": 1000,  # nothing published before the kill
+                                  "results_publish_s": 3600.0}}
         conf_path = tmp_path / "daemon.yaml"
         conf_path.write_text(yaml.safe_dump(settings))
         process = subprocess.Popen(
