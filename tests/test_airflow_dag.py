@@ -386,6 +386,7 @@ def test_one_cycle_through_airflow_with_a_fetch_daemon(spark, airflow_cycle):
         "fetch_segment": "skipped", "parse": "success", "dedup": "success", "update": "success",
         "index_enabled": "success", "index": "skipped",  # index.enabled is off by default
         "frontier": "success",  # it read the segment's cycle_metrics rows that generate and update wrote
+        "service_levels": "success",  # the same rows, both levels within the hour-wide targets of this run
         "validate": "success", "maintenance_due": "success", "maintain": "skipped"}
 
     root, segment, seed_urls = str(airflow_cycle.root), airflow_cycle.segment, airflow_cycle.seed_urls
