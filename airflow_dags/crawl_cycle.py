@@ -271,10 +271,11 @@ the oldest due URL had waited longer than `alert_oldest_due_hours` (0 = never): 
         return {step: {k: v.isoformat() if isinstance(v, datetime) else v for k, v in row.items()}
                 for step, row in figures.items()}
 
-    @task(task_id="service_levels", retries=0, doc_md="""Reads the segment's `cycle_metrics` rows (delta-rs, no JVM)
+    @task(task_id="service_levels", doc_md="""Reads the segment's `cycle_metrics` rows (delta-rs, no JVM)
 and fails, as an alert, when the segment missed a service level (crawler/service_levels.py, targets in the config's
 `service_levels`): its pages' p99 fetch -> durable lag over the target, or fewer of the eligible high-priority URLs
-leased in time at its generate than the target share. The message names each level missed with its figures.
+leased in time at its generate than the target share. The message names each level missed with its figures; an
+alert is not retried (AirflowFailException).
 A failed leaf task rather than a callback or a soft fail: the run shows failed (on-call's alert, as `frontier`),
 validate and maintain still run, and the next run's generate does not wait for it (nothing downstream, no
 depends_on_past). Nothing measured (no page with outlinks, no URL decided) is no alert.""")

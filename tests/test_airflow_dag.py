@@ -256,8 +256,7 @@ SERVICE_LEVELS = """
     from airflow.exceptions import AirflowFailException
 
     task = DagBag(dag_folder=sys.argv[1]).dags["crawl_cycle"].task_dict["service_levels"]
-    found = {"downstream": sorted(task.downstream_task_ids), "upstream": sorted(task.upstream_task_ids),
-             "retries": task.retries}
+    found = {"downstream": sorted(task.downstream_task_ids), "upstream": sorted(task.upstream_task_ids)}
     for hour in (4, 5, 6):
         params = {"root": sys.argv[2], "config": ""}
         run = SimpleNamespace(logical_date=None, run_after=datetime(2026, 3, 1, hour, 30, tzinfo=timezone.utc))
@@ -290,7 +289,7 @@ def test_service_levels_task_alerts_when_a_segment_missed_a_level(airflow_env, t
         "discovery_pages": [None, 8, None, 40, None, 0],
         "discovery_durable_p99_s": [None, 42.0, None, 75.2, None, None]}))
     found = run_airflow_script(airflow_env, tmp_path, SERVICE_LEVELS, str(DAGS), root)
-    assert (found["upstream"], found["downstream"], found["retries"]) == (["update"], [], 0)
+    assert (found["upstream"], found["downstream"]) == (["update"], [])
     assert found["4"] == {"lease_share_within": 1.0, "hp_eligible": 5, "discovery_durable_p99_s": 42.0,
                           "discovery_pages": 8}
     assert found["5"] == (
