@@ -3,6 +3,7 @@
     inject -> generate -> fetch -> {await_daemons | fetch_segment} -> parse -> dedup -> update
            -> [index_enabled -> index] -> validate -> maintenance_due -> maintain
     update -> frontier (reads the segment's cycle_metrics; fails, as an alert, past alert_oldest_due_hours)
+    update -> service_levels (fails, as an alert, when the segment missed a service level)
 
 Every Spark step is `crawl-submit [--master M] -- <crawl command>`, one spark-submit per step, so the same DAG
 drives `local[*]` on one machine and a cluster master; the scheduler's workers need the cyclecrawl package
@@ -270,6 +271,27 @@ the oldest due URL had waited longer than `alert_oldest_due_hours` (0 = never): 
         return {step: {k: v.isoformat() if isinstance(v, datetime) else v for k, v in row.items()}
                 for step, row in figures.items()}
 
+    @task(task_id="service_levels", doc_md="""Reads the segment's `cycle_metrics` rows (delta-rs, no JVM)
+and fails, as an alert, when the segment missed a service level (crawler/service_levels.py, targets in the config's
+`service_levels`): its pages' p99 fetch -> durable lag over the target, or fewer of the eligible high-priority URLs
+leased in time at its generate than the target share. The message names each level missed with its figures; an
+alert is not retried (AirflowFailException).
+A failed leaf task rather than a callback or a soft fail: the run shows failed (on-call's alert, as `frontier`),
+validate and maintain still run, and the next run's generate does not wait for it (nothing downstream, no
+depends_on_past). Nothing measured (no page with outlinks, no URL decided) is no alert.""")
+    def service_levels_alert(params: dict[str, Any], dag_run: Any) -> dict[str, Any]:
+        from crawler.service_levels import ServiceLevels
+        from jobs.cycle_metrics import read_figures
+
+        conf, segment = crawl_conf(params), segment_id(dag_run)
+        figures = read_figures(conf, segment)
+        missed = ServiceLevels.from_config(conf).misses(figures)
+        if missed:
+            raise AirflowFailException(f"{segment}: service level missed: " + "; ".join(missed))
+        return {name: (figures.get(step) or {}).get(name) for step, name in (
+            ("generate", "lease_share_within"), ("generate", "hp_eligible"), ("update", "discovery_durable_p99_s"),
+            ("update", "discovery_pages"))}
+
     @task.short_circuit(task_id="index_enabled", ignore_downstream_trigger_rules=False,
                         doc_md="Lets index run when the config's `index.enabled` is on (skipped otherwise; validate "
                                "runs either way).")
@@ -304,4 +326,5 @@ the oldest due URL had waited longer than `alert_oldest_due_hours` (0 = never): 
     inject >> generate >> fetch >> [await_daemons, fetch_segment] >> parse >> dedup >> update >> validate
     update >> index_enabled() >> index >> validate
     update >> frontier()
+    update >> service_levels_alert()
     validate >> maintenance_due() >> maintain

@@ -13,6 +13,8 @@ from bisect import bisect_right
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from crawler.service_levels import ServiceLevels, lease_decided
+
 # Histogram bin edges; bin i holds values v with edges[i-1] <= v < edges[i] (bin 0: below the first edge, the
 # last bin: at or above the last edge), i.e. bin_index = bisect_right(edges, v). Log-ish spacing: the
 # interesting differences are ratios.
@@ -78,6 +80,7 @@ class ReportData:
     # (IP address, host names, requests) of the addresses that answered for the most host names: where the per-IP
     # guard (politeness.max_concurrency_per_ip, min_delay_per_ip_s) matters
     shared_addresses: list[tuple[str, int, int]] = field(default_factory=list)
+    levels: ServiceLevels | None = None  # the service levels' targets: the summary and the page judge them (None: not)
 
     def figures(self, step: str) -> dict[str, object] | None:
         """This segment's `cycle_metrics` row of `step` (generate, update), if any."""
@@ -142,6 +145,46 @@ def hot_domain_rows(data: ReportData) -> list[tuple[str, int, int, str, str]]:
              ", ".join(earlier.get(hot["domain"], [])) or "-") for hot in chosen.get("hot_domains") or []]
 
 
+def verdict(met: bool | None) -> str:
+    """A level's verdict as the report prints it: what on-call reads first."""
+    return "not measured" if met is None else "MET" if met else "MISSED"
+
+
+def _seconds(value: object) -> str:
+    return "-" if value is None else f"{float(value):.0f} s"
+
+
+def discovery_text(levels: ServiceLevels, merged: dict[str, object] | None) -> str:
+    """The discovery level of a segment from its update row: figures, target, verdict."""
+    target = f"target p99 <= {levels.discovery_durable_s:g} s"
+    if not merged:
+        return f"- (not merged yet; {target})"
+    p99 = merged.get("discovery_durable_p99_s")
+    return (f"p99 {_seconds(p99)}, p50 {_seconds(merged.get('discovery_durable_p50_s'))} fetch -> durable over "
+            f"{merged.get('discovery_pages') or 0} pages with outlinks; {target}: "
+            f"{verdict(levels.discovery_met(None if p99 is None else float(p99)))}")
+
+
+def lease_text(levels: ServiceLevels, chosen: dict[str, object] | None) -> str:
+    """The lease level at a segment's generate from its row: figures, target, verdict."""
+    target = f"target >= {100 * levels.lease_share:g}% within {levels.lease_within_s:g} s"
+    if not chosen:
+        return f"- (no generate row; {target})"
+    share = chosen.get("lease_share_within")
+    return (f"{chosen.get('hp_leased_within') or 0} of {lease_decided(chosen)} eligible high-priority URLs leased in "
+            f"time ({_rate(share)}; {chosen.get('hp_leased_late') or 0} leased late, "
+            f"{chosen.get('hp_waiting_late') or 0} waiting past), p99 due -> lease "
+            f"{_seconds(chosen.get('hp_lease_lag_p99_s'))}; {target}: "
+            f"{verdict(levels.lease_met(None if share is None else float(share)))}")
+
+
+def _service_level_lines(data: ReportData) -> list[tuple[str, str]]:
+    if data.levels is None:
+        return []
+    return [("discovery SLO", discovery_text(data.levels, data.figures("update"))),
+            ("lease SLO", lease_text(data.levels, data.figures("generate")))]
+
+
 def _frontier_lines(data: ReportData) -> list[tuple[str, str]]:
     chosen, merged = data.figures("generate"), data.figures("update")
     lines = []
@@ -170,6 +213,7 @@ def terminal_summary(data: ReportData) -> str:
              else f"p50 {data.elapsed_p50_ms:.0f} ms, p95 {data.elapsed_p95_ms:.0f} ms")
     rows = [
         ("segment", f"{data.segment_id}: {data.fetches} fetches from {data.hosts} hosts"),
+        *_service_level_lines(data),
         ("outcomes", _pairs(data.outcomes)),
         ("politeness", f"{data.gaps} gaps, {data.under_delay} under the delay (min_delay_s {data.min_delay_s:g})"
                        + f"{smallest} [daemon clock]"),
@@ -288,6 +332,44 @@ def _frontier_cell(key: str, value: object) -> object:
     return "-" if value is None else value
 
 
+def service_level_rows(data: ReportData) -> list[tuple[str, str, str, str, str, str, str]]:
+    """Per segment in the report's history (oldest first): (segment, discovery p99, pages, verdict, share leased in
+    time, decided URLs, verdict); [] without targets."""
+    if data.levels is None:
+        return []
+    levels, by_segment = data.levels, {}
+    for row in data.frontier:
+        by_segment.setdefault(str(row["segment_id"]), {})[row["step"]] = row
+    rows = []
+    for segment, steps in by_segment.items():
+        merged, chosen = steps.get("update") or {}, steps.get("generate") or {}
+        p99, share = merged.get("discovery_durable_p99_s"), chosen.get("lease_share_within")
+        rows.append((segment, _seconds(p99), "-" if not merged else str(merged.get("discovery_pages") or 0),
+                     verdict(levels.discovery_met(None if p99 is None else float(p99))) if merged else "-",
+                     _rate(share), "-" if not chosen else str(lease_decided(chosen)),
+                     verdict(levels.lease_met(None if share is None else float(share))) if chosen else "-"))
+    return rows
+
+
+def _service_levels_html(data: ReportData) -> list[str]:
+    if data.levels is None:
+        return []
+    levels = data.levels
+    missed = levels.misses({"generate": data.figures("generate"), "update": data.figures("update")})
+    return [
+        "<h2>Service levels</h2>",
+        f'<p class="{"warn" if missed else ""}">This segment: {e("; ".join(missed) or "no level missed")}.</p>',
+        f'<p class="note">Discovery: a fetched page\'s links are durable (the <code>links</code> commit that holds '
+        f"them) within {levels.discovery_durable_s:g} s of the fetch, at the 99th percentile. Leases: at least "
+        f"{100 * levels.lease_share:g}% of the eligible due high-priority URLs (priority &gt;= "
+        f"{levels.high_priority:g}, host ok, within its per-host cap) are leased within {levels.lease_within_s:g} s of "
+        "falling due; one still "
+        "waiting past that is a miss. From cycle_metrics (crawler/service_levels.py).</p>",
+        table_html(("segment", "discovery p99", "pages", "discovery", "leased in time", "decided", "leases"),
+                   service_level_rows(data)),
+    ]
+
+
 def _frontier_html(data: ReportData) -> list[str]:
     """Hosts by state now, and the recent frontier figures (`cycle_metrics`), with the due backlog per segment."""
     backlog = [(str(row["segment_id"]), int(row["due_urls"] or 0)) for row in data.frontier
@@ -322,6 +404,7 @@ def render_html(data: ReportData) -> str:
     sections = [
         f"<h1>Cycle report: segment {e(data.segment_id)}</h1>",
         f"<pre>{e(terminal_summary(data))}</pre>",
+        *_service_levels_html(data),
         "<h2>Fetches by outcome</h2>",
         bar_chart_svg("fetches by outcome", _counts_rows(data.outcomes)),
         f"<h2>Top hosts by fetches ({len(data.top_hosts)} of {data.hosts})</h2>",

@@ -15,15 +15,20 @@ the freshness benchmark judge by the same functions. Pure: no Spark, no network.
 
 Each rule evaluated on every due URL in Spark also exists as SQL text (`*_sql`); tests/test_rule_twins.py holds both
 forms equal.
+
+Where they land: generate's `cycle_metrics` row holds the lease level at that generate (`hp_*`, `lease_share_within`:
+every eligible high-priority URL due then, leased by it or still waiting), update's row the discovery level of its
+segment (`discovery_*`); `misses` turns a segment's rows into what on-call is told (the report, the DAG's alert).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from enum import Enum
+from typing import Any
 
 from crawler.settings import Settings
 from crawler.status import HostState
@@ -51,6 +56,28 @@ class ServiceLevels:
     def lease_met(self, share_within: float | None) -> bool | None:
         """Whether the lease level holds for this share of counted URLs leased in time (None: none counted)."""
         return None if share_within is None else share_within >= self.lease_share
+
+    def misses(self, figures: Mapping[str, Mapping[str, Any] | None]) -> list[str]:
+        """The levels a segment missed, one sentence each (none: met, or nothing measured), from its `cycle_metrics`
+        rows by step (`generate`, `update`): what the DAG alerts on and the report shows."""
+        found = []
+        merged, chosen = figures.get("update") or {}, figures.get("generate") or {}
+        p99 = merged.get("discovery_durable_p99_s")
+        if self.discovery_met(p99) is False:
+            found.append(f"discovery: p99 of {merged.get('discovery_pages')} pages' fetch-to-durable lags is "
+                         f"{p99:.0f} s, over the {self.discovery_durable_s:g} s target")
+        share = chosen.get("lease_share_within")
+        if self.lease_met(share) is False:
+            found.append(f"leases: {chosen.get('hp_leased_within')} of {lease_decided(chosen)} eligible high-priority "
+                         f"URLs leased within {self.lease_within_s:g} s ({100 * share:.1f} %), under the "
+                         f"{100 * self.lease_share:g} % target")
+        return found
+
+
+def lease_decided(generate_row: Mapping[str, Any]) -> int:
+    """The counted URLs whose outcome a generate's row decided: leased within the target, leased late, or waiting
+    past it."""
+    return sum(int(generate_row.get(name) or 0) for name in ("hp_leased_within", "hp_leased_late", "hp_waiting_late"))
 
 
 def is_high_priority(priority: float, threshold: float) -> bool:
@@ -92,19 +119,26 @@ class LeaseOutcome(str, Enum):
 def lease_outcome(due_at: datetime, leased_at: datetime | None, now: datetime, within_s: float) -> LeaseOutcome:
     """A counted URL's outcome at `now`, from when it fell due and when (if yet) it was leased."""
     if leased_at is not None:
-        return LeaseOutcome.WITHIN if (leased_at - due_at).total_seconds() <= within_s else LeaseOutcome.LATE
-    return LeaseOutcome.LATE if (now - due_at).total_seconds() > within_s else LeaseOutcome.WAITING
+        return LeaseOutcome.WITHIN if lag_s(leased_at, due_at) <= within_s else LeaseOutcome.LATE
+    return LeaseOutcome.LATE if lag_s(now, due_at) > within_s else LeaseOutcome.WAITING
 
 
 def lease_outcome_sql(due_at: str, leased_at: str, now: str, within_s: float) -> str:
-    def seconds(later: str, earlier: str) -> str:
-        return f"((unix_micros({later}) - unix_micros({earlier})) / 1000000D)"
-
     within = float(within_s)
-    return (f"(case when {leased_at} is not null then (case when {seconds(leased_at, due_at)} <= {within!r} "
+    return (f"(case when {leased_at} is not null then (case when {lag_s_sql(leased_at, due_at)} <= {within!r} "
             f"then '{LeaseOutcome.WITHIN.value}' else '{LeaseOutcome.LATE.value}' end)"
-            f" when {seconds(now, due_at)} > {within!r} then '{LeaseOutcome.LATE.value}'"
+            f" when {lag_s_sql(now, due_at)} > {within!r} then '{LeaseOutcome.LATE.value}'"
             f" else '{LeaseOutcome.WAITING.value}' end)")
+
+
+def lag_s(later: datetime, earlier: datetime) -> float:
+    """Seconds from `earlier` to `later`: a page's fetch to the commit that made its links durable, a URL's falling
+    due to its lease."""
+    return (later - earlier).total_seconds()
+
+
+def lag_s_sql(later: str, earlier: str) -> str:
+    return f"((unix_micros({later}) - unix_micros({earlier})) / 1000000D)"
 
 
 def share_within(within: int, late: int) -> float | None:
@@ -120,3 +154,8 @@ def percentile(values: Sequence[float], fraction: float) -> float | None:
         return None
     ordered = sorted(values)
     return ordered[max(0, math.ceil(fraction * len(ordered)) - 1)]
+
+
+def percentile_sql(column: str, fraction: float) -> str:
+    """`percentile` as a Spark aggregate over a column (nulls left out): `percentile_disc` is the nearest rank."""
+    return f"percentile_disc({float(fraction)!r}) within group (order by {column})"

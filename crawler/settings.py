@@ -88,6 +88,8 @@ class GenerateSettings:
 class CycleSettings:
     """`cycle.*`."""
     interval_s: float
+    metrics_port: int
+    metrics_host: str
 
 @dataclass(frozen=True)
 class ServiceLevelsSettings:

@@ -338,6 +338,19 @@ CYCLE_METRICS = TableDef(
             _f("hot_domains", ArrayType(StructType([_f("domain", S), _f("due", L), _f("leased", L)]))),
                                               # generate: the generate.hot_domains registered domains with the most
                                               # due URLs, and how many of them this segment leased
+            # The two service levels (crawler/service_levels.py), added after the columns above: a root from before
+            # them gains them as nulls (create_all). Generate: its due high-priority URLs that were eligible, and
+            # their lease outcomes at this generate.
+            _f("hp_eligible", L),             # generate: eligible due high-priority URLs, leased now or not
+            _f("hp_leased_within", L),        # generate: of those, leased now within service_levels.lease_within_s
+            _f("hp_leased_late", L),          # generate: leased now, later than that
+            _f("hp_waiting_late", L),         # generate: not leased, waiting past it (a miss, as a late lease is)
+            _f("hp_lease_lag_p99_s", D),      # generate: p99 of due -> lease of those leased now (null: none)
+            _f("lease_share_within", D),      # generate: within / (within + late + waiting late) (null: none decided)
+            # Update: fetch -> durable lags of the segment's pages with outlinks (durable: the `links` commit).
+            _f("discovery_pages", L),         # update: pages with outlinks measured
+            _f("discovery_durable_p50_s", D),  # update: median lag (null: no page measured)
+            _f("discovery_durable_p99_s", D),  # update: p99 lag, judged against service_levels.discovery_durable_s
         ]
     ),
     # Insert-only (never updated): no deletion vectors, so every reader (delta-rs in the DAG too) opens it.

@@ -7,22 +7,28 @@ segment did not take, the URLs it leased, the other segments not merged yet, and
 generate.hot_domains registered domains with the most due URLs, with what the segment leased of each). Update
 records what the segment brought: results, applied and stale, new URLs, the change rate of refetched pages — read
 from the segment's index events, changed / (changed + not_modified); a changed page that dedup marked as a
-duplicate counts as neither — and the segments still not merged after it (those two in one Spark job). Hosts by
-state (`hosts_by_state`, crawler.politeness.host_state) are counted where they are shown, by the report and `crawl
-stats`, at that moment.
+duplicate counts as neither — and the segments still not merged after it (those two in one Spark job). Both record
+their service level (crawler/service_levels.py): generate the lease outcomes of the eligible due high-priority URLs,
+update the fetch -> durable lags of the segment's pages with outlinks (durable: the time of the `links` commit,
+from the Delta log). Hosts by state (`hosts_by_state`, crawler.politeness.host_state) are counted where they are
+shown, by the report and `crawl stats`, at that moment.
 
 A row is an idempotent Delta append (writer options txnAppId = cycle_metrics:<segment>:<step>, txnVersion 0): a
 re-run of a step writes nothing, keeps the first run's figures and changes no table, and a first run costs one
 commit, no MERGE. Every figure is a small aggregate; generate's due figures are one more pass over `urls` at its
 pinned version (the price of a backlog figure), aggregated per host so the hot domains come from the same pass;
-update's read one segment's index events.
+generate's lease level one aggregate over the eligible due high-priority URLs (select_due ranks them again: the
+fetch list is cut from the same ranking); update's read one segment's index events, links and fetches, and the
+`links` log commits since parse.
 """
 
 from __future__ import annotations
 
+import json
 from collections import Counter
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
+from urllib.parse import unquote
 
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
@@ -31,6 +37,7 @@ from crawler import layout
 from crawler.config import Config
 from crawler.leases import is_due_sql
 from crawler.politeness import PolitenessRules
+from crawler.service_levels import LeaseOutcome, lag_s_sql, lease_outcome_sql, percentile_sql, share_within
 from crawler.status import IndexEventKind, MetricsStep
 from delta_tables import tables
 from jobs.base import pinned_table
@@ -45,9 +52,9 @@ def hosts_by_state(spark: SparkSession, conf: Config, root: str, now: datetime) 
 
 
 def generate_figures(spark: SparkSession, conf: Config, root: str, segment_id: str, now: datetime,
-                     selected: DataFrame, unmerged: int) -> dict[str, Any]:
-    """Generate's row: the due backlog at the pinned `urls` version, what `selected` (the fetch list) took, and the
-    `unmerged` other segments generate found open."""
+                     selected: DataFrame, eligible_high: DataFrame, unmerged: int) -> dict[str, Any]:
+    """Generate's row: the due backlog at the pinned `urls` version, what `selected` (the fetch list) took, the
+    `unmerged` other segments generate found open, and the lease level over `eligible_high` (lease_level)."""
     high = float(conf.generate.high_priority)
     due = pinned_table(spark, root, "urls").withColumn("gen_now", F.lit(now)).where(is_due_sql("gen_now", segment_id))
     # One pass over `urls`: per host, then the totals and the hot domains from those (few) rows.
@@ -75,6 +82,35 @@ def generate_figures(spark: SparkSession, conf: Config, root: str, segment_id: s
         "leased_urls": taken["leased"],
         "unmerged_segments": unmerged,
         "hot_domains": hot_domains(spark, root, per_host, selected, int(conf.generate.hot_domains)),
+        **lease_level(conf, now, selected, eligible_high),
+    }
+
+
+def lease_level(conf: Config, now: datetime, selected: DataFrame, eligible_high: DataFrame) -> dict[str, Any]:
+    """The lease level at this generate (crawler.service_levels): each eligible due high-priority URL (`eligible_high`:
+    url_id, due_at) is leased now when `selected` holds it, else still waiting; its outcome at `now`, and the p99
+    due -> lease lag of those leased now. One aggregate over (at most) the due high-priority URLs."""
+    within_s = float(conf.service_levels.lease_within_s)
+    leased = F.col("leased_at").isNotNull()
+    outcome = F.expr(lease_outcome_sql("due_at", "leased_at", "gen_now", within_s))
+    marked = (eligible_high.join(selected.select("url_id", F.lit(now).alias("leased_at")), "url_id", "left")
+              .withColumn("gen_now", F.lit(now))
+              .withColumn("outcome", outcome)
+              .withColumn("lease_lag_s", F.when(leased, F.expr(lag_s_sql("leased_at", "due_at")))))
+    row = marked.agg(
+        F.count("*").alias("eligible"),
+        F.count(F.when(outcome == LeaseOutcome.WITHIN.value, 1)).alias("within"),
+        F.count(F.when(leased & (outcome == LeaseOutcome.LATE.value), 1)).alias("leased_late"),
+        F.count(F.when(~leased & (outcome == LeaseOutcome.LATE.value), 1)).alias("waiting_late"),
+        F.expr(percentile_sql("lease_lag_s", 0.99)).alias("p99"),
+    ).first()
+    return {
+        "hp_eligible": row["eligible"],
+        "hp_leased_within": row["within"],
+        "hp_leased_late": row["leased_late"],
+        "hp_waiting_late": row["waiting_late"],
+        "hp_lease_lag_p99_s": row["p99"],
+        "lease_share_within": share_within(row["within"], row["leased_late"] + row["waiting_late"]),
     }
 
 
@@ -114,7 +150,60 @@ def update_figures(spark: SparkSession, conf: Config, root: str, segment_id: str
         "refetched": refetched,
         "changed": changed,
         "change_rate": changed / refetched if refetched else None,
+        **discovery_level(spark, conf, root, segment_id),
     }
+
+
+def discovery_level(spark: SparkSession, conf: Config, root: str, segment_id: str) -> dict[str, Any]:
+    """The discovery level of the segment (crawler.service_levels): for each of its pages with outlinks, the time of
+    the `links` commit that added the file holding them (the latest such commit, if they span several) minus the
+    page's `fetches.fetched_at`; their count, p50 and p99. Commit times come from the Delta log (links_commit_times),
+    not from a clock read now, so a re-run or a late update measures what parse committed."""
+    links = (tables.table_df(spark, root, "links").where(F.col("segment_id") == segment_id)
+             .select("from_url_id", "from_state_version", F.col("_metadata.file_path").alias("file_path")))
+    latest = tables.table_version(spark, root, "links")
+    files = [row["file_path"] for row in links.select("file_path").distinct().collect()]
+    committed = links_commit_times(conf, root, files, latest)
+    empty = {"discovery_pages": 0, "discovery_durable_p50_s": None, "discovery_durable_p99_s": None}
+    if not committed:
+        return empty
+    commits = spark.createDataFrame(list(committed.items()), "file_path string, durable_at timestamp")
+    fetched = (tables.table_df(spark, root, "fetches").where(F.col("segment_id") == segment_id)
+               .select(F.col("url_id").alias("from_url_id"), F.col("state_version").alias("from_state_version"),
+                       "fetched_at"))
+    pages = (links.join(F.broadcast(commits), "file_path")
+             .groupBy("from_url_id", "from_state_version").agg(F.max("durable_at").alias("durable_at"))
+             .join(fetched, ["from_url_id", "from_state_version"])
+             .withColumn("lag_s", F.expr(lag_s_sql("durable_at", "fetched_at"))))
+    row = pages.agg(F.count("*").alias("pages"), F.expr(percentile_sql("lag_s", 0.5)).alias("p50"),
+                    F.expr(percentile_sql("lag_s", 0.99)).alias("p99")).first()
+    return {"discovery_pages": row["pages"], "discovery_durable_p50_s": row["p50"],
+            "discovery_durable_p99_s": row["p99"]}
+
+
+def links_commit_times(conf: Config, root: str, files: list[str], latest: int) -> dict[str, datetime]:
+    """Each of `files` (data files of `links`, as Spark names them) -> the time of the commit that added it, read from
+    the table's Delta log from commit `latest` backwards until every file is found (parse commits just before update,
+    so a few commits are read). A file whose commit is no longer in the log (cleaned up after a checkpoint) is left
+    out."""
+    from jobs.storage import Storage
+
+    by_name = {file.rsplit("/", 1)[-1]: file for file in files}
+    storage, log = Storage.from_conf(conf), layout.join(tables.table_path(root, "links"), "_delta_log")
+    found: dict[str, datetime] = {}
+    for version in range(latest, -1, -1):
+        commit = layout.join(log, f"{version:020d}.json")
+        if len(found) == len(by_name) or not storage.exists(commit):
+            break
+        with storage.open_input(commit) as handle:
+            actions = [json.loads(line) for line in handle.read().decode("utf-8").splitlines() if line.strip()]
+        info = next((action["commitInfo"] for action in actions if "commitInfo" in action), {})
+        millis = info.get("inCommitTimestamp", info.get("timestamp"))
+        for action in actions:
+            file = by_name.get(unquote(action.get("add", {}).get("path", "")).rsplit("/", 1)[-1])
+            if file is not None and millis is not None and file not in found:
+                found[file] = datetime.fromtimestamp(millis / 1000, UTC)
+    return found
 
 
 def record(spark: SparkSession, root: str, figures: dict[str, Any]) -> None:

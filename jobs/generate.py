@@ -58,6 +58,7 @@ from crawler.frontier import (
 from crawler.leases import is_due_sql, leased_version_sql
 from crawler.politeness import PolitenessRules, is_backing_off_sql
 from crawler.robots import allowed_by_stored_rules, rules_in_force_sql
+from crawler.service_levels import due_since_sql, is_eligible_sql, is_high_priority_sql
 from crawler.status import FINISHED_SEGMENT_STATES, SegmentState
 from crawler.writelock import holder
 from delta_tables import tables
@@ -123,8 +124,10 @@ def within_budget(ranked: DataFrame, budget: int, share: float) -> DataFrame:
 
 
 def select_due(spark: SparkSession, conf: Config, root: str, segment_id: str, now: datetime,
-               refresh_share: float) -> DataFrame:
-    """The fetch-list rows of this segment (FETCHLIST columns + bucket int + old_state_version + the host's registered
+               refresh_share: float) -> tuple[DataFrame, DataFrame]:
+    """The due high-priority URLs that were eligible (crawler.service_levels.is_eligible: a host without a row is ok),
+    taken or not, with when each fell due (url_id, due_at): what cycle_metrics measures the lease level on; and the
+    fetch-list rows of this segment (FETCHLIST columns + bucket int + old_state_version + the host's registered
     domain), set-based."""
     urls = pinned_table(spark, root, "urls")
     now_col = F.lit(now)
@@ -139,6 +142,7 @@ def select_due(spark: SparkSession, conf: Config, root: str, segment_id: str, no
         F.when(rules_in_force, F.col("robots_body")).alias("h_robots_rules"),
         F.expr(politeness.is_dead_sql("failing_since", "gen_now")).alias("h_dead"),
         F.col("domain").alias("h_domain"),
+        F.expr(politeness.host_state_sql("robots_state", "backoff_until", "failing_since", "gen_now")).alias("h_state"),
     )
     token, max_bytes = conf.crawl.robots_token, conf.robots.max_bytes
 
@@ -165,8 +169,12 @@ def select_due(spark: SparkSession, conf: Config, root: str, segment_id: str, no
                                               conf.generate.age_boost_per_day)))
         .withColumn("rank", F.row_number().over(
             Window.partitionBy("host_key").orderBy(F.expr(host_order_sql("score", "url_id")))))
-        .where(F.col("rank") <= F.col("host_cap"))
     )
+    eligible_high = ranked.where(
+        F.expr(is_eligible_sql("coalesce(h_state, 'ok')", "rank - 1", "host_cap"))
+        & F.expr(is_high_priority_sql("priority", conf.generate.high_priority))
+    ).select("url_id", F.expr(due_since_sql("next_fetch_at", "discovered_at")).alias("due_at"))
+    ranked = ranked.where(F.col("rank") <= F.col("host_cap"))
     per_segment, per_day = DomainBudgets.per_segment(conf), DomainBudgets.per_day(conf)
     if per_segment.active or per_day.active:  # round-robin over a domain's hosts: every host's first URL first
         spent = "cast(0 as bigint)"
@@ -183,7 +191,7 @@ def select_due(spark: SparkSession, conf: Config, root: str, segment_id: str, no
     budget = conf.generate.segment_max_urls
     chosen = (within_budget(ranked, budget, refresh_share) if conf.generate.budget_split
               else ranked.orderBy(segment_order()).limit(budget))
-    return chosen.select(
+    return eligible_high, chosen.select(
         F.lit(segment_id).alias("segment_id"),
         "url_id",
         "url",
@@ -339,7 +347,8 @@ def _generate(spark: SparkSession, conf: Config, root: str, segment_id: str, now
         if conf.generate.budget_split:
             result.refresh_share = share.current(*cycle_metrics.update_signals(spark, root)) if share.adaptive \
                 else share.share
-        selected = select_due(spark, conf, root, segment_id, now, result.refresh_share).persist()
+        eligible_high, selected = select_due(spark, conf, root, segment_id, now, result.refresh_share)
+        selected = selected.persist()
         per_bucket = (
             selected.groupBy("bucket")
             .agg(F.count("*").alias("url_count"), F.countDistinct("host_key").alias("host_count"),
@@ -361,7 +370,8 @@ def _generate(spark: SparkSession, conf: Config, root: str, segment_id: str, now
                     {"segment_id": segment_id, "generate": holder(lock.record)}).encode("utf-8"))
                 write_fetchlist(selected, layout.fetchlist_dir(root, segment_id))
         with step(f"generate {segment_id}: frontier figures"):
-            figures = cycle_metrics.generate_figures(spark, conf, root, segment_id, now, selected, len(open_ids))
+            figures = cycle_metrics.generate_figures(spark, conf, root, segment_id, now, selected, eligible_high,
+                                                     len(open_ids))
         with step(f"generate {segment_id}: lease"):
             lock.check(f"leasing segment {segment_id}")
             leased = lease(spark, root, selected, segment_id, now, conf.generate.lease_seconds)

@@ -26,6 +26,7 @@ from crawler.report import (
     render_html,
     terminal_summary,
 )
+from crawler.service_levels import ServiceLevels
 from crawler.status import FetchOutcome, made_request_sql
 from delta_tables import tables
 from jobs import cycle_metrics
@@ -176,6 +177,7 @@ def build(spark: SparkSession, conf: Config, root: str, segment_id: str, top: in
         trap_reasons=traps[1],
         host_states=cycle_metrics.hosts_by_state(spark, conf, root, datetime.now(UTC)),
         frontier=frontier,
+        levels=ServiceLevels.from_config(conf),
         **pages,
     )
 

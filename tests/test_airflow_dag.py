@@ -248,6 +248,57 @@ def test_frontier_task_reads_the_segments_figures_without_spark_and_alerts_past_
     assert found["5/0"].startswith(f"failed: cycle_metrics has no update row for {other}")
 
 
+SERVICE_LEVELS = """
+    import json, sys
+    from datetime import datetime, timezone
+    from types import SimpleNamespace
+    from airflow.dag_processing.dagbag import DagBag
+    from airflow.exceptions import AirflowFailException
+
+    task = DagBag(dag_folder=sys.argv[1]).dags["crawl_cycle"].task_dict["service_levels"]
+    found = {"downstream": sorted(task.downstream_task_ids), "upstream": sorted(task.upstream_task_ids)}
+    for hour in (4, 5, 6):
+        params = {"root": sys.argv[2], "config": ""}
+        run = SimpleNamespace(logical_date=None, run_after=datetime(2026, 3, 1, hour, 30, tzinfo=timezone.utc))
+        try:
+            found[str(hour)] = task.python_callable(params=params, dag_run=run)
+        except AirflowFailException as exc:
+            found[str(hour)] = f"alert: {exc}"
+    print(json.dumps(found))
+    """
+
+
+def test_service_levels_task_alerts_when_a_segment_missed_a_level(airflow_env, tmp_path, root):
+    """The DAG's service_levels task reads its run's `cycle_metrics` rows with delta-rs: both levels met, or nothing
+    measured, is no alert; a missed level fails the task (no retry) with the figures and the target. A leaf after
+    update: it holds back nothing, and the next run's generate never waits for it."""
+    import pyarrow as pa
+    from deltalake import write_deltalake
+
+    met, missed, unmeasured = "seg-20260301T043000Z", "seg-20260301T053000Z", "seg-20260301T063000Z"
+    at = datetime(2026, 3, 1, 4, 30, tzinfo=UTC)
+    write_deltalake(layout.table_path(root, "cycle_metrics"), pa.table({
+        "segment_id": [met, met, missed, missed, unmeasured, unmeasured],
+        "step": ["generate", "update"] * 3,
+        "run_at": pa.array([at] * 6, pa.timestamp("us", "UTC")),
+        "hp_eligible": [5, None, 100, None, 0, None],
+        "hp_leased_within": [5, None, 90, None, 0, None],
+        "hp_leased_late": [0, None, 4, None, 0, None],
+        "hp_waiting_late": [0, None, 6, None, 0, None],
+        "lease_share_within": [1.0, None, 0.9, None, None, None],
+        "discovery_pages": [None, 8, None, 40, None, 0],
+        "discovery_durable_p99_s": [None, 42.0, None, 75.2, None, None]}))
+    found = run_airflow_script(airflow_env, tmp_path, SERVICE_LEVELS, str(DAGS), root)
+    assert (found["upstream"], found["downstream"]) == (["update"], [])
+    assert found["4"] == {"lease_share_within": 1.0, "hp_eligible": 5, "discovery_durable_p99_s": 42.0,
+                          "discovery_pages": 8}
+    assert found["5"] == (
+        f"alert: {missed}: service level missed: discovery: p99 of 40 pages' fetch-to-durable lags is 75 s, over the "
+        "60 s target; leases: 90 of 100 eligible high-priority URLs leased within 600 s (90.0 %), under the 99 % "
+        "target")
+    assert found["6"]["discovery_pages"] == 0  # nothing measured: no alert
+
+
 STEP_EXITS = """
     import json, os, sys
     from airflow.dag_processing.dagbag import DagBag
@@ -334,6 +385,7 @@ def test_one_cycle_through_airflow_with_a_fetch_daemon(spark, airflow_cycle):
         "fetch_segment": "skipped", "parse": "success", "dedup": "success", "update": "success",
         "index_enabled": "success", "index": "skipped",  # index.enabled is off by default
         "frontier": "success",  # it read the segment's cycle_metrics rows that generate and update wrote
+        "service_levels": "success",  # the same rows, both levels within the hour-wide targets of this run
         "validate": "success", "maintenance_due": "success", "maintain": "skipped"}
 
     root, segment, seed_urls = str(airflow_cycle.root), airflow_cycle.segment, airflow_cycle.seed_urls

@@ -77,9 +77,12 @@ def crawled(spark, new_tables_root, tmp_path_factory) -> str:
          "hot_domains": [{"domain": "big.test", "due": 30, "leased": 3}]},
         {"segment_id": SEG, "step": "generate", "run_at": T0, "due_urls": 30, "oldest_due_age_s": 7200.0,
          "due_high_priority": 12, "high_priority_not_leased": 2, "leased_urls": 11, "unmerged_segments": 1,
-         "hot_domains": [{"domain": "big.test", "due": 20, "leased": 5}, {"domain": "a.test", "due": 8, "leased": 6}]},
+         "hot_domains": [{"domain": "big.test", "due": 20, "leased": 5}, {"domain": "a.test", "due": 8, "leased": 6}],
+         "hp_eligible": 12, "hp_leased_within": 9, "hp_leased_late": 0, "hp_waiting_late": 1,
+         "hp_lease_lag_p99_s": 310.0, "lease_share_within": 0.9},
         {"segment_id": SEG, "step": "update", "run_at": T0 + timedelta(minutes=5), "results": 11, "applied": 8,
-         "stale": 3, "new_urls": 5, "refetched": 4, "changed": 1, "change_rate": 0.25},
+         "stale": 3, "new_urls": 5, "refetched": 4, "changed": 1, "change_rate": 0.25, "discovery_pages": 4,
+         "discovery_durable_p50_s": 20.0, "discovery_durable_p99_s": 41.5},
     ])
     append_rows(spark, root, "segments", [
         {"segment_id": SEG, "bucket": 0, "state": "merged", "results": 5, "applied": 4, "stale": 1,
@@ -150,6 +153,20 @@ def test_host_states_now_and_the_recent_frontier_figures(data):
     assert "host states:     ok=3, backing_off=1, dead=1, robots_unreachable=1" in summary
 
 
+def test_both_service_levels_with_their_targets_and_verdicts(data):
+    """Discovery met (p99 41.5 s against 60 s), leases missed (9 of 10 decided in time against 99 %): in the summary,
+    and per segment on the page (the older segment has a generate row without figures: not measured)."""
+    summary = render.terminal_summary(data).splitlines()
+    assert summary[1] == ("discovery SLO:   p99 42 s, p50 20 s fetch -> durable over 4 pages with outlinks; "
+                          "target p99 <= 60 s: MET")
+    assert summary[2] == ("lease SLO:       9 of 10 eligible high-priority URLs leased in time (90%; 0 leased late, "
+                          "1 waiting past), p99 due -> lease 310 s; target >= 99% within 600 s: MISSED")
+    assert render.service_level_rows(data) == [
+        (OTHER, "-", "-", "-", "-", "0", "not measured"), (SEG, "42 s", "4", "MET", "90%", "10", "MISSED")]
+    text = " ".join(_parse(render.render_html(data)).text)
+    assert "This segment: leases: 9 of 10 eligible high-priority URLs leased within 600 s (90.0 %)" in text
+
+
 def test_hot_domains_with_what_this_cycle_and_earlier_ones_took(data):
     assert render.hot_domain_rows(data) == [("big.test", 20, 5, "25.0%", "10.0%"), ("a.test", 8, 6, "75.0%", "-")]
     assert ("hot domains:     big.test 5 of 20 due (25.0%); a.test 6 of 8 due (75.0%)"
@@ -205,7 +222,8 @@ def test_cli_prints_the_summary_and_the_path(crawled, tmp_path, capsys):
     assert cli.main(["report", "--root", crawled, "--segment", SEG, "--out", str(out), *SPARK_CLI_SETTINGS]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert lines[0] == f"segment:         {SEG}: 11 fetches from 3 hosts"
-    assert lines[2].startswith("politeness:      6 gaps, 5 under the delay (min_delay_s 5)")
+    assert lines[1].startswith("discovery SLO:") and lines[2].startswith("lease SLO:")
+    assert lines[4].startswith("politeness:      6 gaps, 5 under the delay (min_delay_s 5)")
     assert lines[-1] == f"report: {out}"
     assert out.read_text(encoding="utf-8").startswith("<!DOCTYPE html>")
 

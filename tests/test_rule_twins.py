@@ -3,7 +3,8 @@
 Each test builds a small frame of cases, evaluates the `*_sql` twin on the shared session and compares row by row
 with the Python function over the same values: status outcomes, politeness delays, the per-host cap and score,
 leases (due, version, current, completes, latest result), the duplicate verdict, discovery depth/priority, backing
-off, robots rules in force, the segment order, the depth scope and the per-cycle caps on new URLs.
+off, robots rules in force, the segment order, the depth scope, the per-cycle caps on new URLs and the service
+levels' rules.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from pyspark.sql import functions as F
 
-from crawler import frontier, leases
+from crawler import frontier, leases, service_levels
 from crawler.dedup import (
     band_values,
     band_values_sql,
@@ -368,3 +369,34 @@ def test_new_url_caps_keep_the_shallowest_then_by_key():
                                             "url too long", HOST_NEW_URL_CAP]
     tight = [target("b", "t1", 1, tight=True), target("a", "t2", 1, tight=True), target("c", "t3", 0, tight=True)]
     assert capped_reasons(tight, rules) == [HOST_KNOWN_URL_CAP, None, None]
+
+
+def test_service_level_rules_agree(spark):
+    """crawler/service_levels.py: high priority, due since, eligibility, lease outcome and lag per case, and the
+    nearest-rank percentile as Spark's percentile_disc over the same values (nulls left out)."""
+    moments = [T0 - timedelta(seconds=s) for s in (0, 599, 600, 601, 7200)]
+    cases = [(i, priority, due, leased, state, rank, cap)
+             for i, (priority, due, leased, state, (rank, cap)) in enumerate(itertools.product(
+                 [0.5, 1.0, 2.0], moments, [None, T0], [s.value for s in HostState], [(0, 1), (1, 1), (2, 5)]))]
+    frame = spark.createDataFrame(cases, "i int, priority double, due timestamp, leased timestamp, state string, "
+                                         "rank int, cap int")
+    got = frame.withColumn("now", F.lit(T0)).withColumn("known", F.lit(T0 - timedelta(seconds=600))).selectExpr(
+        "i", f"{service_levels.is_high_priority_sql('priority', 1.0)} as high",
+        f"{service_levels.due_since_sql('due', 'known')} as since",
+        f"{service_levels.is_eligible_sql('state', 'rank', 'cap')} as eligible",
+        f"{service_levels.lease_outcome_sql('due', 'leased', 'now', 600.0)} as outcome",
+        f"{service_levels.lag_s_sql('now', 'due')} as lag").collect()
+    assert len(got) == len(cases)
+    for row in got:
+        _, priority, due, leased, state, rank, cap = cases[row.i]
+        assert row.high == service_levels.is_high_priority(priority, 1.0), row
+        assert row.since.replace(tzinfo=UTC) == service_levels.due_since(due, T0 - timedelta(seconds=600)), row
+        assert row.eligible == service_levels.is_eligible(state, rank, cap), row
+        assert row.outcome == service_levels.lease_outcome(due, leased, T0, 600.0).value, row
+        assert row.lag == service_levels.lag_s(T0, due), row
+    rng = random.Random(7)
+    values = [rng.uniform(0, 100) for _ in range(201)] + [None, None]
+    lags = spark.createDataFrame([(v,) for v in values], "lag double")
+    for fraction in (0.0, 0.01, 0.5, 0.9, 0.99, 1.0):
+        [row] = lags.selectExpr(f"{service_levels.percentile_sql('lag', fraction)} as p").collect()
+        assert row.p == service_levels.percentile([v for v in values if v is not None], fraction), fraction

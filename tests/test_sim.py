@@ -14,20 +14,23 @@ import numpy as np
 import pytest
 
 from bench.sim.fleet import Fleet
-from bench.sim.frontier import NO_SEGMENT, Frontier, due_mask, moment, scores
+from bench.sim.frontier import NO_SEGMENT, Frontier, due_mask, lease_outcomes, moment, scores
 from bench.sim.report import write_report
-from bench.sim.run import SimSettings, broken_gate, sim_config, simulate
+from bench.sim.run import ENGINE_SEGMENT_MINUTES, MergeCost, SimSettings, broken_gate, sim_config, simulate
 from bench.sim.world import ROBOTS_RULES, Answer, SimHost, SimServer, draw_hosts
 from crawler import layout
 from crawler.frontier import score
 from crawler.leases import is_due
 from crawler.politeness import HostBackoff
 from crawler.robots import ROBOTS_PATH
+from crawler.service_levels import lease_outcome
 from tests.support import virtual
 from tests.support.fetchlists import write_fetchlist
 
+# Ten-minute segments, not the engine's cadence: the fleet's invariants over segments long enough for every host's
+# politeness budget (test_the_service_levels_on_the_engines_definitions_cadence_and_merge_cost runs the cadence).
 SMALL = SimSettings(hosts=150, urls=8000, daemons=2, hours=1.0, kills=1, freezes=1, sigterms=1, outages=1,
-                    buckets=16, giant_hosts=1, giant_urls=3000, due_spread_days=0.04, seed=4)
+                    buckets=16, giant_hosts=1, giant_urls=3000, due_spread_days=0.04, seed=4, segment_minutes=10.0)
 
 
 @pytest.fixture(scope="module")
@@ -71,7 +74,8 @@ def test_sigterm_hands_buckets_over_with_nothing_repeated():
 def test_a_storage_outage_stops_every_bucket_and_loses_nothing():
     # A world whose outage (seed 4) catches results in flight; without discovery, so its draws stay this world's.
     run = simulate(SimSettings(hosts=120, urls=6000, daemons=2, hours=1.0, kills=0, freezes=0, sigterms=0,
-                               outages=1, buckets=16, giant_hosts=0, due_spread_days=0.04, seed=4, new_share=0.0))
+                               outages=1, buckets=16, giant_hosts=0, due_spread_days=0.04, seed=4, new_share=0.0,
+                               segment_minutes=10.0))
     outage = run.faults[0]
     assert outage.kind == "outage"
     figures = run.figures
@@ -106,6 +110,13 @@ def test_the_array_rules_agree_with_the_python_rules():
                           None if exp == np.inf else moment(exp), moment(now), f"seg-{segment}")
         assert bool(mask[i]) == expected, rows[i]
         assert score_array[i] == pytest.approx(score(p, moment(d), moment(now), 0.1), abs=1e-9)
+    # crawler.service_levels.lease_outcome: leased (or not) within the target, at and around its boundary.
+    falls_due = np.array([now - rng.choice([0, 599, 600, 601, 5000]) for _ in range(500)], dtype=float)
+    leased_at = np.array([rng.choice([np.nan, d, d + 600, d + 600.5, d + 3000]) for d in falls_due])
+    outcomes = lease_outcomes(falls_due, leased_at, now, 600.0)
+    for d, at, outcome in zip(falls_due, leased_at, outcomes, strict=True):
+        expected = lease_outcome(moment(d), None if np.isnan(at) else moment(at), moment(now), 600.0)
+        assert outcome == expected.value, (d, at)
 
 
 def test_generate_leaves_backing_off_hosts_out_and_gives_a_dead_host_a_probe():
@@ -167,6 +178,27 @@ def test_fetched_pages_reveal_unknown_urls_and_the_budget_split_divides_the_segm
             frontier.apply(row["url_index"], row["state_version"], 0, "success", 200, now + 1)
         shares.append(frontier.generate(1, now + 2, 40, 1000, 600, 1200)[1].refresh_share)
     assert shares[1] < shares[0]  # more new URLs per fetch: a smaller share for revisits
+
+
+def test_the_service_levels_on_the_engines_definitions_cadence_and_merge_cost(small):
+    """The simulator runs at the engine's cadence by default, reports the two levels under the engine's names and
+    charges each segment's merge: without merge time a page's links are durable at its segment's fetch end, with
+    today's merge cost later, and merges slower than the cadence make generate wait (backpressure)."""
+    assert SimSettings().segment_minutes == ENGINE_SEGMENT_MINUTES == sim_config(SimSettings()).cycle.interval_s / 60
+    figures = small.figures
+    assert figures.discovery_pages > 1000 and 0 <= figures.leased_10min <= 1
+    assert figures.discovery_durable_p50_s <= figures.discovery_durable_p99_s
+    quick = dict(hosts=60, urls=3000, daemons=2, hours=0.5, kills=0, freezes=0, sigterms=0, outages=0, buckets=8,
+                 giant_hosts=0, due_spread_days=0.02, seed=5)
+    free = simulate(SimSettings(**quick, merge_parse_fixed_s=0.0, merge_parse_per_page_s=0.0, merge_rest_fixed_s=0.0,
+                                merge_rest_per_page_s=0.0)).figures
+    charged = simulate(SimSettings(**quick)).figures
+    window = 60 * ENGINE_SEGMENT_MINUTES
+    assert free.refused == 0 and 0 < free.discovery_durable_p99_s <= window + 1  # at most the fetch window
+    assert MergeCost().total_s(0) > window  # today's fixed merge cost is longer than the cadence ...
+    assert charged.refused > 0 and charged.segments < free.segments  # ... so generate waits for merges
+    assert charged.discovery_durable_p99_s > free.discovery_durable_p99_s + MergeCost().parse_fixed_s
+    assert charged.violations == free.violations == 0 and charged.lost == free.lost == 0
 
 
 def test_the_report_draws_one_chart_per_figure(small, tmp_path):

@@ -4,13 +4,17 @@ version, host counters and robots folded once, and a re-run that leaves every ta
 
 from __future__ import annotations
 
+import shutil
 from collections import Counter
 from datetime import UTC, datetime, timedelta
 
 import pytest
+from delta.tables import DeltaTable
+from pyspark.sql.types import StructType
 
 from crawler import layout, urls
 from crawler.records import FETCHED, ROBOTS
+from crawler.service_levels import ServiceLevels
 from delta_tables import tables
 from jobs import cycle_metrics, generate, inject, update
 from tests.support.fetchlists import result_row, write_parquet
@@ -148,6 +152,71 @@ def test_update_completes_discovers_and_reruns_idempotently(spark, base_conf, ro
     # A re-run reports what the segment did (so a crashed-and-re-run update records the same segment counts)
     # but changes nothing.
     assert (again.results, again.applied, again.stale, again.discovered, again.index_events) == (6, 5, 1, 2, 0)
+
+    # The two service levels in cycle_metrics (crawler/service_levels.py). Generate: all six seeds are high priority
+    # and eligible, leased about a minute after inject made them due. Update: a/1 and a/2 have outlinks, durable at
+    # the `links` commit (its time as Delta's history has it) minus their fetch times.
+    figures = {m.step: m for m in tables.table_df(spark, root, "cycle_metrics").where(f"segment_id = '{SEG}'")
+               .collect()}
+    chosen, merged = figures["generate"], figures["update"]
+    assert (chosen.hp_eligible, chosen.hp_leased_within, chosen.hp_leased_late, chosen.hp_waiting_late) == (6, 6, 0, 0)
+    assert chosen.lease_share_within == 1.0
+    assert 60 <= chosen.hp_lease_lag_p99_s <= base_conf.service_levels.lease_within_s
+    [committed] = (DeltaTable.forPath(spark, tables.table_path(root, "links")).history()
+                   .where("operation = 'WRITE'").collect())
+    durable = committed.timestamp.replace(tzinfo=UTC)
+    assert merged.discovery_pages == 2
+    # Nearest rank over two lags: p50 the smaller (a/2, fetched a second later), p99 the larger.
+    assert merged.discovery_durable_p50_s == pytest.approx((durable - at - timedelta(seconds=1)).total_seconds(), abs=1)
+    assert merged.discovery_durable_p99_s == pytest.approx((durable - at).total_seconds(), abs=1)
+
+
+@pytest.mark.slow
+def test_generate_records_each_eligible_high_priority_urls_lease_outcome(spark, base_conf, root, tmp_path):
+    """Three high-priority seeds on one host, a segment budget of one URL: the two left out are eligible (within the
+    host's cap) and wait. A minute after they fell due the wait is within the target (undecided); an hour after, a
+    lease is late and so is every URL still waiting, and the level is missed."""
+    seeds = tmp_path / "seeds.txt"
+    seeds.write_text("http://a.test/1\tpriority=3\nhttp://a.test/2\tpriority=2\nhttp://a.test/3\n")
+    inject.run(spark, base_conf, root, str(seeds))
+    due_at = max(r.next_fetch_at for r in tables.table_df(spark, root, "urls").collect()).replace(tzinfo=UTC)
+    one = base_conf.with_overrides({"generate.segment_max_urls": 1})
+    generate.run(spark, one, root, "seg-l1", due_at + timedelta(minutes=1))
+    generate.run(spark, one, root, "seg-l2", due_at + timedelta(hours=1))  # a/1 is still leased to seg-l1
+    rows = {m.segment_id: m for m in tables.table_df(spark, root, "cycle_metrics").collect()}
+    first, second = rows["seg-l1"], rows["seg-l2"]
+    assert (first.hp_eligible, first.hp_leased_within, first.hp_leased_late, first.hp_waiting_late) == (3, 1, 0, 0)
+    assert first.lease_share_within == 1.0 and first.hp_lease_lag_p99_s == pytest.approx(60, abs=1)
+    assert (second.hp_eligible, second.hp_leased_within, second.hp_leased_late, second.hp_waiting_late) == (2, 0, 1, 1)
+    assert second.lease_share_within == 0.0 and second.hp_lease_lag_p99_s == pytest.approx(3600, abs=1)
+    levels = ServiceLevels.from_config(base_conf)
+    assert levels.misses({"generate": first.asDict()}) == []
+    [missed] = levels.misses({"generate": second.asDict()})
+    assert missed.startswith("leases: 0 of 2 eligible high-priority URLs leased within 600 s (0.0 %)")
+
+
+def test_cycle_metrics_of_an_older_root_gains_the_service_level_columns(spark, base_conf, root):
+    """A root whose cycle_metrics predates the service-level columns: ensuring the tables adds them (nullable, at
+    the end), its old rows read them as null, a new row records them, and the DAG's delta-rs reader reads both."""
+    new = [f.name for f in tables.CYCLE_METRICS.schema.fields if f.name.startswith(("hp_", "lease_", "discovery_"))]
+    assert len(new) == 9
+    path = tables.table_path(root, "cycle_metrics")
+    shutil.rmtree(path)
+    old_schema = StructType([f for f in tables.CYCLE_METRICS.schema.fields if f.name not in new])
+    DeltaTable.createIfNotExists(spark).location(path).addColumns(old_schema).property(
+        "delta.enableDeletionVectors", "false").execute()
+    at = datetime(2026, 3, 1, tzinfo=UTC)
+    old_row = {"segment_id": "seg-old", "step": "update", "run_at": at, "results": 5}
+    spark.createDataFrame([tuple(old_row.get(name) for name in old_schema.names)], old_schema).write.format(
+        "delta").mode("append").save(path)
+    assert tables.create_all(spark, root) == []
+    assert tables.table_df(spark, root, "cycle_metrics").columns == tables.CYCLE_METRICS.schema.names
+    cycle_metrics.record(spark, root, {"segment_id": "seg-new", "step": "update", "run_at": at, "results": 3,
+                                       "discovery_pages": 3, "discovery_durable_p99_s": 12.5})
+    conf = base_conf.with_overrides({"storage.root": root})
+    old, fresh = (cycle_metrics.read_figures(conf, segment)["update"] for segment in ("seg-old", "seg-new"))
+    assert (old["results"], old["discovery_pages"], old["discovery_durable_p99_s"]) == (5, None, None)
+    assert (fresh["results"], fresh["discovery_pages"], fresh["discovery_durable_p99_s"]) == (3, 3, 12.5)
 
 
 @pytest.mark.slow

@@ -37,7 +37,9 @@ def main() -> None:
           f"oldest_due_age_h={figures.oldest_due_age_s / 3600:.1f} "
           f"(within cap {figures.oldest_due_age_within_cap_s / 3600:.2f}), giant_share={figures.giant_share:.3f}, "
           f"tail_fresh_p99_s={figures.tail_fresh_p99_s:.0f}, "
-          f"slo_10min_healthy={figures.slo_10min_healthy:.3f}, change_rate={figures.change_rate:.3f}, "
+          f"slo_10min_healthy={figures.slo_10min_healthy:.3f}, lease_lag_p99_s={figures.lease_lag_p99_s:.0f}, "
+          f"discovery_durable_p50_s={figures.discovery_durable_p50_s:.0f}, segments={figures.segments}, "
+          f"refused={figures.refused}, change_rate={figures.change_rate:.3f}, "
           f"dead_hosts={figures.dead_hosts}")
     if report:
         from bench.sim.report import write_report

@@ -13,6 +13,13 @@ Discovery: a share of each host's URLs (`new_share`) is unknown at the start (ne
 first time or again reveals a Poisson number (mean `new_links_per_fetch`) of its host's unknown URLs, which are due
 at once and have never been fetched: the discovery side of the budget.
 
+The service levels are crawler/service_levels.py's: high priority is `generate.high_priority` of the config; at each
+generate the eligible due high-priority URLs (host ok: not backing off, not dead, robots.txt reachable; rank within
+the host's cap) and their lease outcomes (`lease_outcomes`, the array form of `lease_outcome`, held equal to it by
+tests/test_sim.py), as the engine's generate records them in `cycle_metrics`. With `hold_discoveries` (the run
+charges merge time) revealed URLs are known, and due, only when their segment's update ends (`release`); the pages
+parsed per segment are kept for the discovery level (`pages`).
+
 Segments are numbered (segment n is `seg-<n>` for the rules that take an id).
 """
 
@@ -30,9 +37,12 @@ from crawler.config import Config
 from crawler.frontier import RefreshShare, per_host_cap, refresh_quota
 from crawler.politeness import HostBackoff, PolitenessRules
 from crawler.revisit import PreviousState, RevisitPolicy
+from crawler.service_levels import LeaseOutcome
 from crawler.status import is_transient, made_request
 
-HIGH_PRIORITY = 2.0        # priority of the high-priority URLs (the rest have 1.0)
+HIGH_PRIORITY = 2.0        # priority of the high-priority URLs (>= generate.high_priority, 1.0 by default)
+# The others': below the default generate.high_priority, as a link's target one hop from a seed is (priority x 0.8).
+ORDINARY_PRIORITY = 0.8
 HIGH_PRIORITY_SHARE = 0.1  # share of URLs that are high priority
 SECONDS_PER_DAY = 86400.0
 NO_SEGMENT = -1
@@ -47,6 +57,14 @@ def due_mask(next_due: np.ndarray, lease_segment: np.ndarray, lease_expires: np.
              segment: int) -> np.ndarray:
     """`crawler.leases.is_due` over arrays (lease_segment NO_SEGMENT: not leased)."""
     return (next_due <= now) & ((lease_segment == NO_SEGMENT) | (lease_segment == segment) | (lease_expires < now))
+
+
+def lease_outcomes(due: np.ndarray, leased_at: np.ndarray, now: float, within_s: float) -> np.ndarray:
+    """`crawler.service_levels.lease_outcome` over arrays (leased_at NaN: not leased), as LeaseOutcome values."""
+    leased = ~np.isnan(leased_at)
+    late = np.where(leased, leased_at - due > within_s, now - due > within_s)
+    return np.where(leased & ~late, LeaseOutcome.WITHIN.value,
+                    np.where(late, LeaseOutcome.LATE.value, LeaseOutcome.WAITING.value))
 
 
 def scores(priority: np.ndarray, next_due: np.ndarray, now: float, age_boost_per_day: float) -> np.ndarray:
@@ -67,13 +85,18 @@ class Backlog:
     refresh_listed: int = 0    # of the listed URLs, revisits (fetched before)
     discovery_listed: int = 0  # and URLs never fetched
     refresh_share: float | None = None  # the share the budget split used (None: generate.budget_split off)
+    # The lease level at this generate (crawler/service_levels.py), as the engine's cycle_metrics row has it.
+    hp_eligible: int = 0
+    hp_leased_within: int = 0
+    hp_leased_late: int = 0
+    hp_waiting_late: int = 0
 
 
 class Frontier:
     """Every URL's schedule and lease, every host's cross-segment state, and the generate and update rules."""
 
     def __init__(self, hosts: list[SimHost], conf: Config, rng: np.random.Generator, due_spread_s: float,
-                 new_share: float = 0.0, new_links_per_fetch: float = 0.0):
+                 new_share: float = 0.0, new_links_per_fetch: float = 0.0, hold_discoveries: bool = False):
         self.hosts = hosts
         self.conf = conf
         self.rng = rng
@@ -88,7 +111,9 @@ class Frontier:
         self.index_in_host = (np.arange(size) - np.repeat(first_of_host, counts)).astype(np.int32)
         # Known URLs were fetched before: each is due once in its revisit interval, spread over `due_spread_s`.
         self.next_due = rng.uniform(0.0, due_spread_s, size)
-        self.priority = np.where(rng.random(size) < HIGH_PRIORITY_SHARE, HIGH_PRIORITY, 1.0)
+        self.priority = np.where(rng.random(size) < HIGH_PRIORITY_SHARE, HIGH_PRIORITY, ORDINARY_PRIORITY)
+        self.high_priority = conf.generate.high_priority
+        self.lease_within_s = conf.service_levels.lease_within_s
         self.interval = np.full(size, self.revisit.default_interval_s, dtype=np.int64)
         self.failures = np.zeros(size, dtype=np.int32)
         self.version = np.zeros(size, dtype=np.int32)
@@ -118,6 +143,10 @@ class Frontier:
         self.first_fetches = 0  # fetches of URLs never fetched before
         self.discovered = 0     # unknown URLs revealed by fetched pages
         self._signals_from = (0, 0, 0, 0)  # (refetched, changed, fetches, discovered) at the last generate
+        self.hold_discoveries = hold_discoveries
+        self.held: dict[int, list[slice]] = defaultdict(list)  # segment -> URLs its pages revealed, not merged yet
+        self.pages: dict[int, list[float]] = defaultdict(list)  # segment -> fetch times of the pages parse reads
+        self.hp_lease_lags: list[np.ndarray] = []  # per generate: due -> lease of the eligible URLs it leased
 
     def content_at(self, url: np.ndarray | int, at: np.ndarray | float) -> np.ndarray:
         """The content version of URLs at virtual times: it changes every `change_interval_s` of its host."""
@@ -182,6 +211,9 @@ class Frontier:
         backlog_due, oldest = len(candidates), float(age.max()) if len(candidates) else 0.0
         oldest_within = float(age[within].max()) if within.any() else 0.0
         keep = rank < caps[host]
+        eligible = keep & (self.priority[candidates] >= self.high_priority)
+        eligible[eligible] = self.hosts_ok(host[eligible], now)
+        counted = candidates[eligible]  # judged once the segment is chosen, below
         candidates, rank, score = candidates[keep], rank[keep], score[keep]
         ordered = candidates[np.lexsort((candidates, -score, rank))]
         share = None
@@ -197,7 +229,7 @@ class Frontier:
         open_leases = int(((self.lease_segment != NO_SEGMENT) & (self.result_version != self.version)).sum())
         refreshes = int(self.fetched_before[chosen].sum())
         backlog = Backlog(backlog_due, oldest, oldest_within, int(len(chosen)), open_leases, refreshes,
-                          int(len(chosen)) - refreshes, share)
+                          int(len(chosen)) - refreshes, share, **self._lease_level(counted, chosen, now))
         self.version[chosen] += 1
         self.lease_segment[chosen] = segment
         self.lease_expires[chosen] = now + lease_seconds
@@ -212,6 +244,34 @@ class Frontier:
                          "priority": float(self.priority[url]), "delay_s": self.host_delay(number)})
         return rows, backlog
 
+    def hosts_ok(self, numbers: np.ndarray, now: float) -> np.ndarray:
+        """Whether each of these hosts is in state ok (crawler.politeness.host_state) as generate sees it now: not
+        dead and its robots.txt reachable (hosts backing off are left out before). A host whose robots.txt times out
+        never gets one; an `outage` host has none during its outage."""
+        distinct, where = np.unique(numbers, return_inverse=True)
+        ok = np.array([not self.is_dead(int(n), now) and self.hosts[n].robots != "timeout"
+                       and not self.hosts[n].outage[0] <= now < self.hosts[n].outage[1] for n in distinct.tolist()],
+                      dtype=bool)
+        return ok[where] if len(distinct) else np.zeros(0, dtype=bool)
+
+    def _lease_level(self, eligible: np.ndarray, chosen: np.ndarray, now: float) -> dict[str, int]:
+        """Each eligible due high-priority URL's lease outcome at this generate (leased now when chosen): the
+        Backlog's hp_* counts."""
+        due = np.maximum(self.next_due[eligible], 0.0)  # crawler.service_levels.due_since: known from the start
+        leased_at = np.where(np.isin(eligible, chosen), now, np.nan)
+        outcome = lease_outcomes(due, leased_at, now, self.lease_within_s)
+        leased = ~np.isnan(leased_at)
+        late = outcome == LeaseOutcome.LATE.value
+        self.hp_lease_lags.append(now - due[leased])
+        within = int((outcome == LeaseOutcome.WITHIN.value).sum())
+        return {"hp_eligible": int(len(eligible)), "hp_leased_within": within,
+                "hp_leased_late": int((late & leased).sum()), "hp_waiting_late": int((late & ~leased).sum())}
+
+    def release(self, segment: int, at: float) -> None:
+        """The segment's update ended at `at`: the URLs its pages revealed are known, and due, from then."""
+        for revealed in self.held.pop(segment, []):
+            self.next_due[revealed] = at
+
     def _update_signals(self) -> tuple[float | None, float | None]:
         """(change rate of refetched pages, new URLs per fetch) since the last generate: what the adaptive share
         moves by, as `jobs/cycle_metrics.py::update_signals` reads them from the last update."""
@@ -224,14 +284,18 @@ class Frontier:
         change_rate = (changed - before[1]) / (refetched - before[0]) if refetched > before[0] else None
         return change_rate, (discovered - before[3]) / (fetches - before[2])
 
-    def discover(self, url: int, at: float) -> None:
-        """A fetched page's links to its host's unknown URLs: a Poisson number of them become known, due now."""
+    def discover(self, url: int, at: float, segment: int) -> None:
+        """A fetched page's links to its host's unknown URLs: a Poisson number of them become known, due now (or,
+        with `hold_discoveries`, when the segment's update ends: `release`)."""
         host = int(self.host_of[url])
         left = int(self.host_end[host] - self.next_unknown[host])
         count = min(int(self.rng.poisson(self.new_links_per_fetch)), left) if left else 0
         if count > 0:
             revealed = slice(int(self.next_unknown[host]), int(self.next_unknown[host]) + count)
-            self.next_due[revealed] = at
+            if self.hold_discoveries:
+                self.held[segment].append(revealed)
+            else:
+                self.next_due[revealed] = at
             self.next_unknown[host] += count
             self.discovered += count
 
@@ -261,7 +325,8 @@ class Frontier:
                 self.first_fetches += 1
                 self.fetched_before[url] = True
             self.seen_content[url] = now_content
-            self.discover(url, at)
+            self.pages[segment].append(at)
+            self.discover(url, at, segment)
         self.interval[url], self.failures[url] = decision.fetch_interval_s, decision.failure_count
         self.next_due[url] = (decision.next_fetch_at - moment(0)).total_seconds()
         self.lease_segment[url], self.lease_expires[url] = NO_SEGMENT, np.inf
@@ -279,7 +344,7 @@ class Frontier:
         """Leased at - due, for every lease of a high-priority URL handed out (of the hosts `of_hosts` marks)."""
         lags = []
         for _segment, chosen, _versions, at, due in self.leases:
-            keep = self.priority[chosen] >= HIGH_PRIORITY
+            keep = self.priority[chosen] >= self.high_priority
             if of_hosts is not None:
                 keep &= of_hosts[self.host_of[chosen]]
             lags.append((at - due)[keep])
