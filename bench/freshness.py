@@ -62,6 +62,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from urllib.parse import unquote
 
+import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import yaml
@@ -127,7 +128,7 @@ def added_rows(table_dir: str | Path, commits: Iterable[Commit], columns: list[s
     for commit in commits:
         for path, partitions in commit.added:
             stored = [c for c in columns if c not in partitions]
-            table = pq.read_table(Path(table_dir, path), columns=stored)
+            table = utc_times(pq.read_table(Path(table_dir, path), columns=stored))
             if where is not None:
                 table = table.filter(where(table))
             for row in table.to_pylist():
@@ -135,6 +136,12 @@ def added_rows(table_dir: str | Path, commits: Iterable[Commit], columns: list[s
                 row.update(version=commit.version, committed_at=commit.committed_at)
                 rows.append(row)
     return rows
+
+
+def utc_times(table: pa.Table) -> pa.Table:
+    """Timestamp columns as UTC microseconds (Spark writes them as naive INT96 nanoseconds), so rows hold datetimes."""
+    return table.cast(pa.schema([pa.field(f.name, pa.timestamp("us", tz="UTC")) if pa.types.is_timestamp(f.type)
+                                 else f for f in table.schema]))
 
 
 def as_utc(moment: datetime | None) -> datetime | None:
@@ -490,15 +497,21 @@ def run_driver(config_file: Path, root: str, seconds: float, log_file: Path) -> 
     command = [sys.executable, "-m", "jobs.cli", "run", "--root", root, "--config", str(config_file),
                "--for", str(round(seconds))]
     progress(f"starting: {' '.join(command)}")
+    stopped = False
     with log_file.open("w", encoding="utf-8") as output:
         child = subprocess.Popen(command, stdout=output, stderr=subprocess.STDOUT, env={**os.environ})
         try:
             child.wait(seconds + 60)
         except subprocess.TimeoutExpired:
+            stopped = True
             child.send_signal(signal.SIGTERM)
             child.wait(120)
-    progress(f"crawl run exited with {child.returncode}")
-    return log_file.read_text(encoding="utf-8").splitlines()
+    lines = log_file.read_text(encoding="utf-8").splitlines()
+    progress(f"crawl run exited with {child.returncode}" + (" after a SIGTERM" if stopped else ""))
+    if child.returncode and not stopped:
+        raise SystemExit(f"bench.freshness: crawl run failed (exit {child.returncode}): {lines[-1:] or ''} "
+                         f"(its output: {log_file})")
+    return lines
 
 
 @dataclass
@@ -532,7 +545,7 @@ def judge(conf: config_mod.Config, farm, record: RunRecord) -> str:
 
     fetched: dict[tuple[str, str], tuple[str, float]] = {}
     for path in Path(layout.segments_dir(root)).glob("*/fetched/bucket=*/*.parquet"):
-        for row in pq.read_table(path, columns=["segment_id", "url_id", "url", "fetched_at"]).to_pylist():
+        for row in utc_times(pq.read_table(path, columns=["segment_id", "url_id", "url", "fetched_at"])).to_pylist():
             key, at = (row["segment_id"], row["url_id"]), as_utc(row["fetched_at"]).timestamp()
             if key not in fetched or at < fetched[key][1]:
                 fetched[key] = (row["url"], at)
