@@ -23,6 +23,8 @@ It prints one line, judged from the farm's own request log and the tables, never
     freshness: minutes= cycles= discovered_durable_p50_s= discovered_durable_p99_s= leased_10min=
                due_to_leased_p99_s= batch_fixed_s= violations=
 
+* minutes: real time from the injection of the farm's seeds (they fall due then) to the driver's end; cycles: the
+  segments generated in it (`segments` created_at).
 * discovered_durable: for each fetched page with outlinks, the commit time of the `links` commit that holds its
   links (the Delta log of `links`: the version whose added files hold that (segment, page)) minus the page's fetch
   time in the farm's request log (the end of the request, the last one for that URL at or before the result's
