@@ -81,6 +81,7 @@ RANGE_PARTITIONS = 8  # fixed, so F.rand(seed) draws the same values on every ru
 FRONTIER_DAYS = 30
 PROGRESS_LINE = re.compile(r"^run: (generate|parse|dedup|update) (\S+) ([0-9.]+)s")
 BATCH_STEPS = ("generate", "parse", "dedup", "update")
+OVERSTAY_S = 600  # a step in progress at the end may take minutes on a loaded machine
 
 
 def process_tree_cpu_s(pid: int) -> float:
@@ -510,19 +511,25 @@ def run_inline(spark, conf: config_mod.Config, root: str, seconds: float) -> lis
 
 
 def run_driver(config_file: Path, root: str, seconds: float, log_file: Path) -> list[str]:
-    """`crawl run` for `seconds` (its own --for), SIGTERM if it overstays by a minute; its output lines."""
+    """`crawl run` for `seconds` (its own --for: it stops after the step in progress), SIGTERM if it overstays by
+    OVERSTAY_S, kill -9 (and fail) if it is still there OVERSTAY_S later; its output lines."""
     command = [sys.executable, "-m", "jobs.cli", "run", "--root", root, "--config", str(config_file),
                "--for", str(round(seconds))]
     progress(f"starting: {' '.join(command)}")
     stopped = False
     with log_file.open("w", encoding="utf-8") as output:
-        child = subprocess.Popen(command, stdout=output, stderr=subprocess.STDOUT, env={**os.environ})
+        child = subprocess.Popen(command, stdout=output, stderr=subprocess.STDOUT, start_new_session=True)
         try:
-            child.wait(seconds + 60)
+            child.wait(seconds + OVERSTAY_S)
         except subprocess.TimeoutExpired:
             stopped = True
             child.send_signal(signal.SIGTERM)
-            child.wait(120)
+            try:
+                child.wait(OVERSTAY_S)
+            except subprocess.TimeoutExpired:
+                os.killpg(child.pid, signal.SIGKILL)  # its own process group: the driver and its daemon child
+                child.wait()
+                raise SystemExit(f"bench.freshness: crawl run did not stop on SIGTERM (output: {log_file})") from None
     lines = log_file.read_text(encoding="utf-8").splitlines()
     progress(f"crawl run exited with {child.returncode}" + (" after a SIGTERM" if stopped else ""))
     if child.returncode and not stopped:
