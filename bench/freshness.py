@@ -28,7 +28,8 @@ It prints one line, judged from the farm's own request log and the tables, never
 * discovered_durable: for each fetched page with outlinks, the commit time of the `links` commit that holds its
   links (the Delta log of `links`: the version whose added files hold that (segment, page)) minus the page's fetch
   time in the farm's request log (the end of the request, the last one for that URL at or before the result's
-  fetch time).
+  fetch time). A page fetched in a segment with no links committed by the end, with outlinks in the farm's truth,
+  counts with the lower bound end - fetch time.
 * leased_10min, due_to_leased_p99_s: over the high-priority URLs (`crawler.service_levels`) that fell due during
   the run on a host in state ok at that moment. Every state a `urls` row ever had is in the Parquet files the
   table's log added (each with its commit time): a state's due time is `due_since(next_fetch_at, discovered_at)`,
@@ -215,6 +216,21 @@ def discovered_durable_lags(link_commits: dict[tuple[str, str], float],
         answered = fetch_time(requests.get(url, []), fetched_at)
         if answered is not None:
             lags.append(committed_at - answered)
+    return lags
+
+
+def pending_lags(link_commits: dict[tuple[str, str], float], fetched: dict[tuple[str, str], tuple[str, float]],
+                 requests: dict[str, list[tuple[float, float]]], has_outlinks: Callable[[str], bool],
+                 end: float) -> list[float]:
+    """Lower bounds of the lags of the pages not durable at the end: fetched in a segment with no links committed
+    yet, answered by the farm, with outlinks in the farm's truth; each waited at least end - its fetch time. Left
+    out, they would flatter the figure."""
+    parsed = {segment_id for segment_id, _ in link_commits}
+    lags = []
+    for (segment_id, _), (url, fetched_at) in fetched.items():
+        answered = fetch_time(requests.get(url, []), fetched_at)
+        if segment_id not in parsed and answered is not None and has_outlinks(url):
+            lags.append(end - answered)
     return lags
 
 
@@ -573,8 +589,11 @@ def judge(conf: config_mod.Config, farm, record: RunRecord) -> str:
             key, at = (row["segment_id"], row["url_id"]), as_utc(row["fetched_at"]).timestamp()
             if key not in fetched or at < fetched[key][1]:
                 fetched[key] = (row["url"], at)
-    link_rows = added_rows(table["links"], delta_commits(table["links"]), ["segment_id", "from_url_id"])
-    durable = discovered_durable_lags(link_commit_times(link_rows), fetched, request_ends(log, requested_url))
+    link_commits = link_commit_times(added_rows(table["links"], delta_commits(table["links"]),
+                                                ["segment_id", "from_url_id"]))
+    requests = request_ends(log, requested_url)
+    durable = discovered_durable_lags(link_commits, fetched, requests)
+    pending = pending_lags(link_commits, fetched, requests, lambda url: bool(farm.links_of(url)), end.timestamp())
 
     levels = ServiceLevels.from_config(conf)
     states = added_rows(table["urls"], delta_commits(table["urls"]),
@@ -607,7 +626,8 @@ def judge(conf: config_mod.Config, farm, record: RunRecord) -> str:
                    if at >= start.timestamp() and url in url_ids and leases.get(url_ids[url])]
     minutes = (end - start).total_seconds() / 60
     print(f"farm: {len(log):,} requests; {len(violations)} politeness violations")
-    print(f"discovery: {len(durable):,} fetched pages with outlinks judged (fetch in the farm's log -> links commit)")
+    print(f"discovery: {len(durable):,} fetched pages with outlinks judged (fetch in the farm's log -> links commit), "
+          f"{len(pending)} more fetched with outlinks but not durable at the end (counted at end - fetch)")
     print(f"leases: {len(episodes):,} high-priority due episodes: {leased.within} within "
           f"{levels.lease_within_s:.0f}s, {leased.late} late, {leased.waiting} still within the target at the end, "
           f"{leased.ineligible} on hosts not ok; due -> leased p50 {percentile(leased.lags_s, 0.5)}")
@@ -618,7 +638,7 @@ def judge(conf: config_mod.Config, farm, record: RunRecord) -> str:
           f"segment sizes {sorted(size for size, _ in cycles)[:8]}...")
     for violation in violations[:5]:
         print(f"  violation: {violation}")
-    return render_line(minutes, len(in_run), durable, leased, batch_s, len(violations))
+    return render_line(minutes, len(in_run), durable + pending, leased, batch_s, len(violations))
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

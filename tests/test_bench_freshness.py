@@ -25,6 +25,7 @@ from bench.freshness import (
     lease_figures,
     lease_times,
     link_commit_times,
+    pending_lags,
     progress_steps,
     render_line,
     request_ends,
@@ -169,3 +170,12 @@ def test_the_line_has_every_figure_in_order() -> None:
     assert line == ("freshness: minutes=15.0 cycles=31 discovered_durable_p50_s=2.0 discovered_durable_p99_s=50.0 "
                     "leased_10min=0.990 due_to_leased_p99_s=700.0 batch_fixed_s=21.4 violations=0")
     assert "discovered_durable_p99_s=- leased_10min=-" in render_line(1, 0, [], LeaseFigures(), None, 0)
+
+
+def test_pages_not_durable_at_the_end_count_with_a_lower_bound() -> None:
+    requests = {"http://a:1/": [(100.0, 100.2)], "http://a:1/leaf": [(101.0, 101.1)], "http://a:1/x": [(102.0, 102.5)]}
+    fetched = {("parsed", "u1"): ("http://a:1/", 100.3), ("open", "u2"): ("http://a:1/leaf", 101.2),
+               ("open", "u3"): ("http://a:1/x", 102.6), ("open", "u4"): ("http://b:1/", 103.0)}
+    lags = pending_lags({("parsed", "u1"): 130.0}, fetched, requests, lambda url: not url.endswith("/leaf"), 200.0)
+    # u1's segment has links committed; u2 has no outlinks; u4 is not in the farm's log
+    assert lags == [97.5]
