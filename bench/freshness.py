@@ -364,6 +364,10 @@ def fixed_cost_cycles(steps: dict[str, dict[str, float]], sizes: dict[str, int])
             for segment_id, seconds in steps.items() if all(s in seconds for s in BATCH_STEPS)]
 
 
+def seconds(value: float | None) -> str:
+    return "-" if value is None else f"{value:.1f} s"
+
+
 def render_line(minutes: float, cycles: int, durable: list[float], leases: LeaseFigures, batch_s: float | None,
                 violations: int) -> str:
     def num(value: float | None, digits: int = 1) -> str:
@@ -630,10 +634,10 @@ def judge(conf: config_mod.Config, farm, record: RunRecord) -> str:
           f"{len(pending)} more fetched with outlinks but not durable at the end (counted at end - fetch)")
     print(f"leases: {len(episodes):,} high-priority due episodes: {leased.within} within "
           f"{levels.lease_within_s:.0f}s, {leased.late} late, {leased.waiting} still within the target at the end, "
-          f"{leased.ineligible} on hosts not ok; due -> leased p50 {percentile(leased.lags_s, 0.5)}")
+          f"{leased.ineligible} on hosts not ok; due -> leased p50 {seconds(percentile(leased.lags_s, 0.5))}")
     print(f"fresh articles listed during the run (up to {levels.lease_within_s:.0f}s before its end): "
           f"{sum(1 for at in listed.values() if at >= start.timestamp())}, leased {len(listed_lags)}; "
-          f"listed -> leased p50 {percentile(listed_lags, 0.5)} s, p99 {percentile(listed_lags, 0.99)} s")
+          f"listed -> leased p50 {seconds(percentile(listed_lags, 0.5))}, p99 {seconds(percentile(listed_lags, 0.99))}")
     print(f"batch steps over {len(cycles)} cycles (generate+parse+dedup+update, {fixed_source}); "
           f"segment sizes {sorted(size for size, _ in cycles)[:8]}...")
     for violation in violations[:5]:
