@@ -11,7 +11,7 @@ STAMP := $(VENV)/.installed
 # otherwise compile each module again in each of the suite's many processes).
 export PYTHONDONTWRITEBYTECODE :=
 
-.PHONY: demo test test-fast lint bench-frontier bench-fetchd bench-parse bench-cycle sim install clean
+.PHONY: demo test test-fast lint bench-frontier bench-fetchd bench-parse bench-cycle bench-freshness sim install clean
 
 $(PY):
 	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11))' || { echo "$(PYTHON) is older than 3.11, which this project needs (set PYTHON=...)"; exit 1; }
@@ -52,6 +52,12 @@ bench-parse: $(STAMP)
 # URLs; per step wall, whole-machine CPU, CPU ms/page, peak driver memory, Delta commits.
 bench-cycle: $(STAMP)
 	$(PY) -m bench.cycle $(BENCH_ARGS)
+
+# On-demand freshness benchmark (not a test): `crawl run` and its fetch daemon against the loopback site farm (with
+# hosts that list a new high-priority article every minute) for 15 minutes over a 1 M-URL frontier; prints one line
+# of the two service levels judged from the farm's log and the tables. BENCH_ARGS="--minutes 3" for a smoke run.
+bench-freshness: $(STAMP)
+	$(PY) -m bench.freshness $(BENCH_ARGS)
 
 # On-demand fleet simulation (not a test): the default run (10,000 hosts, 10 M URLs, 4 daemons, 24 simulated hours,
 # with kills, freezes, SIGTERMs and a storage outage) on a virtual clock, in about 4 minutes; prints one line of

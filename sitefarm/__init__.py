@@ -2,5 +2,5 @@
 request log, and judges of politeness and robots read from that log). Not part of the fetch daemon: `crawl demo`,
 `bench/` and the tests use it.
 
-`sites` (with `traps` and `resources`) says what every host answers, `truth` what a correct crawl of them fetches,
-`server` serves them and logs every request, `judge` finds a crawl's violations in that log."""
+`sites` (with `traps`, `fresh` and `resources`) says what every host answers, `truth` what a correct crawl of them
+fetches, `server` serves them and logs every request, `judge` finds a crawl's violations in that log."""

@@ -17,11 +17,14 @@ import datetime
 import gzip
 import math
 import random
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from crawler.robots import RobotsPolicy
 from crawler.urls import canonicalize, host_key
+from sitefarm.fresh import FreshSchedule, fresh_host_name, fresh_page, fresh_robots
 from sitefarm.resources import DOMAIN, SITEMAP_DATE, Resource, Sitemap, filler_text, html_page, listings, sitemap_xml
 from sitefarm.traps import (
     CALENDAR_HOST,
@@ -67,6 +70,10 @@ class FarmSpec:
     # Such a request is logged like any other (status None, "dropped": true): the politeness judge counts
     # every request the server saw, answered or not.
     dropped_paths: tuple[str, ...] = ()
+    # Fresh hosts, fresh-<i>.farm.test (sitefarm.fresh): a new article in the sitemap every fresh_interval_s,
+    # counted from the farm's start, and a home page that changes with it.
+    fresh_hosts: int = 0
+    fresh_interval_s: float = 60.0
 
 
 def _host_role(index: int) -> str:
@@ -94,6 +101,8 @@ class Sites:
     def __init__(self, spec: FarmSpec):
         if spec.hosts < 1 or spec.pages_per_host < 1:
             raise ValueError("a farm needs at least one host and one page per host")
+        if spec.fresh_hosts < 0 or spec.fresh_interval_s <= 0:
+            raise ValueError("fresh hosts: a count of 0 or more and an interval above 0")
         if not all(1 <= pages <= MAX_LARGE_HOST_PAGES for pages in spec.large_host_pages):
             raise ValueError(f"a large host has 1 to {MAX_LARGE_HOST_PAGES} articles")
         self.spec = spec
@@ -105,6 +114,9 @@ class Sites:
         self._orphans: set[str] = set()
         self._out_of_scope: set[str] = set()
         self._filler = filler_text(256 * 1024, random.Random(spec.seed)) if spec.page_kb[1] else ""
+        # The fresh hosts' clock (Unix seconds; a test may set another) and their schedule, from the farm's start.
+        self.clock: Callable[[], float] = time.time
+        self.fresh_schedule = FreshSchedule(0.0, spec.fresh_interval_s)
 
     # ---- site generation -------------------------------------------------------------------------------
 
@@ -118,6 +130,7 @@ class Sites:
         )
         if self.spec.sitemaps:
             self._build_sitemaps()
+        self.fresh_schedule = FreshSchedule(self.clock(), self.spec.fresh_interval_s)
 
     def _answer(self, name: str, path: str) -> Resource | None:
         """The resource at path + query on a host: built at start, or generated now on a trap host."""
@@ -128,6 +141,11 @@ class Sites:
             return calendar_page(path, self._generated)
         if resource is None and name == FACETS_HOST:
             return facets_page(path, self._generated)
+        if resource is None and name in self.fresh_host_names():
+            if path == "/robots.txt":
+                return Resource(200, fresh_robots(self._base(name)).encode("utf-8"),
+                                content_type="text/plain; charset=utf-8")
+            return fresh_page(name, self._base(name), path, self.clock(), self.fresh_schedule, self.spec.seed)
         return resource
 
     def _sections(self) -> int:
@@ -283,14 +301,17 @@ class Sites:
         return [f"site-{i:03d}.{DOMAIN}" for i in range(self.spec.hosts)]
 
     def host_names(self) -> list[str]:
-        """Every host: the `spec.hosts` sites first, then the trap hosts, then the large hosts."""
-        return [*self._site_names(), *self.trap_host_names(), *self.large_host_names()]
+        """Every host: the `spec.hosts` sites first, then the trap hosts, the large hosts, the fresh hosts."""
+        return [*self._site_names(), *self.trap_host_names(), *self.large_host_names(), *self.fresh_host_names()]
 
     def trap_host_names(self) -> list[str]:
         return [CALENDAR_HOST, FACETS_HOST] if self.spec.trap_hosts else []
 
     def large_host_names(self) -> list[str]:
         return [f"large-{i}.{DOMAIN}" for i in range(len(self.spec.large_host_pages))]
+
+    def fresh_host_names(self) -> list[str]:
+        return [fresh_host_name(i) for i in range(self.spec.fresh_hosts)]
 
     def static_hosts(self) -> dict[str, str]:
         """The `fetch.static_hosts` map that routes every farm host to the loopback server."""
@@ -309,6 +330,8 @@ class Sites:
         A `Sitemap:` line needs the port, so a farm not yet started leaves it out (its rules are the same)."""
         if host_name in self.trap_host_names() or host_name in self.large_host_names():
             return EXTRA_ROBOTS
+        if host_name in self.fresh_host_names():
+            return fresh_robots(self._base(host_name))
         names = self._site_names()
         if host_name not in names:
             return None

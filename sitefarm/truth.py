@@ -7,6 +7,7 @@ from typing import Any
 
 from crawler.robots import RobotsPolicy
 from crawler.urls import canonicalize, host_key
+from sitefarm.fresh import article_path
 from sitefarm.resources import Resource
 from sitefarm.sites import PROBE_PATH, Sites
 
@@ -100,6 +101,14 @@ class FarmTruth(Sites):
         linked = {link for url in self.page_urls() for link in self.links_of(url)}
         linked |= {canonicalize(loc) for loc in self._listed_locs() if _is_url(loc)}
         return {url for url in linked if host_key(url) in policies and not policies[host_key(url)].allowed(url)}
+
+    def fresh_listings(self, until: float) -> dict[str, float]:
+        """Every article the fresh hosts have listed in their sitemaps by `until` (Unix seconds) -> when it was
+        listed: the moment a crawler could first learn of it."""
+        self._require_started()
+        schedule = self.fresh_schedule
+        return {self._base(name) + article_path(n): schedule.listed_at(n)
+                for name in self.fresh_host_names() for n in range(schedule.listed(until))}
 
     # ---- sitemap ground truth --------------------------------------------------------------------------
 

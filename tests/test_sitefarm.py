@@ -710,3 +710,59 @@ def test_sitemaps_can_be_turned_off_and_leave_the_pages_unchanged(farm: SiteFarm
         probes = {url + "sitemap.xml" for url in plain.seed_urls()}
         assert plain.expected_fetches(TOKEN, 1, with_sitemaps=True) == plain.expected_fetches(TOKEN, 1) | probes
         assert plain.expected_fetches_sitemaps_only(TOKEN) == set()
+
+
+# ---- fresh hosts: new high-priority sitemap entries on a schedule, pages that change ---------------------------
+
+def test_fresh_hosts_list_a_new_article_each_interval_and_their_home_page_changes(tmp_path: Path) -> None:
+    moment = [1_000_000.0]
+    spec = FarmSpec(hosts=2, pages_per_host=10, latency_s=0.0, fresh_hosts=2, fresh_interval_s=60.0)
+    fresh = SiteFarm(spec, tmp_path / "requests.jsonl")
+    fresh.clock = lambda: moment[0]
+    with fresh:
+        name = "fresh-1.farm.test"
+        assert fresh.host_names()[-2:] == ["fresh-0.farm.test", name]
+        assert set(fresh.static_hosts()) == set(fresh.host_names())
+        base = f"http://{name}:{fresh.port}"
+        sitemap = f"{base}/sitemap.xml"
+        assert RobotsPolicy.parse(get(fresh, name, "/robots.txt")[2].decode(), TOKEN).sitemaps == (sitemap,)
+
+        def listed_now() -> tuple[list[SitemapEntry], bytes]:
+            status, headers, body = get(fresh, name, "/sitemap.xml")
+            assert status == 200
+            origin = SitemapOrigin(FoundVia.ROBOTS, base).encode()
+            return parse_sitemap(sitemap, body, origin, content_type=headers["content-type"]).entries, get(
+                fresh, name, "/")[2]
+
+        entries, home = listed_now()
+        assert [e.loc for e in entries] == [f"{base}/news/item-0.html"]
+        assert get(fresh, name, "/news/item-1.html")[0] == 404  # not listed yet: not there
+        moment[0] += 59.9
+        assert listed_now() == (entries, home)  # nothing new within the interval
+        moment[0] += 0.1
+        entries, later_home = listed_now()
+        assert [e.loc for e in entries] == [f"{base}/news/item-1.html", f"{base}/news/item-0.html"]
+        assert later_home != home and f"{base}/news/item-1.html" in parsed_links(base + "/", later_home)
+        assert all(e.priority == 1.0 and e.changefreq is ChangeFreq.ALWAYS for e in entries)
+        assert [e.lastmod.timestamp() for e in entries] == [1_000_060.0, 1_000_000.0]
+        assert get(fresh, name, "/news/item-1.html")[0] == 200
+        moment[0] += 3 * 60
+        assert fresh.fresh_listings(moment[0]) == {
+            f"http://{host}:{fresh.port}/news/item-{n}.html": 1_000_000.0 + 60 * n
+            for host in ("fresh-0.farm.test", name) for n in range(5)}
+        assert [e.loc for e in listed_now()[0]] == [f"{base}/news/item-{n}.html" for n in (4, 3, 2, 1, 0)]
+        # an article once listed stays the same page
+        assert get(fresh, name, "/news/item-1.html")[2] == get(fresh, name, "/news/item-1.html")[2]
+        assert fresh.politeness_delay(f"{name}:{fresh.port}", 0.25) == 0.25
+
+
+def test_fresh_hosts_are_off_by_default_and_leave_the_other_hosts_unchanged(farm: SiteFarm, tmp_path: Path) -> None:
+    assert farm.fresh_host_names() == [] and farm.fresh_listings(time.time()) == {}
+    with SiteFarm(FarmSpec(latency_s=0.0, fresh_hosts=1), tmp_path / "log.jsonl") as fresh:
+        for name in farm.host_names()[:4]:
+            for path in ("/", "/robots.txt", "/sitemap.xml", "/section/1/page-7.html"):
+                assert get(fresh, name, path)[2].replace(str(fresh.port).encode(), b"P") == get(
+                    farm, name, path)[2].replace(str(farm.port).encode(), b"P")
+        assert {path_of(url) for url in fresh.page_urls()} == {path_of(url) for url in farm.page_urls()}
+    with pytest.raises(ValueError):
+        SiteFarm(FarmSpec(fresh_interval_s=0), tmp_path / "never.jsonl")
