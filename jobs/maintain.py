@@ -1,12 +1,17 @@
 """`crawl maintain`: compact small files (OPTIMIZE), delete unreferenced ones (VACUUM), report table figures.
 
 Every MERGE and append of a cycle adds small files (and deletion vectors); left alone, reads slow down with the
-file count. OPTIMIZE here is plain bin-packing compaction, which Delta does per partition: `urls`/`hosts` stay
-bucketed and `fetches`/`links` stay per segment, so generate and update keep pruning by partition. ZORDER is
-not used: the keys worth clustering inside a bucket are `url_id` (a uniform hash, looked up by MERGE through a
-join that OSS Delta does not prune by file statistics) and `next_fetch_at` (rewritten by every update, so the
-clustering decays in one cycle), while ZORDER rewrites every file of a partition on every run. Compaction only
+file count. OPTIMIZE works per partition: `urls`/`hosts` stay bucketed and `fetches`/`links` stay per segment, so
+generate and update keep pruning by partition. Every table but `urls` gets plain bin-packing compaction, which only
 rewrites the small files, so a second run costs next to nothing.
+
+`urls` is clustered by its due time instead (OPTIMIZE ZORDER BY next_fetch_at, one column: each bucket's rows
+sorted by it and cut into about URLS_FILES_PER_BUCKET files), so each file covers a narrow slice of due times and
+generate, whose filter `next_fetch_at <= now` Delta checks against every file's min/max statistics, reads only the
+files that can hold due URLs (docs/architecture.md, "Table layout and why"). The clustering does not decay where it
+matters: a cycle moves the rows it leases and completes out of their files (deletion vectors), into the few files
+that cycle writes, and a clustered file whose slice has not come due yet is still skipped. It costs a rewrite of
+the whole table each run, which is why maintain runs on a slower schedule than the cycle.
 
 Before compaction, `hosts.known_urls` is recounted from `urls` (one scan): update keeps it by increments
 and inject by recounting its seeds' hosts, so this recount only repairs drift (e.g. rows written by hand). Hosts
@@ -38,6 +43,12 @@ RETENTION_CHECK_CONF = "spark.databricks.delta.retentionDurationCheck.enabled"
 LISTING_PARALLELISM_CONF = "spark.sql.sources.parallelPartitionDiscovery.parallelism"
 VACUUM_LOGGING_CONF = "spark.databricks.delta.vacuum.logging.enabled"
 MAX_FILE_SIZE_CONF = "spark.databricks.delta.optimize.maxFileSize"
+# `urls` is clustered by due time (module docstring). Generate reads the files whose slice of due times has begun,
+# so a bucket cut into n files costs it about 1/n of the table beyond the due rows themselves; files of less than
+# a megabyte would make every other reader of `urls` (update's MERGE) pay per file instead.
+CLUSTERED_BY = {"urls": "next_fetch_at"}
+URLS_FILES_PER_BUCKET = 32
+CLUSTERED_MIN_FILE_BYTES = 1024 * 1024
 
 
 @dataclass
@@ -127,8 +138,16 @@ def _vacuum_removed(delta_table, after_version: int) -> int:
     return sum(int((row["operationMetrics"] or {}).get("numDeletedFiles", 0)) for row in rows)
 
 
-def maintain_table(spark: SparkSession, root: str, name: str, retention_hours: float | None) -> TableMaintenance:
-    """OPTIMIZE one table, then VACUUM it unless `retention_hours` is None, then read its figures."""
+def clustered_file_bytes(table_bytes: int, partitions: int) -> int:
+    """The file size a clustering OPTIMIZE aims at: each partition's share of the table cut into
+    URLS_FILES_PER_BUCKET files, none under CLUSTERED_MIN_FILE_BYTES."""
+    return max(CLUSTERED_MIN_FILE_BYTES, table_bytes // (max(partitions, 1) * URLS_FILES_PER_BUCKET))
+
+
+def maintain_table(spark: SparkSession, root: str, name: str, retention_hours: float | None,
+                   partitions: int = 1) -> TableMaintenance:
+    """OPTIMIZE one table (clustered by its CLUSTERED_BY column, if it has one, over its `partitions`), then VACUUM
+    it unless `retention_hours` is None, then read its figures."""
     from delta.tables import DeltaTable
 
     started = time.monotonic()
@@ -137,8 +156,13 @@ def maintain_table(spark: SparkSession, root: str, name: str, retention_hours: f
     files, size = _detail(spark, path)
     figures = TableMaintenance(name, files_before=files, bytes_before=size)
 
-    metrics = delta_table.optimize().executeCompaction().select("metrics.numFilesRemoved", "metrics.numFilesAdded")
-    compacted = metrics.first()
+    if name in CLUSTERED_BY:
+        with session_settings(spark, {MAX_FILE_SIZE_CONF: str(clustered_file_bytes(size, partitions))}):
+            optimized = delta_table.optimize().executeZOrderBy(CLUSTERED_BY[name])
+            compacted = optimized.select("metrics.numFilesRemoved", "metrics.numFilesAdded").first()
+    else:
+        compacted = (delta_table.optimize().executeCompaction()
+                     .select("metrics.numFilesRemoved", "metrics.numFilesAdded").first())
     figures.files_compacted = int(compacted["numFilesRemoved"] or 0)
     figures.files_written = int(compacted["numFilesAdded"] or 0)
 
@@ -205,7 +229,8 @@ def run(spark: SparkSession, conf: Config, root: str, tables: list[str] | None =
                 log.warning("maintain %s: no table under %s (run `crawl init`)", name, root)
                 result.missing.append(name)
                 continue
-            result.tables.append(maintain_table(spark, root, name, retention_hours if vacuum else None))
+            result.tables.append(maintain_table(spark, root, name, retention_hours if vacuum else None,
+                                                conf.crawl.buckets))
     log.info("maintain: %s", result.summary())
     return result
 
