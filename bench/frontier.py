@@ -378,7 +378,7 @@ def due_generates(spark: SparkSession, conf: config_mod.Config, root: str, segme
     for name, version in built.items():  # as before that generate: nothing leased, no segment
         DeltaTable.forPath(spark, tables.table_path(root, name)).restoreToVersion(version)
     shutil.rmtree(layout.segment_dir(root, segment_id))
-    figures.cluster_s, _ = timed(lambda: maintain.maintain_table(spark, root, "urls", None, conf.crawl.buckets))
+    figures.cluster_s, _ = timed(lambda: maintain.maintain_table(spark, conf, root, "urls", None))
     figures.clustered_files = table_detail(spark, tables.table_path(root, "urls"))[1]
     progress(f"{url_count:,} URLs: clustered by next_fetch_at in {figures.cluster_s:.1f}s "
              f"({figures.clustered_files} files)")

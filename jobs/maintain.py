@@ -11,7 +11,8 @@ generate, whose filter `next_fetch_at <= now` Delta checks against every file's 
 files that can hold due URLs (docs/architecture.md, "Table layout and why"). The clustering does not decay where it
 matters: a cycle moves the rows it leases and completes out of their files (deletion vectors), into the few files
 that cycle writes, and a clustered file whose slice has not come due yet is still skipped. It costs a rewrite of
-the whole table each run, which is why maintain runs on a slower schedule than the cycle.
+the whole table each run, which is why maintain runs on a slower schedule than the cycle, and it is done one
+bucket at a time under the crawl's writer lock (cluster_by_bucket).
 
 Before compaction, `hosts.known_urls` is recounted from `urls` (one scan): update keeps it by increments
 and inject by recounting its seeds' hosts, so this recount only repairs drift (e.g. rows written by hand). Hosts
@@ -33,6 +34,7 @@ from crawler import layout
 from crawler.config import Config
 from delta_tables.tables import TABLES, table_path, table_version
 from jobs.base import merge_counts, merge_into, pinned_table, recount_known_urls, session_settings
+from jobs.writelock import writer_lock
 
 log = logging.getLogger("jobs.maintain")
 
@@ -144,10 +146,27 @@ def clustered_file_bytes(table_bytes: int, partitions: int) -> int:
     return max(CLUSTERED_MIN_FILE_BYTES, table_bytes // (max(partitions, 1) * URLS_FILES_PER_BUCKET))
 
 
-def maintain_table(spark: SparkSession, root: str, name: str, retention_hours: float | None,
-                   partitions: int = 1) -> TableMaintenance:
-    """OPTIMIZE one table (clustered by its CLUSTERED_BY column, if it has one, over its `partitions`), then VACUUM
-    it unless `retention_hours` is None, then read its figures."""
+def cluster_by_bucket(spark: SparkSession, conf: Config, root: str, delta_table, column: str,
+                      table_bytes: int) -> tuple[int, int]:
+    """ZORDER a bucketed table by `column` one bucket at a time, each under the crawl's writer lock; returns (files
+    removed, files written). The rewrite replaces every file, so against a cycle's MERGE into the same files Delta
+    would fail whichever commits second; one bucket at a time, a cycle waits for seconds, not the whole table."""
+    removed = written = 0
+    buckets = conf.crawl.buckets
+    with session_settings(spark, {MAX_FILE_SIZE_CONF: str(clustered_file_bytes(table_bytes, buckets))}):
+        for bucket in range(buckets):
+            with writer_lock(conf, root, "maintain"):
+                metrics = (delta_table.optimize().where(f"bucket = {bucket}").executeZOrderBy(column)
+                           .select("metrics.numFilesRemoved", "metrics.numFilesAdded").first())
+            removed += int(metrics["numFilesRemoved"] or 0)
+            written += int(metrics["numFilesAdded"] or 0)
+    return removed, written
+
+
+def maintain_table(spark: SparkSession, conf: Config, root: str, name: str,
+                   retention_hours: float | None) -> TableMaintenance:
+    """OPTIMIZE one table (clustered by its CLUSTERED_BY column if it has one, else compacted), then VACUUM it
+    unless `retention_hours` is None, then read its figures."""
     from delta.tables import DeltaTable
 
     started = time.monotonic()
@@ -157,14 +176,13 @@ def maintain_table(spark: SparkSession, root: str, name: str, retention_hours: f
     figures = TableMaintenance(name, files_before=files, bytes_before=size)
 
     if name in CLUSTERED_BY:
-        with session_settings(spark, {MAX_FILE_SIZE_CONF: str(clustered_file_bytes(size, partitions))}):
-            optimized = delta_table.optimize().executeZOrderBy(CLUSTERED_BY[name])
-            compacted = optimized.select("metrics.numFilesRemoved", "metrics.numFilesAdded").first()
+        figures.files_compacted, figures.files_written = cluster_by_bucket(spark, conf, root, delta_table,
+                                                                           CLUSTERED_BY[name], size)
     else:
         compacted = (delta_table.optimize().executeCompaction()
                      .select("metrics.numFilesRemoved", "metrics.numFilesAdded").first())
-    figures.files_compacted = int(compacted["numFilesRemoved"] or 0)
-    figures.files_written = int(compacted["numFilesAdded"] or 0)
+        figures.files_compacted = int(compacted["numFilesRemoved"] or 0)
+        figures.files_written = int(compacted["numFilesAdded"] or 0)
 
     if retention_hours is not None:
         version = table_version(spark, root, name)
@@ -229,8 +247,7 @@ def run(spark: SparkSession, conf: Config, root: str, tables: list[str] | None =
                 log.warning("maintain %s: no table under %s (run `crawl init`)", name, root)
                 result.missing.append(name)
                 continue
-            result.tables.append(maintain_table(spark, root, name, retention_hours if vacuum else None,
-                                                conf.crawl.buckets))
+            result.tables.append(maintain_table(spark, conf, root, name, retention_hours if vacuum else None))
     log.info("maintain: %s", result.summary())
     return result
 
