@@ -23,6 +23,7 @@ until then).
 from __future__ import annotations
 
 import logging
+import re
 import time
 from dataclasses import dataclass, field
 
@@ -51,6 +52,7 @@ MAX_FILE_SIZE_CONF = "spark.databricks.delta.optimize.maxFileSize"
 CLUSTERED_BY = {"urls": "next_fetch_at"}
 URLS_FILES_PER_BUCKET = 32
 CLUSTERED_MIN_FILE_BYTES = 1024 * 1024
+BUCKET_FOLDER = re.compile(r"/bucket=(\d+)/")  # a Delta partition folder of `bucket` in a data file's path
 
 
 @dataclass
@@ -146,15 +148,22 @@ def clustered_file_bytes(table_bytes: int, partitions: int) -> int:
     return max(CLUSTERED_MIN_FILE_BYTES, table_bytes // (max(partitions, 1) * URLS_FILES_PER_BUCKET))
 
 
+def stored_buckets(delta_table) -> list[int]:
+    """The buckets that hold files in the table's current version, from the paths its log lists (no data read;
+    the table's own, whatever the config says)."""
+    return sorted({int(match.group(1)) for path in delta_table.toDF().inputFiles()
+                   if (match := BUCKET_FOLDER.search(path))})
+
+
 def cluster_by_bucket(spark: SparkSession, conf: Config, root: str, delta_table, column: str,
                       table_bytes: int) -> tuple[int, int]:
     """ZORDER a bucketed table by `column` one bucket at a time, each under the crawl's writer lock; returns (files
     removed, files written). The rewrite replaces every file, so against a cycle's MERGE into the same files Delta
     would fail whichever commits second; one bucket at a time, a cycle waits for seconds, not the whole table."""
     removed = written = 0
-    buckets = conf.crawl.buckets
-    with session_settings(spark, {MAX_FILE_SIZE_CONF: str(clustered_file_bytes(table_bytes, buckets))}):
-        for bucket in range(buckets):
+    buckets = stored_buckets(delta_table)
+    with session_settings(spark, {MAX_FILE_SIZE_CONF: str(clustered_file_bytes(table_bytes, len(buckets)))}):
+        for bucket in buckets:
             with writer_lock(conf, root, "maintain"):
                 metrics = (delta_table.optimize().where(f"bucket = {bucket}").executeZOrderBy(column)
                            .select("metrics.numFilesRemoved", "metrics.numFilesAdded").first())
