@@ -15,6 +15,13 @@ driver-side rows), then times
 and prints the figures with its targets: generate and update within 3x a scan, and
 update(largest)/update(smallest) < 2.
 
+With --due COUNT, about COUNT rows of each size are due and the rest come due over the next 30 days (a running
+crawl's frontier); update is not run. Generate runs twice on the same rows: on `urls` as built (every file spans
+the whole 30 days), then, with the tables restored to before that run, after `crawl maintain`'s clustering of
+`urls` by next_fetch_at (timed too). For each it reports the wall and JVM CPU time and the `urls` files its scans
+read (Spark's scan metrics) against the files the table holds; the target is
+generate(largest)/generate(smallest) <= 2 on the clustered layout, at the same due count.
+
 Synthetic data: host h gets URLs with a Zipf-like skew (host = floor(hosts * u^skew), u uniform), every URL is
 due now and unfetched; bucket is crawler.urls.bucket_of(host_key) (a UDF over the distinct hosts only, then a
 join). url_id is md5(url), a deterministic 32-hex key of the engine's shape, not the engine's mmh3: the jobs
@@ -25,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import shutil
 import time
 from dataclasses import dataclass, field
@@ -37,11 +45,12 @@ from crawler import config as config_mod
 from crawler import layout, urls
 from crawler.status import FetchOutcome, UrlSource, UrlStatus
 from delta_tables import tables
-from jobs import generate, update
+from jobs import generate, maintain, update
 from jobs.base import spark_session
 
 TARGET_JOB_OVER_SCAN = 3.0
 TARGET_UPDATE_GROWTH = 2.0
+TARGET_DUE_GENERATE_GROWTH = 2.0
 RANGE_PARTITIONS = 8  # fixed, so F.rand(seed) draws the same values on every run
 
 
@@ -80,6 +89,12 @@ class Figures:
     applied: int = 0
     discovered: int = 0
     generate_steps: list[tuple[str, float]] = field(default_factory=list)
+    generate_cpu_s: float = 0.0
+    generate_files_read: int = 0
+    due: int = 0                          # --due: rows due at `now` (counted)
+    as_built: ScanCost | None = None      # --due: generate on `urls` as built, before clustering
+    cluster_s: float = 0.0                # --due: maintain's clustering of `urls`
+    clustered_files: int = 0
     update_steps: list[tuple[str, float]] = field(default_factory=list)
 
 
@@ -87,6 +102,66 @@ def timed(action) -> tuple[float, object]:
     started = time.monotonic()
     value = action()
     return time.monotonic() - started, value
+
+
+@dataclass
+class ScanCost:
+    """One job run's wall and JVM CPU seconds, and the `urls` files its scans read (summed over its queries)."""
+
+    wall_s: float
+    cpu_s: float
+    files_read: int
+    table_files: int
+
+
+def jvm_cpu_s(spark: SparkSession) -> float:
+    """CPU seconds the driver JVM (the local executors' threads included) has used so far, from /proc (Linux)."""
+    pid = spark._jvm.java.lang.ProcessHandle.current().pid()
+    with open(f"/proc/{pid}/stat") as stat:
+        fields = stat.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime
+
+
+def sql_executions(spark: SparkSession) -> list[int]:
+    """The ids of the SQL executions the session's status store holds (it keeps them with the UI off)."""
+    executions = spark._jsparkSession.sharedState().statusStore().executionsList().iterator()
+    ids = []
+    while executions.hasNext():
+        ids.append(executions.next().executionId())
+    return ids
+
+
+def files_read(spark: SparkSession, table_dir: str, since_execution: int) -> int:
+    """`number of files read` of every Spark scan of the table under `table_dir` in the SQL executions from
+    `since_execution` on."""
+    store = spark._jsparkSession.sharedState().statusStore()
+    total = 0
+    for execution_id in sql_executions(spark):
+        if execution_id < since_execution:
+            continue
+        values = store.executionMetrics(execution_id)
+        nodes = store.planGraph(execution_id).allNodes()
+        for i in range(nodes.size()):
+            node = nodes.apply(i)
+            if not node.name().startswith("Scan parquet") or table_dir not in node.desc():
+                continue
+            metrics = node.metrics()
+            for j in range(metrics.size()):
+                metric = metrics.apply(j)
+                value = values.get(metric.accumulatorId())
+                if metric.name() == "number of files read" and value.isDefined():
+                    total += int(value.get().replace(",", ""))
+    return total
+
+
+def measured(spark: SparkSession, root: str, action) -> tuple[ScanCost, object]:
+    """Run `action`, with what it cost and the `urls` files it read."""
+    urls_dir = tables.table_path(root, "urls")  # no other table's name starts with "urls"
+    table_files = table_detail(spark, urls_dir)[1]
+    since = max(sql_executions(spark), default=-1) + 1
+    cpu = jvm_cpu_s(spark)
+    wall, value = timed(action)
+    return ScanCost(wall, jvm_cpu_s(spark) - cpu, files_read(spark, urls_dir, since), table_files), value
 
 
 def _as_table(df: DataFrame, name: str) -> DataFrame:
@@ -129,28 +204,37 @@ def build_hosts(spark: SparkSession, root: str, host_count: int, buckets: int, n
 
 
 def build_urls(spark: SparkSession, root: str, url_count: int, hosts: DataFrame, host_count: int, skew: float,
-               default_interval_s: int, now: datetime) -> None:
-    """Write `urls`: url_count due, unfetched rows spread over the hosts with a Zipf-like skew."""
+               default_interval_s: int, now: datetime, due_count: int | None = None) -> None:
+    """Write `urls`: rows spread over the hosts with a Zipf-like skew. With `due_count` None every row is due and
+    unfetched; otherwise about `due_count` of them are (drawn at random), and the others were fetched before and
+    come due over the next 30 days, as a running crawl's frontier does."""
     host_index = F.least(F.floor(F.pow(F.rand(11), F.lit(skew)) * host_count).cast("bigint"),
                          F.lit(host_count - 1))
     overdue_s = (F.rand(13) * 30 * 86400 + 60).cast("bigint")  # due between 1 minute and 30 days ago
+    due_share = 1.0 if due_count is None else min(1.0, due_count / url_count)
+    # Not due: between 1 minute and 30 days from now (a negative overdue).
+    overdue_s = F.when(F.rand(14) < due_share, overdue_s).otherwise(-overdue_s)
     drawn = spark.range(url_count, numPartitions=RANGE_PARTITIONS).select(
         F.col("id"), host_index.alias("host_index"), F.rand(12).alias("priority"), overdue_s.alias("overdue_s"),
     )
-    nulls = ("discovered_in", "last_fetch_at", "last_status_code", "etag", "last_modified", "content_hash", "simhash",
+    nulls = ("discovered_in", "last_status_code", "etag", "last_modified", "content_hash", "simhash",
              "last_changed_at", "redirect_to", "lease_segment", "lease_expires_at", "last_segment", "inlink_segment",
              "sitemap_origin")
     next_fetch_at = F.timestamp_seconds(F.lit(int(now.timestamp())) - F.col("overdue_s"))
+    fetched = F.col("overdue_s") < 0
     rows = drawn.join(F.broadcast(hosts), "host_index").select(
         F.concat("host_key", F.lit("/page/"), F.col("id").cast("string")).alias("url"),
         "host_key", "bucket", "priority", next_fetch_at.alias("next_fetch_at"),
         F.when(F.col("id") % 100 == 0, UrlSource.SEED.value).otherwise(UrlSource.LINK.value).alias("source"),
         (F.col("id") % 4).alias("depth"),
+        fetched.alias("fetched"),
     ).select(
         F.md5("url").alias("url_id"), "*",
-        F.lit(UrlStatus.UNFETCHED.value).alias("status"),
-        F.lit(0).alias("state_version"),
-        (F.col("next_fetch_at") - F.expr("INTERVAL 1 DAY")).alias("discovered_at"),
+        F.when(F.col("fetched"), UrlStatus.FETCHED.value).otherwise(UrlStatus.UNFETCHED.value).alias("status"),
+        F.when(F.col("fetched"), 1).otherwise(0).alias("state_version"),
+        (F.col("next_fetch_at") - F.expr("INTERVAL 31 DAYS")).alias("discovered_at"),
+        F.when(F.col("fetched"), F.col("next_fetch_at") - F.make_dt_interval(secs=F.lit(default_interval_s)))
+        .alias("last_fetch_at"),
         F.lit(default_interval_s).alias("fetch_interval_s"),
         F.lit(0).alias("failure_count"),
         F.lit(0).alias("inlinks"),
@@ -246,7 +330,8 @@ def run_size(spark: SparkSession, conf: config_mod.Config, root: str, url_count:
     def build() -> None:
         tables.create_all(spark, root)
         hosts = build_hosts(spark, root, args.hosts, conf.crawl.buckets, now)
-        build_urls(spark, root, url_count, hosts, args.hosts, args.skew, conf.revisit.default_interval_s, now)
+        build_urls(spark, root, url_count, hosts, args.hosts, args.skew, conf.revisit.default_interval_s, now,
+                   args.due)
 
     figures.build_s, _ = timed(build)
     figures.table_mb, figures.table_files = table_detail(spark, tables.table_path(root, "urls"))
@@ -257,6 +342,8 @@ def run_size(spark: SparkSession, conf: config_mod.Config, root: str, url_count:
     progress(f"{url_count:,} URLs: scan {figures.scan_s:.1f}s")
 
     segment_id = f"seg-bench-{url_count}"
+    if args.due is not None:
+        return due_generates(spark, conf, root, segment_id, now, figures, steps, args.keep)
     steps.take()
     figures.generate_s, generated = timed(lambda: generate.run(spark, conf, root, segment_id, now=now))
     figures.generate_steps = steps.take()
@@ -276,11 +363,73 @@ def run_size(spark: SparkSession, conf: config_mod.Config, root: str, url_count:
     return figures
 
 
+def due_generates(spark: SparkSession, conf: config_mod.Config, root: str, segment_id: str, now: datetime,
+                  figures: Figures, steps: StepTimes, keep: bool) -> Figures:
+    """--due: generate on `urls` as built, then (tables restored) after maintain's clustering of `urls`."""
+    from delta.tables import DeltaTable
+
+    url_count = figures.urls
+    figures.due = tables.table_df(spark, root, "urls").where(F.col("next_fetch_at") <= F.lit(now)).count()
+    built = {name: tables.table_version(spark, root, name) for name in ("urls", "segments", "cycle_metrics")}
+    figures.as_built, generated = measured(spark, root, lambda: generate.run(spark, conf, root, segment_id, now=now))
+    progress(f"{url_count:,} URLs: generate as built {figures.as_built.wall_s:.1f}s "
+             f"({figures.as_built.files_read} files read of {figures.as_built.table_files}; {generated.summary()})")
+    steps.take()
+    for name, version in built.items():  # as before that generate: nothing leased, no segment
+        DeltaTable.forPath(spark, tables.table_path(root, name)).restoreToVersion(version)
+    shutil.rmtree(layout.segment_dir(root, segment_id))
+    figures.cluster_s, _ = timed(lambda: maintain.maintain_table(spark, conf, root, "urls", None))
+    figures.clustered_files = table_detail(spark, tables.table_path(root, "urls"))[1]
+    progress(f"{url_count:,} URLs: clustered by next_fetch_at in {figures.cluster_s:.1f}s "
+             f"({figures.clustered_files} files)")
+    steps.take()
+    clustered, generated = measured(spark, root, lambda: generate.run(spark, conf, root, segment_id, now=now))
+    figures.generate_steps = steps.take()
+    figures.generate_s, figures.generate_cpu_s = clustered.wall_s, clustered.cpu_s
+    figures.generate_files_read, figures.leased = clustered.files_read, generated.url_count
+    progress(f"{url_count:,} URLs: generate clustered {clustered.wall_s:.1f}s ({clustered.files_read} files read "
+             f"of {clustered.table_files}; {generated.summary()})")
+    if not keep:
+        shutil.rmtree(root, ignore_errors=True)
+    return figures
+
+
 def verdict(value: float, limit: float) -> str:
     return "met" if value < limit or abs(value - limit) < 1e-9 else "NOT met"
 
 
+def report_due(all_figures: list[Figures], args: argparse.Namespace) -> None:
+    print()
+    print(f"Frontier benchmark, --due {args.due:,}: {args.hosts:,} hosts (Zipf-like skew {args.skew}), segment budget "
+          f"{args.results:,}; the rest of the rows come due over 30 days")
+    header = (f"{'URLs':>12} {'due':>8} {'table MB':>9} {'scan s':>7} | {'as built: gen s':>15} {'CPU s':>6} "
+              f"{'files':>11} | {'cluster s':>9} | {'clustered: gen s':>16} {'CPU s':>6} {'files':>11} {'leased':>8}")
+    print(header)
+    print("-" * len(header))
+    for f in all_figures:
+        b = f.as_built
+        print(f"{f.urls:>12,} {f.due:>8,} {f.table_mb:>9.0f} {f.scan_s:>7.1f} | {b.wall_s:>15.1f} {b.cpu_s:>6.1f} "
+              f"{f'{b.files_read}/{b.table_files}':>11} | {f.cluster_s:>9.1f} | {f.generate_s:>16.1f} "
+              f"{f.generate_cpu_s:>6.1f} {f'{f.generate_files_read}/{f.clustered_files}':>11} {f.leased:>8,}")
+    print("(files: `urls` files read by generate's scans, summed over its queries / files in the table)")
+    if len(all_figures) > 1:
+        small, large = all_figures[0], all_figures[-1]
+        for name, before, after in (("as built", small.as_built.wall_s, large.as_built.wall_s),
+                                    ("clustered", small.generate_s, large.generate_s)):
+            growth = after / before
+            print(f"  generate {name}: {large.urls:,}/{small.urls:,} URLs = {growth:.2f} "
+                  f"{verdict(growth, TARGET_DUE_GENERATE_GROWTH)} (target <= {TARGET_DUE_GENERATE_GROWTH:g})")
+    print()
+    print("Step times of the clustered generate (jobs.base.step):")
+    for f in all_figures:
+        listed = ", ".join(f"{name.split(': ', 1)[-1]} {s:.1f}" for name, s in f.generate_steps)
+        print(f"  {f.urls:>12,} {listed}, other {f.generate_s - sum(s for _, s in f.generate_steps):.1f}")
+
+
 def report(all_figures: list[Figures], args: argparse.Namespace) -> None:
+    if args.due is not None:
+        report_due(all_figures, args)
+        return
     print()
     print(f"Frontier benchmark: {args.hosts:,} hosts (Zipf-like skew {args.skew}), segment budget "
           f"{args.results:,}, {args.links} new-URL link(s) per result; url_id = md5(url) for the synthetic rows")
@@ -321,6 +470,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--hosts", type=int, default=100_000, help="distinct hosts")
     parser.add_argument("--results", type=int, default=100_000, help="segment budget = fetched results per segment")
     parser.add_argument("--links", type=int, default=1, help="new-URL outlinks per fetched result (0 = none)")
+    parser.add_argument("--due", type=int, default=None,
+                        help="about this many rows due, the rest due over the next 30 days (default: every row due); "
+                             "compares generate before and after maintain's clustering, without update")
     parser.add_argument("--skew", type=float, default=3.0, help="host = floor(hosts * u^skew); 1 = uniform")
     parser.add_argument("--root", default="/tmp/cyclecrawl-bench", help="scratch storage root (wiped per size)")
     parser.add_argument("--keep", action="store_true", help="keep each size's tables instead of deleting them")
@@ -333,6 +485,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args.sizes = [int(s.replace("_", "")) for s in args.urls.split(",") if s.strip()]
     if not args.sizes or min(args.sizes) <= 0 or args.hosts <= 0 or args.results <= 0 or args.links < 0:
         parser.error("--urls, --hosts and --results must be positive, --links not negative")
+    if args.due is not None and args.due <= 0:
+        parser.error("--due must be positive")
     return args
 
 

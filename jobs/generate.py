@@ -249,6 +249,7 @@ def lease(spark: SparkSession, root: str, selected: DataFrame, segment_id: str, 
     t, s = F.col, F.col
     condition = (
         (t("t.bucket") == s("s.bucket"))
+        & (t("t.next_fetch_at") <= F.lit(now))  # true of every selected row; Delta skips the files holding none
         & (t("t.url_id") == s("s.url_id"))
         & (t("t.url") == s("s.url"))
         & (t("t.state_version") == s("s.old_state_version"))

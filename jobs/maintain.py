@@ -1,12 +1,18 @@
 """`crawl maintain`: compact small files (OPTIMIZE), delete unreferenced ones (VACUUM), report table figures.
 
 Every MERGE and append of a cycle adds small files (and deletion vectors); left alone, reads slow down with the
-file count. OPTIMIZE here is plain bin-packing compaction, which Delta does per partition: `urls`/`hosts` stay
-bucketed and `fetches`/`links` stay per segment, so generate and update keep pruning by partition. ZORDER is
-not used: the keys worth clustering inside a bucket are `url_id` (a uniform hash, looked up by MERGE through a
-join that OSS Delta does not prune by file statistics) and `next_fetch_at` (rewritten by every update, so the
-clustering decays in one cycle), while ZORDER rewrites every file of a partition on every run. Compaction only
+file count. OPTIMIZE works per partition: `urls`/`hosts` stay bucketed and `fetches`/`links` stay per segment, so
+generate and update keep pruning by partition. Every table but `urls` gets plain bin-packing compaction, which only
 rewrites the small files, so a second run costs next to nothing.
+
+`urls` is clustered by its due time instead (OPTIMIZE ZORDER BY next_fetch_at, one column: each bucket's rows
+sorted by it and cut into about URLS_FILES_PER_BUCKET files), so each file covers a narrow slice of due times and
+generate, whose filter `next_fetch_at <= now` Delta checks against every file's min/max statistics, reads only the
+files that can hold due URLs (docs/architecture.md, "Table layout and why"). The clustering does not decay where it
+matters: a cycle moves the rows it leases and completes out of their files (deletion vectors), into the few files
+that cycle writes, and a clustered file whose slice has not come due yet is still skipped. It costs a rewrite of
+the whole table each run, which is why maintain runs on a slower schedule than the cycle, and it is done one
+bucket at a time under the crawl's writer lock (cluster_by_bucket).
 
 Before compaction, `hosts.known_urls` is recounted from `urls` (one scan): update keeps it by increments
 and inject by recounting its seeds' hosts, so this recount only repairs drift (e.g. rows written by hand). Hosts
@@ -17,6 +23,7 @@ until then).
 from __future__ import annotations
 
 import logging
+import re
 import time
 from dataclasses import dataclass, field
 
@@ -28,6 +35,7 @@ from crawler import layout
 from crawler.config import Config
 from delta_tables.tables import TABLES, table_path, table_version
 from jobs.base import merge_counts, merge_into, pinned_table, recount_known_urls, session_settings
+from jobs.writelock import writer_lock
 
 log = logging.getLogger("jobs.maintain")
 
@@ -38,6 +46,13 @@ RETENTION_CHECK_CONF = "spark.databricks.delta.retentionDurationCheck.enabled"
 LISTING_PARALLELISM_CONF = "spark.sql.sources.parallelPartitionDiscovery.parallelism"
 VACUUM_LOGGING_CONF = "spark.databricks.delta.vacuum.logging.enabled"
 MAX_FILE_SIZE_CONF = "spark.databricks.delta.optimize.maxFileSize"
+# `urls` is clustered by due time (module docstring). Generate reads the files whose slice of due times has begun,
+# so a bucket cut into n files costs it about 1/n of the table beyond the due rows themselves; files of less than
+# a megabyte would make every other reader of `urls` (update's MERGE) pay per file instead.
+CLUSTERED_BY = {"urls": "next_fetch_at"}
+URLS_FILES_PER_BUCKET = 32
+CLUSTERED_MIN_FILE_BYTES = 1024 * 1024
+BUCKET_FOLDER = re.compile(r"/bucket=(\d+)/")  # a Delta partition folder of `bucket` in a data file's path
 
 
 @dataclass
@@ -127,8 +142,40 @@ def _vacuum_removed(delta_table, after_version: int) -> int:
     return sum(int((row["operationMetrics"] or {}).get("numDeletedFiles", 0)) for row in rows)
 
 
-def maintain_table(spark: SparkSession, root: str, name: str, retention_hours: float | None) -> TableMaintenance:
-    """OPTIMIZE one table, then VACUUM it unless `retention_hours` is None, then read its figures."""
+def clustered_file_bytes(table_bytes: int, partitions: int) -> int:
+    """The file size a clustering OPTIMIZE aims at: each partition's share of the table cut into
+    URLS_FILES_PER_BUCKET files, none under CLUSTERED_MIN_FILE_BYTES."""
+    return max(CLUSTERED_MIN_FILE_BYTES, table_bytes // (max(partitions, 1) * URLS_FILES_PER_BUCKET))
+
+
+def stored_buckets(delta_table) -> list[int]:
+    """The buckets that hold files in the table's current version, from the paths its log lists (no data read;
+    the table's own, whatever the config says)."""
+    return sorted({int(match.group(1)) for path in delta_table.toDF().inputFiles()
+                   if (match := BUCKET_FOLDER.search(path))})
+
+
+def cluster_by_bucket(spark: SparkSession, conf: Config, root: str, delta_table, column: str,
+                      table_bytes: int) -> tuple[int, int]:
+    """ZORDER a bucketed table by `column` one bucket at a time, each under the crawl's writer lock; returns (files
+    removed, files written). The rewrite replaces every file, so against a cycle's MERGE into the same files Delta
+    would fail whichever commits second; one bucket at a time, a cycle waits for seconds, not the whole table."""
+    removed = written = 0
+    buckets = stored_buckets(delta_table)
+    with session_settings(spark, {MAX_FILE_SIZE_CONF: str(clustered_file_bytes(table_bytes, len(buckets)))}):
+        for bucket in buckets:
+            with writer_lock(conf, root, "maintain"):
+                metrics = (delta_table.optimize().where(f"bucket = {bucket}").executeZOrderBy(column)
+                           .select("metrics.numFilesRemoved", "metrics.numFilesAdded").first())
+            removed += int(metrics["numFilesRemoved"] or 0)
+            written += int(metrics["numFilesAdded"] or 0)
+    return removed, written
+
+
+def maintain_table(spark: SparkSession, conf: Config, root: str, name: str,
+                   retention_hours: float | None) -> TableMaintenance:
+    """OPTIMIZE one table (clustered by its CLUSTERED_BY column if it has one, else compacted), then VACUUM it
+    unless `retention_hours` is None, then read its figures."""
     from delta.tables import DeltaTable
 
     started = time.monotonic()
@@ -137,10 +184,14 @@ def maintain_table(spark: SparkSession, root: str, name: str, retention_hours: f
     files, size = _detail(spark, path)
     figures = TableMaintenance(name, files_before=files, bytes_before=size)
 
-    metrics = delta_table.optimize().executeCompaction().select("metrics.numFilesRemoved", "metrics.numFilesAdded")
-    compacted = metrics.first()
-    figures.files_compacted = int(compacted["numFilesRemoved"] or 0)
-    figures.files_written = int(compacted["numFilesAdded"] or 0)
+    if name in CLUSTERED_BY:
+        figures.files_compacted, figures.files_written = cluster_by_bucket(spark, conf, root, delta_table,
+                                                                           CLUSTERED_BY[name], size)
+    else:
+        compacted = (delta_table.optimize().executeCompaction()
+                     .select("metrics.numFilesRemoved", "metrics.numFilesAdded").first())
+        figures.files_compacted = int(compacted["numFilesRemoved"] or 0)
+        figures.files_written = int(compacted["numFilesAdded"] or 0)
 
     if retention_hours is not None:
         version = table_version(spark, root, name)
@@ -205,7 +256,7 @@ def run(spark: SparkSession, conf: Config, root: str, tables: list[str] | None =
                 log.warning("maintain %s: no table under %s (run `crawl init`)", name, root)
                 result.missing.append(name)
                 continue
-            result.tables.append(maintain_table(spark, root, name, retention_hours if vacuum else None))
+            result.tables.append(maintain_table(spark, conf, root, name, retention_hours if vacuum else None))
     log.info("maintain: %s", result.summary())
     return result
 

@@ -16,6 +16,7 @@ from crawler.errors import Backpressure, UserError
 from crawler.records import FETCHLIST
 from delta_tables import tables
 from jobs import generate, inject, update
+from tests.support.due_files import remove_files_due_after, url_rows
 from tests.support.tables import append_rows, unchanged_tables
 
 
@@ -160,6 +161,31 @@ def test_backoff_host_skipped_and_global_cap_keeps_lowest_ranks(spark, base_conf
     rows = [r for rows in fetchlist_rows(root, "seg-cap").values() for r in rows]
     assert result.url_count == 2
     assert {(r["host_key"], r["rank"]) for r in rows} == {("http://b.test", 1), ("http://c.test", 1)}
+
+
+def test_generate_reads_only_the_urls_files_that_can_hold_due_rows(spark, base_conf, root):
+    """generate's due filter reaches the `urls` scans (the selection, the frontier figures, the lease) as a plain
+    predicate on next_fetch_at, which Delta checks against each file's min/max statistics: a file whose rows all
+    come due later is never opened. Those files are deleted from storage here (still in the table's log), so a job
+    that read one would fail."""
+    now = datetime(2026, 3, 1, 12, tzinfo=UTC)
+    buckets = base_conf.crawl.buckets
+    for day in (1, 2, 3):  # rows due later, a file per bucket and append
+        append_rows(spark, root, "urls", url_rows("http://later.test", range(10 * day, 10 * day + 10),
+                                                  now + timedelta(days=day), buckets)
+                    + url_rows("http://other.test", range(day), now + timedelta(minutes=day), buckets), now)
+    due = url_rows("http://due.test", range(3), now - timedelta(hours=1), buckets)
+    append_rows(spark, root, "urls", due, now)
+    assert len(remove_files_due_after(spark, root, now)) >= 3
+
+    result = generate.run(spark, base_conf, root, "seg-due-files", now)
+
+    assert result.url_count == 3
+    assert sorted(r["url"] for rows in fetchlist_rows(root, "seg-due-files").values() for r in rows) == sorted(
+        r["url"] for r in due)
+    leased = tables.table_df(spark, root, "urls").where((F.col("next_fetch_at") <= F.lit(now))
+                                                      & (F.col("lease_segment") == "seg-due-files"))
+    assert sorted(r["url"] for r in leased.collect()) == sorted(r["url"] for r in due)
 
 
 @pytest.mark.slow

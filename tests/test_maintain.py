@@ -4,15 +4,16 @@ from __future__ import annotations
 
 import logging
 import os
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
 import pytest
 from pyspark.sql import functions as F
 
 from crawler.config import ConfigError
 from delta_tables.tables import table_df, table_path
-from jobs import maintain
-from tests.support.tables import append_rows, table_versions
+from jobs import generate, maintain
+from tests.support.due_files import remove_files_due_after, url_rows
+from tests.support.tables import append_rows, table_rows, table_versions
 
 APPENDS = 5
 WHEN = datetime(2026, 1, 2, 3, 4, 5, tzinfo=UTC)
@@ -154,3 +155,35 @@ def test_bad_target_file_size_is_a_config_error(base_conf):
     with pytest.raises(ConfigError) as info:
         base_conf.with_overrides({"maintain.target_file_mb": 0})
     assert info.value.key == "maintain.target_file_mb"
+
+
+def test_urls_clustered_by_due_time_so_generate_skips_the_files_not_due_yet(spark, base_conf, tables_root,
+                                                                            monkeypatch):
+    """maintain cuts each bucket of `urls` into files of disjoint slices of next_fetch_at (contents unchanged);
+    then a generate opens only the files whose slice has begun (the others are deleted from storage here, so
+    reading one would fail it)."""
+    monkeypatch.setattr(maintain, "URLS_FILES_PER_BUCKET", 4)  # a handful of rows: small files, several a bucket
+    monkeypatch.setattr(maintain, "CLUSTERED_MIN_FILE_BYTES", 1)
+    now, buckets = WHEN, base_conf.crawl.buckets
+    rows = []
+    for host in ("http://a.test", "http://b.test"):  # one append: each bucket's one file spans every due time
+        for day in range(40):
+            rows += url_rows(host, range(5 * day, 5 * day + 5), now + timedelta(days=day, hours=-1), buckets)
+    append_rows(spark, tables_root, "urls", rows, now)
+    before = table_rows(spark, tables_root, "urls")
+
+    figures = maintain.run(spark, base_conf, tables_root, tables=["urls"], vacuum=False).tables[0]
+
+    assert table_rows(spark, tables_root, "urls") == before
+    slices = (table_df(spark, tables_root, "urls").groupBy("bucket", "_metadata.file_path")
+              .agg(F.min("next_fetch_at").alias("first"), F.max("next_fetch_at").alias("last"))
+              .orderBy("bucket", "first").collect())
+    assert figures.files_after == len(slices) > 2 * len({r["bucket"] for r in slices})
+    for earlier, later in zip(slices, slices[1:], strict=False):
+        if earlier["bucket"] == later["bucket"]:
+            assert earlier["last"] <= later["first"]
+    assert len(remove_files_due_after(spark, tables_root, now))
+
+    result = generate.run(spark, base_conf, tables_root, "seg-clustered", now)
+
+    assert result.url_count == 10  # day 0's five pages of each host
