@@ -155,6 +155,7 @@ _RULES: dict[str, tuple[Any, str]] = {
     "generate.refresh_share_gain": (_non_negative, "must be >= 0"),
     "generate.max_unmerged_segments": (_non_negative, "must be >= 0"),
     "cycle.interval_s": (_positive, "must be > 0"),
+    "cycle.poll_s": (_positive, "must be > 0"),
     "service_levels.discovery_durable_s": (_positive, "must be > 0"),
     "service_levels.lease_within_s": (_positive, "must be > 0"),
     "service_levels.lease_share": (lambda v: 0 < v <= 1, "must be in (0, 1]"),

@@ -88,6 +88,7 @@ class GenerateSettings:
 class CycleSettings:
     """`cycle.*`."""
     interval_s: float
+    poll_s: float
 
 @dataclass(frozen=True)
 class ServiceLevelsSettings:
