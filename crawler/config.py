@@ -242,7 +242,6 @@ _RULES: dict[str, tuple[Any, str]] = {
     "validate.future_slack_s": (_non_negative, "must be >= 0"),
     "demo.hosts": (lambda v: 1 <= v <= 10000, "must be between 1 and 10000"),
     "demo.pages_per_host": (lambda v: 1 <= v <= 100000, "must be between 1 and 100000"),
-    "demo.cycles": (_positive, "must be > 0"),
     "demo.min_delay_s": (_non_negative, "must be >= 0"),
 }
 

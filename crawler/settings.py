@@ -250,7 +250,6 @@ class DemoSettings:
     """`demo.*`."""
     hosts: int
     pages_per_host: int
-    cycles: int
     min_delay_s: float
 
 

@@ -145,9 +145,8 @@ COMMANDS: tuple[Command, ...] = (
                        help="stop as on SIGTERM after this many seconds (a scheduler's bounded run)"),
                 option("--until-idle", action="store_true",
                        help="stop once nothing is due and no segment is open"))),
-    Command("demo", "crawl the bundled demo site farm on loopback",
-            "jobs.demo:run_demo", checks_bucketing=False, arguments=(
-                option("--cycles", type=commandline.positive_int, help="cycles to run (default: demo.cycles)"),)),
+    Command("demo", "crawl the bundled demo site farm on loopback with `crawl run` until nothing is due",
+            "jobs.demo:run_demo", checks_bucketing=False),
     Command("maintain", "compact (OPTIMIZE), VACUUM and report every table",
             "jobs.maintain:run_command", spark=True, arguments=(
                 TABLE,

@@ -345,11 +345,12 @@ def _stop_on_signals(stop: threading.Event) -> dict[int, Any]:
     return {signum: signal.signal(signum, handle) for signum in (signal.SIGTERM, signal.SIGINT)}
 
 
-def run_command(spark: SparkSession, conf: Config, root: str, seeds: str | None, daemon: bool,
-                run_for_s: float | None, until_idle: bool) -> int:
-    """`crawl run`: the driver, with its fetch daemon child unless --no-daemon."""
+def run_continuously(spark: SparkSession, conf: Config, root: str, observers: list[StepObserver], seeds: str | None,
+                     daemon: bool, run_for_s: float | None, until_idle: bool) -> tuple[int, Driver]:
+    """The driver with its fetch daemon child (unless `daemon` is false) until it stops; SIGTERM and SIGINT stop it
+    after the step in progress. Returns (exit status, the driver)."""
     child = DaemonChild(conf, root) if daemon else None
-    driver = Driver(spark, conf, root, [print_progress], child)
+    driver = Driver(spark, conf, root, observers, child)
     previous = _stop_on_signals(driver.stop)
     if child is not None:
         child.start()
@@ -357,9 +358,14 @@ def run_command(spark: SparkSession, conf: Config, root: str, seeds: str | None,
         status = driver.run(seeds, run_for_s, until_idle)
     finally:
         if child is not None:
-            child_status = child.stop()
-            log.info("run: fetch daemon stopped (exit %s)", child_status)
+            log.info("run: fetch daemon stopped (exit %s)", child.stop())
         for signum, handler in previous.items():
             signal.signal(signum, handler)
     print(f"{PROGRESS} stopped: {driver.merged} segments merged, {len(driver.open)} open", flush=True)
-    return status
+    return status, driver
+
+
+def run_command(spark: SparkSession, conf: Config, root: str, seeds: str | None, daemon: bool,
+                run_for_s: float | None, until_idle: bool) -> int:
+    """`crawl run`: the driver, with its fetch daemon child unless --no-daemon."""
+    return run_continuously(spark, conf, root, [print_progress], seeds, daemon, run_for_s, until_idle)[0]
