@@ -172,9 +172,10 @@ class Driver:
             if until_idle and self.nothing_due and not self.open and not self.regenerate:
                 log.info("run: nothing due and no segment open: idle")
                 break
-            wait = min(self.conf.cycle.poll_s, max(0.0, self.next_tick - time.monotonic()),
-                       max(0.0, deadline - time.monotonic()))
-            self.stop.wait(wait)
+            # A tick already due here is held back by backpressure: look again after a poll.
+            until_tick = self.next_tick - time.monotonic()
+            poll = self.conf.cycle.poll_s if until_tick <= 0 else min(self.conf.cycle.poll_s, until_tick)
+            self.stop.wait(min(poll, max(0.0, deadline - time.monotonic())))
         return 0
 
     def _look_at_fetches(self) -> None:
