@@ -15,10 +15,11 @@ completion), and at start it reads the open segments from the `segments` table a
 segment folders once, then runs each one's remaining steps in order. From then on it knows what it generated and
 merged, and looks at nothing but the fetching segments' folders (`fetchd.progress`, a listing) every `cycle.poll_s`.
 
-Exit status: 0 when stopped (SIGTERM, SIGINT, --for, --until-idle), after the step in progress and the daemon
-child's own stop; the daemon child's status when it ended by itself (75 when the crawl's settings changed under
-it, 1 when it failed); 75 when a merge step cannot go on now (another command's commit won, the writer lock held
-elsewhere: `crawler.errors.TryLater`); 2 for a user mistake; 1 for any other failure. A restart resumes.
+Exit status: 0 when stopped (SIGTERM, SIGINT, --for, --until-idle, or the daemon child stopped by a signal),
+after the step in progress and the daemon child's own stop; the daemon child's status when it ended otherwise (75
+when the crawl's settings changed under it, 1 when it failed or was killed); 75 when a merge step cannot go on now
+(another command's commit won, the writer lock held elsewhere: `crawler.errors.TryLater`); 2 for a user mistake;
+1 for any other failure. A restart resumes.
 """
 
 from __future__ import annotations
@@ -164,8 +165,11 @@ class Driver:
         self.resume()
         while not self.stop.is_set() and time.monotonic() < deadline:
             if self.daemon is not None and self.daemon.exitcode is not None:
-                log.error("run: the fetch daemon ended by itself (exit %s): stopping", self.daemon.exitcode)
-                return self.daemon.exitcode if self.daemon.exitcode > 0 else 1
+                # 0: it was stopped (a SIGTERM to the whole process group reaches it too); else it failed
+                status = self.daemon.exitcode
+                log.log(logging.INFO if status == 0 else logging.ERROR,
+                        "run: the fetch daemon ended (exit %s): stopping", status)
+                return status if status >= 0 else 1
             self._look_at_fetches()
             if self._merge_one_step() or self._generate_if_due():
                 continue
