@@ -39,12 +39,12 @@ pytestmark = [pytest.mark.slow, pytest.mark.spark]
 REPO = Path(__file__).resolve().parents[1]
 FARM = FarmSpec(hosts=3, pages_per_host=8, latency_s=0.0)
 DELAY_S = 0.05
-RUN_TIMEOUT_S = 300
+RUN_TIMEOUT_S = 900  # one start of the driver: a loaded machine's JVM start and steps
 MAX_DEPTH = 1
 SIGTERM_BOUND_S = 90  # the step in progress on a tiny segment (on a loaded machine), and the daemon child's stop
 # (step whose progress line triggers the kill, "started" or "done", seconds after that line, whom it kills: the
 # whole process group, or the driver alone, whose daemon child and JVM must then end by themselves)
-KILLS = (("parse", "started", 1.0, "group"), ("update", "started", 2.0, "group"), ("dedup", "done", 0.0, "driver"))
+KILLS = (("parse", "started", 1.0, "group"), ("update", "started", 2.0, "driver"), ("dedup", "done", 0.0, "group"))
 SIGTERM_AT = ("parse", "started", 1.0)
 CHILDREN_GONE_S = 30  # after kill -9 of the driver alone: the daemon's stop on its parent's death, the JVM's exit
 
@@ -119,7 +119,11 @@ class Driver:
         raise AssertionError(f"no {step} {event} within {RUN_TIMEOUT_S}s:\n" + self.tail())
 
     def finish(self) -> int:
-        code = self.process.wait(RUN_TIMEOUT_S)
+        try:
+            code = self.process.wait(RUN_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.process.pid, signal.SIGKILL)
+            raise
         time.sleep(0.1)
         while not self.lines.empty():
             line = self.lines.get()
