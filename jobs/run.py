@@ -171,11 +171,13 @@ class Driver:
                         "run: the fetch daemon ended (exit %s): stopping", status)
                 return status if status >= 0 else 1
             self._look_at_fetches()
-            if self._merge_one_step() or self._generate_if_due():
+            if self._merge_one_step():
                 continue
             if until_idle and self.nothing_due and not self.open and not self.regenerate:
                 log.info("run: nothing due and no segment open: idle")
                 break
+            if self._generate_if_due():
+                continue
             # A tick already due here is held back by backpressure: look again after a poll.
             until_tick = self.next_tick - time.monotonic()
             poll = self.conf.cycle.poll_s if until_tick <= 0 else min(self.conf.cycle.poll_s, until_tick)
