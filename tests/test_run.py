@@ -109,13 +109,18 @@ class Driver:
         """The first new progress line of `step` (`run: <step> <segment> started`, or its done line)."""
         deadline = time.monotonic() + RUN_TIMEOUT_S
         while time.monotonic() < deadline:
-            line = self.lines.get(timeout=deadline - time.monotonic())
+            try:
+                line = self.lines.get(timeout=deadline - time.monotonic())
+            except queue.Empty:
+                break
             if line is None:
-                raise AssertionError(f"crawl run ended before {step} {event}:\n" + self.tail())
+                raise AssertionError(f"crawl run ended (exit {self.process.wait()}) before {step} {event}:\n"
+                                     + self.tail())
             self.seen.append(line)
             words = line.split()
             if words[:2] == ["run:", step] and (words[-1] == "started") == (event == "started"):
                 return line
+        os.killpg(self.process.pid, signal.SIGKILL)
         raise AssertionError(f"no {step} {event} within {RUN_TIMEOUT_S}s:\n" + self.tail())
 
     def finish(self) -> int:
