@@ -258,9 +258,9 @@ def test_sigterm_stops_the_driver_and_its_daemon_cleanly(crawls):
 def test_kill_9_at_any_step_loses_nothing_and_merges_nothing_twice(crawls):
     clean, killed = crawls
     token = config_mod.load().crawl.robots_token
-    reachable = clean.farm.expected_fetches(token, max_depth=MAX_DEPTH)
     summaries = {}
     for crawl in (clean, killed):
+        reachable = crawl.farm.expected_fetches(token, max_depth=MAX_DEPTH)
         urls = table(crawl.root, "urls")
         fetches = table(crawl.root, "fetches")
         fetched = {r["url"] for r in fetches if r["status_code"] is not None}
