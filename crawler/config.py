@@ -155,6 +155,7 @@ _RULES: dict[str, tuple[Any, str]] = {
     "generate.refresh_share_gain": (_non_negative, "must be >= 0"),
     "generate.max_unmerged_segments": (_non_negative, "must be >= 0"),
     "cycle.interval_s": (_positive, "must be > 0"),
+    "cycle.poll_s": (_positive, "must be > 0"),
     "cycle.metrics_port": (lambda v: 0 <= v <= 65535, "must be between 0 (no endpoint) and 65535"),
     "cycle.metrics_host": (_ip, "must be an IP address such as 127.0.0.1"),
     "service_levels.discovery_durable_s": (_positive, "must be > 0"),
@@ -244,7 +245,6 @@ _RULES: dict[str, tuple[Any, str]] = {
     "validate.future_slack_s": (_non_negative, "must be >= 0"),
     "demo.hosts": (lambda v: 1 <= v <= 10000, "must be between 1 and 10000"),
     "demo.pages_per_host": (lambda v: 1 <= v <= 100000, "must be between 1 and 100000"),
-    "demo.cycles": (_positive, "must be > 0"),
     "demo.min_delay_s": (_non_negative, "must be >= 0"),
 }
 

@@ -88,6 +88,7 @@ class GenerateSettings:
 class CycleSettings:
     """`cycle.*`."""
     interval_s: float
+    poll_s: float
     metrics_port: int
     metrics_host: str
 
@@ -252,7 +253,6 @@ class DemoSettings:
     """`demo.*`."""
     hosts: int
     pages_per_host: int
-    cycles: int
     min_delay_s: float
 
 

@@ -96,6 +96,17 @@ def _wait_seconds(seconds: float) -> None:
         raise UserError(f"--wait-for-daemons must be a number of seconds, 0 or more: {seconds}")
 
 
+def _run_seconds(text: str) -> float:
+    """--for: a finite number of seconds above 0 (a usage error, exit 2, otherwise)."""
+    try:
+        seconds = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
+    if not math.isfinite(seconds) or seconds <= 0:
+        raise argparse.ArgumentTypeError(f"must be a finite number of seconds above 0, got {text}")
+    return seconds
+
+
 SEGMENT = option("--segment", type=commandline.segment_id, required=True, help="segment id")
 TABLE = option("--table", action="append", dest="tables", choices=layout.TABLES, help="only this table (repeatable)")
 
@@ -124,9 +135,18 @@ COMMANDS: tuple[Command, ...] = (
                 option("--seeds", help="seeds file to inject first", check=_seeds_file),
                 option("--cycles", type=commandline.positive_int, default=1,
                        help="how many cycles to run (default 1)"))),
-    Command("demo", "crawl the bundled demo site farm on loopback",
-            "jobs.demo:run_demo", checks_bucketing=False, arguments=(
-                option("--cycles", type=commandline.positive_int, help="cycles to run (default: demo.cycles)"),)),
+    Command("run", "the continuous crawl: a new segment every cycle.interval_s, fetched by a daemon child while "
+                   "the previous one is parsed, deduplicated and merged; until SIGTERM/SIGINT (exit 0)",
+            "jobs.run:run_command", spark=True, arguments=(
+                option("--seeds", help="seeds file to inject first", check=_seeds_file),
+                option("--no-daemon", action="store_false", dest="daemon",
+                       help="start no fetch daemon: daemons run elsewhere on the same root"),
+                option("--for", type=_run_seconds, dest="run_for_s", metavar="SECONDS",
+                       help="stop as on SIGTERM after this many seconds (a scheduler's bounded run)"),
+                option("--until-idle", action="store_true",
+                       help="stop once nothing is due and no segment is open"))),
+    Command("demo", "crawl the bundled demo site farm on loopback with `crawl run` until nothing is due",
+            "jobs.demo:run_demo", checks_bucketing=False),
     Command("maintain", "compact (OPTIMIZE), VACUUM and report every table",
             "jobs.maintain:run_command", spark=True, arguments=(
                 TABLE,

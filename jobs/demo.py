@@ -1,8 +1,9 @@
 """`crawl demo`: a full local crawl of the bundled demo site farm, judged from the farm's own request log.
 
-Starts the farm on loopback, runs N cycles with one in-process daemon, stops everything it started, writes each
-cycle's HTML report (`crawl report`), validates every table (`crawl validate`) and prints a short report. Exit
-status is non-zero on any politeness or robots violation or failed expectation.
+Starts the farm on loopback, runs the continuous driver (`crawl run --until-idle`, with its fetch daemon child) until
+nothing is due and no segment is open, stops everything it started, writes each merged segment's HTML report
+(`crawl report`), validates every table (`crawl validate`) and prints a short report. Exit status is non-zero on
+any politeness or robots violation or failed expectation, or when the driver did not stop cleanly.
 """
 
 from __future__ import annotations
@@ -90,7 +91,9 @@ def demo_config(conf: Config, root: str, farm) -> Config:
     )
 
 
-def measure(spark, conf: Config, root: str, farm, cycles: int, farm_log: Path) -> DemoFigures:
+def measure(spark, conf: Config, root: str, farm, farm_log: Path) -> DemoFigures:
+    """The figures, judged from the tables and the farm's own log; the crawl ran until nothing was due, so every
+    page within `scope.max_depth` hops of the seeds is expected."""
     from pyspark.sql import functions as F
 
     from delta_tables import table_df
@@ -116,7 +119,7 @@ def measure(spark, conf: Config, root: str, farm, cycles: int, farm_log: Path) -
             return 0
         return spark.createDataFrame([(u,) for u in sorted(expected)], "url string").join(got, "url").count()
 
-    expected = farm.expected_fetches(token, max_depth=cycles - 1)
+    expected = farm.expected_fetches(token, max_depth=conf.scope.max_depth)
     sitemap_listed = farm.expected_fetches_sitemaps_only(token) if conf.sitemaps.from_robots else set()
 
     log_records = read_request_log(farm_log)
@@ -142,15 +145,14 @@ def measure(spark, conf: Config, root: str, farm, cycles: int, farm_log: Path) -
     )
 
 
-def run_demo(conf: Config, root: str, cycles: int | None = None) -> int:
+def run_demo(conf: Config, root: str) -> int:
     from jobs import report as cycle_report
     from jobs import validate
     from jobs.base import spark_session
-    from jobs.cycle import run_cycle
+    from jobs.run import UPDATE, StepRecord, print_progress, run_continuously
     from sitefarm.server import SiteFarm
     from sitefarm.sites import FarmSpec
 
-    cycles = cycles or conf.demo.cycles
     prepare_root(root)
     farm_dir = Path(root) / "sitefarm"
     farm_dir.mkdir(parents=True, exist_ok=True)
@@ -159,25 +161,29 @@ def run_demo(conf: Config, root: str, cycles: int | None = None) -> int:
         log_path=farm_dir / "requests.jsonl",
     )
     farm.start()
+    merged: list[str] = []
+
+    def keep_merged(record: StepRecord) -> None:
+        if record.name == UPDATE and record.segment_id:
+            merged.append(record.segment_id)
+
     try:
         conf = demo_config(conf, root, farm)
         seeds = farm_dir / "seeds.txt"
         seeds.write_text("".join(f"{url}\n" for url in farm.seed_urls()))
-        print(f"demo: farm of {conf.demo.hosts} hosts on 127.0.0.1:{farm.port}; crawling into {root}", flush=True)
+        print(f"demo: farm of {conf.demo.hosts} hosts on 127.0.0.1:{farm.port}; crawling into {root} until nothing "
+              f"is due (a segment every {conf.cycle.interval_s:g}s)", flush=True)
         spark = spark_session(conf, app_name="crawl-demo")
-        segments = []
-        for number in range(1, cycles + 1):
-            report = run_cycle(spark, conf, root, seeds=str(seeds) if number == 1 else None)
-            print(report.render(number), flush=True)
-            segments += [report.segment_id] if report.segment_id else []
+        status, _ = run_continuously(spark, conf, root, [print_progress, keep_merged], str(seeds), daemon=True,
+                                     run_for_s=None, until_idle=True)
     finally:
         farm.stop()
     print(f"demo: crawl data in {os.path.abspath(root)} (farm log: {farm_dir / 'requests.jsonl'})", flush=True)
-    for segment_id in segments:
+    for segment_id in merged:
         path = cycle_report.write_report(cycle_report.build(spark, conf, root, segment_id), root)
         print(f"demo: cycle report {path}", flush=True)
     validation = validate.run(spark, conf, root)
     print(validation.summary(), flush=True)
-    figures = measure(spark, conf, root, farm, cycles, farm_dir / "requests.jsonl")
+    figures = measure(spark, conf, root, farm, farm_dir / "requests.jsonl")
     print(figures.render(), flush=True)
-    return 1 if figures.violations or figures.robots_violations or not validation.success else 0
+    return 1 if status or figures.violations or figures.robots_violations or not validation.success else 0

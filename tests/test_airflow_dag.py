@@ -107,7 +107,7 @@ def test_dagbag_imports_the_cycle_in_order_with_retries(airflow_env, tmp_path):
     }))
     """, str(DAGS), timeout=120)
     assert found["errors"] == {}
-    assert found["dags"] == ["crawl_cycle"]
+    assert found["dags"] == ["crawl_continuous", "crawl_cycle"]
     order = found["order"]
     assert [t for t in order if t in CYCLE_ORDER] == CYCLE_ORDER
     # Both fetch variants sit between the mode branch and parse.
@@ -119,6 +119,31 @@ def test_dagbag_imports_the_cycle_in_order_with_retries(airflow_env, tmp_path):
     # CYCLECRAWL_RETRIES=0 in this environment: the policy's backoff and cap are still set on every task.
     assert all(backoff > 1 and capped for _, backoff, capped in found["retries"].values())
     assert found["undocumented"] == []
+
+
+def test_the_continuous_dag_runs_crawl_run_for_less_than_its_timeout_one_run_at_a_time(airflow_env, tmp_path):
+    """`crawl_continuous` (airflow_dags/crawl_run.py): one task, `crawl run --for` the run's minutes (with or without
+    its own daemon), stopped by its execution_timeout only past them, exit 75 a skip, one run at a time."""
+    found = run_airflow_script(airflow_env, tmp_path, """
+    import json, sys
+    from airflow.dag_processing.dagbag import DagBag
+
+    bag = DagBag(dag_folder=sys.argv[1])
+    dag = bag.dags["crawl_continuous"]
+    (task,) = dag.tasks
+    print(json.dumps({"errors": {str(k): str(v) for k, v in bag.import_errors.items()}, "task": task.task_id,
+                      "command": task.bash_command, "env": task.env, "skip": task.skip_on_exit_code,
+                      "timeout_s": task.execution_timeout.total_seconds(), "max_active_runs": dag.max_active_runs,
+                      "schedule": str(dag.schedule), "run_minutes": dag.params["run_minutes"],
+                      "documented": bool(task.doc_md and dag.doc_md)}))
+    """, str(DAGS), timeout=120)
+    assert found["errors"] == {} and found["task"] == "run" and found["documented"]
+    assert ' run --for "$RUN_SECONDS" $NO_DAEMON ' in found["command"]
+    assert found["env"]["RUN_SECONDS"] == "{{ (params.run_minutes * 60) | int }}"
+    assert "--no-daemon" in found["env"]["NO_DAEMON"]
+    assert found["skip"] == [EXIT_TRY_LATER]
+    assert found["max_active_runs"] == 1 and found["schedule"] == "@hourly"
+    assert found["run_minutes"] * 60 < found["timeout_s"] <= 3600
 
 
 def test_dag_default_retries_come_from_the_environment(airflow_env, tmp_path):

@@ -59,7 +59,6 @@ def _cases(tmp: Path) -> list[tuple[str, list[str], str]]:
         ("cycle-negative", ["cycle", "--cycles", "-1"], "--cycles"),
         ("cycle-zero", ["cycle", "--cycles", "0"], "--cycles"),
         ("cycle-not-a-number", ["cycle", "--cycles", "many"], "--cycles"),
-        ("demo-zero", ["demo", "--cycles", "0"], "--cycles"),
         ("maintain-unknown-table", ["maintain", "--table", "nosuch"], "nosuch"),
         ("validate-unknown-table", ["validate", "--table", "nosuch"], "nosuch"),
         ("validate-out-is-a-file", ["validate", "--out", str(a_file)], "not a folder"),

@@ -27,7 +27,7 @@ FORBIDDEN = {
 # Jobs modules that may import the daemon's package: the commands that run it in-process, close-segment, which
 # writes the segment's marker the daemons obey, and generate, which asks `fetchd.progress` (the daemons' own
 # listing of done buckets) whether an open segment's fetch is over.
-JOBS_USING_FETCHD = {"fetch": {"fetchd"}, "cycle": {"fetchd"}, "demo": {"fetchd"},
+JOBS_USING_FETCHD = {"fetch": {"fetchd"}, "cycle": {"fetchd"}, "demo": {"fetchd"}, "run": {"fetchd"},
                      "close_segment": {"fetchd.progress"}, "generate": {"fetchd.progress"}}
 JOBS_USING_SITEFARM = {"demo"}
 STEPS = {"inject", "generate", "parse", "dedup", "update", "index", "maintain", "validate", "rebucket", "discover",

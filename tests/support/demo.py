@@ -31,12 +31,12 @@ class DemoRun:
 
 
 def run_demo_command(base: Path) -> DemoRun:
-    """`crawl demo --cycles 2` on three hosts of eight pages, with the suite's Spark settings (a config file: the
-    `spark.conf` mapping cannot be given with --set)."""
+    """`crawl demo` (until nothing is due) on three hosts of eight pages, with the suite's Spark settings (a config
+    file: the `spark.conf` mapping cannot be given with --set)."""
     root = base / "demo"
     config = base / "demo.yaml"
     config.write_text(yaml.safe_dump({"spark": {"conf": TEST_OVERRIDES["spark.conf"]}}))
-    argv = [sys.executable, "-m", "jobs.cli", "demo", "--root", str(root), "--config", str(config), "--cycles", "2",
+    argv = [sys.executable, "-m", "jobs.cli", "demo", "--root", str(root), "--config", str(config),
             "--set", "demo.hosts=3", "--set", "demo.pages_per_host=8", "--set", "demo.min_delay_s=0.1",
             "--set", "spark.master=local[2]", "--set", "spark.shuffle_partitions=2",
             "--set", "spark.log_level=ERROR"]

@@ -1,0 +1,378 @@
+"""`crawl run`: the continuous driver. One process, one SparkSession, short overlapping segments.
+
+A new segment is generated every `cycle.interval_s`, planned to be fetched in as long (generate's per-host cap is
+taken with `generate.segment_seconds` = the interval). The fetch daemon (a child process running `crawl fetchd`'s
+loop, or daemons elsewhere with --no-daemon) fetches it while the driver merges the segment before it. As soon as a
+segment's fetch is over its parse runs before anything else (a page's links reach `links` within
+`service_levels.discovery_durable_s` of its fetch); then the oldest fetched segment is merged (dedup, update, and
+index with `index.enabled`), one step at a time, oldest segment first; generate runs when its tick is due and no
+segment is waiting for its merge (generate's backpressure, `crawler.frontier.backpressure`, would take such a
+segment for stalled), and when it is refused anyway (exit 75's reasons: too many open segments, the writer lock
+held elsewhere) the driver waits for the next tick.
+
+The driver keeps no state of its own: every step is idempotent per segment (docs/architecture.md, Idempotence and
+completion), and at start it reads the open segments from the `segments` table and their fetch progress from the
+segment folders once, then runs each one's remaining steps in order. From then on it knows what it generated and
+merged, and looks at nothing but the fetching segments' folders (`fetchd.progress`, a listing) every `cycle.poll_s`.
+
+Exit status: 0 when stopped (SIGTERM, SIGINT, --for, --until-idle, or the daemon child stopped by a signal),
+after the step in progress and the daemon child's own stop; the daemon child's status when it ended otherwise (75
+when the crawl's settings changed under it, 1 when it failed or was killed); 75 when a merge step cannot go on now
+(another command's commit won, the writer lock held elsewhere: `crawler.errors.TryLater`); 2 for a user mistake;
+1 for any other failure. A restart resumes.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import math
+import multiprocessing
+import os
+import signal
+import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any
+
+from crawler import layout, logs
+from crawler.config import Config
+from crawler.errors import EXIT_TRY_LATER, TryLater
+from crawler.frontier import backpressure
+from crawler.status import FINISHED_SEGMENT_STATES, SegmentState
+from jobs.cycle import CycleReport, describe
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+log = logging.getLogger("jobs.run")
+
+INJECT, GENERATE, FETCH = "inject", "generate", "fetch"
+PARSE, DEDUP, UPDATE, INDEX = "parse", "dedup", "update", "index"
+PROGRESS = "run:"  # every progress line on stdout starts with it
+
+
+@dataclass(frozen=True)
+class StepRecord:
+    """One step the driver ran (or, for `fetch`, saw end): what every observer is told."""
+
+    name: str
+    segment_id: str | None
+    seconds: float
+    result: Any  # the step's result; for a refused generate, the refusal (a TryLater)
+
+
+StepObserver = Callable[[StepRecord], None]
+
+
+def print_progress(record: StepRecord) -> None:
+    """The progress line of a finished step: step, segment, seconds, summary."""
+    print(f"{PROGRESS} {record.name} {record.segment_id or '-'} {record.seconds:.1f}s: {describe(record.result)}",
+          flush=True)
+
+
+@dataclass
+class OpenSegment:
+    """A segment generated and not merged yet, with the steps it has left in order."""
+
+    segment_id: str
+    steps_left: list[str]
+    fetch_over: bool = False
+    seen_at: float = field(default_factory=time.monotonic)  # when the driver generated or found it
+    report: CycleReport | None = None
+
+    def __post_init__(self) -> None:
+        self.report = self.report or CycleReport(self.segment_id)
+
+
+def planning_conf(conf: Config) -> Config:
+    """The config generate plans with in continuous operation: a segment lasts `cycle.interval_s`, so the per-host
+    cap (`crawler.frontier.per_host_cap`) is taken over the interval instead of `generate.segment_seconds`."""
+    return conf.with_overrides({"generate.segment_seconds": max(1, math.ceil(conf.cycle.interval_s))})
+
+
+def merge_steps(conf: Config) -> list[str]:
+    """The steps after the fetch, in order."""
+    return [PARSE, DEDUP, UPDATE] + ([INDEX] if conf.index.enabled else [])
+
+
+def segment_time(segment_id: str) -> datetime | None:
+    """The `now` a default segment id was generated at (to the second), or None for an id of another form."""
+    try:
+        return datetime.strptime(segment_id, "seg-%Y%m%dT%H%M%SZ").replace(tzinfo=UTC)
+    except ValueError:
+        return None
+
+
+class Driver:
+    """The loop of `crawl run`; `observers` are told of every step as it ends (the progress lines are the first)."""
+
+    def __init__(self, spark: SparkSession, conf: Config, root: str, observers: list[StepObserver],
+                 daemon: DaemonChild | None = None):
+        self.spark, self.conf, self.root = spark, conf, root
+        self.plan = planning_conf(conf)
+        self.observers = observers
+        self.daemon = daemon
+        self.stop = threading.Event()
+        self.open: dict[str, OpenSegment] = {}
+        self.regenerate: list[tuple[str, datetime]] = []  # segments published without their `segments` rows
+        self.next_tick = 0.0
+        self.nothing_due = False  # the last generate found nothing due, and nothing was merged since
+        self.merged = 0
+
+    # -- start: what the tables and folders say is left -------------------------------------------------------
+
+    def resume(self) -> None:
+        """Read, once, every open segment and the steps it has left; and the published segments whose generate
+        died between its lease commit and its `segments` rows (generate runs again for them, same id and time)."""
+        from delta_tables import tables
+        from jobs.storage import Storage
+
+        tables.ensure_tables(self.spark, self.root)
+        rows = tables.table_df(self.spark, self.root, "segments").select("segment_id", "state").distinct().collect()
+        states: dict[str, set[str]] = {}
+        for row in rows:
+            states.setdefault(row["segment_id"], set()).add(row["state"])
+        for segment_id in sorted(states):
+            left = states[segment_id] - set(FINISHED_SEGMENT_STATES)
+            if not left:
+                continue
+            steps = merge_steps(self.conf)
+            if left == {SegmentState.PARSED.value}:
+                steps.remove(PARSE)
+            self.open[segment_id] = OpenSegment(segment_id, steps)
+            log.info("run: resuming segment %s (%s left)", segment_id, ", ".join(steps))
+        storage = Storage.from_conf(self.conf)
+        for segment_id in layout.segment_ids(storage.list_folders(layout.segments_dir(self.root))):
+            moment = segment_time(segment_id)
+            if (segment_id not in states and moment is not None
+                    and not storage.exists(layout.generating_marker(self.root, segment_id))):
+                log.info("run: segment %s is published without its segments rows: generating it again", segment_id)
+                self.regenerate.append((segment_id, moment))
+
+    # -- the loop ------------------------------------------------------------------------------------------
+
+    def run(self, seeds: str | None, for_s: float | None, until_idle: bool) -> int:
+        """Until stopped: inject the seeds, resume, then keep the cycle going. Returns the exit status."""
+        from jobs import inject
+
+        deadline = time.monotonic() + for_s if for_s else math.inf
+        if seeds:
+            self._step(INJECT, None, inject.run, self.spark, self.conf, self.root, seeds)
+        self.resume()
+        while not self.stop.is_set() and time.monotonic() < deadline:
+            if self.daemon is not None and self.daemon.exitcode is not None:
+                # 0: it was stopped (a SIGTERM to the whole process group reaches it too); else it failed
+                status = self.daemon.exitcode
+                log.log(logging.INFO if status == 0 else logging.ERROR,
+                        "run: the fetch daemon ended (exit %s): stopping", status)
+                return status if status >= 0 else 1
+            self._look_at_fetches()
+            if self._merge_one_step():
+                continue
+            if until_idle and self.nothing_due and not self.open and not self.regenerate:
+                log.info("run: nothing due and no segment open: idle")
+                break
+            if self._generate_if_due():
+                continue
+            # A tick already due here is held back by backpressure: look again after a poll.
+            until_tick = self.next_tick - time.monotonic()
+            poll = self.conf.cycle.poll_s if until_tick <= 0 else min(self.conf.cycle.poll_s, until_tick)
+            self.stop.wait(min(poll, max(0.0, deadline - time.monotonic())))
+        return 0
+
+    def _look_at_fetches(self) -> None:
+        """Which fetching segments' fetch is over (every listed bucket done, or the segment closed): the daemons'
+        own listing, the one generate's backpressure reads."""
+        from fetchd.progress import segment_progress
+
+        for segment in self.open.values():
+            if segment.fetch_over:
+                continue
+            progress = segment_progress(self.root, segment.segment_id, self.conf)
+            if progress.complete or progress.closed:
+                segment.fetch_over = True
+                summary = (f"{len(progress.done)} of {len(progress.listed)} buckets done"
+                           + (", segment closed" if progress.closed else ""))
+                self._tell(segment, FETCH, time.monotonic() - segment.seen_at, summary)
+
+    def _merge_one_step(self) -> bool:
+        """Run one step after a fetch: a pending parse first (oldest segment first), else the next merge step of
+        the oldest open segment once its fetch is over (segments are merged in order). False when there is none."""
+        parsing = sorted((s for s in self.open.values() if s.fetch_over and s.steps_left[0] == PARSE),
+                         key=lambda s: s.segment_id)
+        oldest = min(self.open.values(), key=lambda s: s.segment_id, default=None)
+        segment = parsing[0] if parsing else oldest
+        if segment is None or not segment.fetch_over:
+            return False
+        name = segment.steps_left.pop(0)
+        self._step(name, segment, self._job(name), self.spark, self.conf, self.root, segment.segment_id)
+        if not segment.steps_left:
+            del self.open[segment.segment_id]
+            self.merged += 1
+            self.nothing_due = False  # what it merged may be due at once
+            print(segment.report.render(self.merged), flush=True)
+        return True
+
+    @staticmethod
+    def _job(name: str) -> Callable[..., Any]:
+        from jobs import dedup, index, parse, update
+
+        return {PARSE: parse.run, DEDUP: dedup.run, UPDATE: update.run, INDEX: index.run}[name]
+
+    def _generate_if_due(self) -> bool:
+        """Generate when the tick is due and backpressure allows it (by what the driver knows; generate asks the
+        tables again); a refusal waits for the next tick. False when nothing was tried."""
+        from jobs import generate
+
+        if time.monotonic() < self.next_tick:
+            return False
+        if backpressure({s.segment_id: s.fetch_over for s in self.open.values()},
+                        self.conf.generate.max_unmerged_segments):
+            return False  # tried as soon as a merge makes room, without waiting for a further tick
+        self.next_tick = time.monotonic() + self.conf.cycle.interval_s
+        segment_id, now = self.regenerate[0] if self.regenerate else (None, None)
+        record = self._step(GENERATE, segment_id, generate.run, self.spark, self.plan, self.root, segment_id, now,
+                            refusal=TryLater)
+        result = record.result
+        if isinstance(result, TryLater):
+            return True
+        if self.regenerate:
+            self.regenerate.pop(0)
+        self.nothing_due = result.empty
+        if not result.empty:
+            segment = OpenSegment(result.segment_id, merge_steps(self.conf))
+            segment.report.steps[GENERATE], segment.report.seconds[GENERATE] = result, record.seconds
+            self.open[result.segment_id] = segment
+        return True
+
+    # -- steps and their observers -----------------------------------------------------------------------
+
+    def _step(self, name: str, segment: OpenSegment | str | None, func: Callable[..., Any], *args: Any,
+              refusal: type[Exception] | None = None) -> StepRecord:
+        """Run one step, print its start, and tell every observer once it is over. With `refusal`, an exception
+        of that class is the step's result (reported) instead of the driver's end."""
+        segment_id = segment.segment_id if isinstance(segment, OpenSegment) else segment
+        print(f"{PROGRESS} {name} {segment_id or '-'} started", flush=True)
+        started = time.monotonic()
+        try:
+            result = func(*args)
+        except Exception as exc:
+            if refusal is None or not isinstance(exc, refusal):
+                raise
+            result = exc
+        seconds = time.monotonic() - started
+        if name == GENERATE and not isinstance(result, Exception):
+            segment_id = None if result.empty else result.segment_id
+        return self._tell(segment if isinstance(segment, OpenSegment) else segment_id, name, seconds, result)
+
+    def _tell(self, segment: OpenSegment | str | None, name: str, seconds: float, result: Any) -> StepRecord:
+        """The one place a step's (name, segment, seconds, result) is reported: the segment's cycle report and
+        every observer."""
+        if isinstance(segment, OpenSegment):
+            segment.report.steps[name], segment.report.seconds[name] = result, seconds
+            segment_id: str | None = segment.segment_id
+        else:
+            segment_id = segment
+        record = StepRecord(name, segment_id, seconds, result)
+        for observer in self.observers:
+            observer(record)
+        return record
+
+
+class DaemonChild:
+    """`crawl fetchd`'s loop (`fetchd.commands.serve`) in a child process on the driver's root and config, which
+    dies with the driver: on Linux the kernel sends it SIGTERM when the driver dies (PR_SET_PDEATHSIG), and
+    everywhere it watches its parent every `fetch.poll_interval_s`; either way it stops as on SIGTERM (requests in
+    flight get their grace, results are published, buckets released)."""
+
+    def __init__(self, conf: Config, root: str):
+        self.conf = conf
+        context = multiprocessing.get_context("spawn")  # a fresh interpreter: nothing of the JVM's threads
+        verbose = logging.getLogger().isEnabledFor(logging.DEBUG)
+        self.process = context.Process(target=serve_while_parent_lives, args=(conf, root, os.getpid(), verbose),
+                                       name="crawl-run-fetchd")
+
+    def start(self) -> None:
+        self.process.start()
+        log.info("run: fetch daemon started (pid %s)", self.process.pid)
+
+    @property
+    def exitcode(self) -> int | None:
+        return self.process.exitcode
+
+    def stop(self) -> int | None:
+        """SIGTERM it and wait for its own stop (the grace for requests in flight, and some); SIGKILL if it hangs."""
+        if self.process.exitcode is None and self.process.pid is not None:
+            os.kill(self.process.pid, signal.SIGTERM)
+        self.process.join(self.conf.ownership.shutdown_grace_s + 30.0)
+        if self.process.exitcode is None:
+            log.error("run: the fetch daemon did not stop within its grace: killing it")
+            self.process.kill()
+            self.process.join()
+        return self.process.exitcode
+
+
+def serve_while_parent_lives(conf: Config, root: str, parent: int, verbose: bool) -> None:
+    """The daemon child's body: `serve` until SIGTERM/SIGINT or until its parent is gone."""
+    from fetchd.commands import serve
+
+    logs.setup(verbose)
+    if sys.platform.startswith("linux"):
+        pr_set_pdeathsig = 1
+        ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGTERM)
+    stop = threading.Event()
+    if os.getppid() != parent:  # the parent died before the request took effect
+        return
+
+    def watch_parent() -> None:
+        while not stop.wait(conf.fetch.poll_interval_s):
+            if os.getppid() != parent:
+                log.warning("fetch daemon: the crawl run driver is gone: stopping")
+                stop.set()
+
+    threading.Thread(target=watch_parent, name="parent-watch", daemon=True).start()
+    try:
+        serve(conf, root, stop)
+    except TryLater as exc:  # the crawl's settings changed under it: one line and 75, as `crawl fetchd` says it
+        log.error("fetch daemon: %s", exc)
+        sys.exit(EXIT_TRY_LATER)
+
+
+def _stop_on_signals(stop: threading.Event) -> dict[int, Any]:
+    """SIGTERM and SIGINT set `stop` (the step in progress finishes; pyspark's own SIGINT handler would cancel
+    it); returns the handlers they replace."""
+    def handle(signum: int, _frame: Any) -> None:
+        log.info("run: %s received: stopping after the step in progress", signal.Signals(signum).name)
+        stop.set()
+
+    return {signum: signal.signal(signum, handle) for signum in (signal.SIGTERM, signal.SIGINT)}
+
+
+def run_continuously(spark: SparkSession, conf: Config, root: str, observers: list[StepObserver], seeds: str | None,
+                     daemon: bool, run_for_s: float | None, until_idle: bool) -> tuple[int, Driver]:
+    """The driver with its fetch daemon child (unless `daemon` is false) until it stops; SIGTERM and SIGINT stop it
+    after the step in progress. Returns (exit status, the driver)."""
+    child = DaemonChild(conf, root) if daemon else None
+    driver = Driver(spark, conf, root, observers, child)
+    previous = _stop_on_signals(driver.stop)
+    if child is not None:
+        child.start()
+    try:
+        status = driver.run(seeds, run_for_s, until_idle)
+    finally:
+        if child is not None:
+            log.info("run: fetch daemon stopped (exit %s)", child.stop())
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+    print(f"{PROGRESS} stopped: {driver.merged} segments merged, {len(driver.open)} open", flush=True)
+    return status, driver
+
+
+def run_command(spark: SparkSession, conf: Config, root: str, seeds: str | None, daemon: bool,
+                run_for_s: float | None, until_idle: bool) -> int:
+    """`crawl run`: the driver, with its fetch daemon child unless --no-daemon."""
+    return run_continuously(spark, conf, root, [print_progress], seeds, daemon, run_for_s, until_idle)[0]
