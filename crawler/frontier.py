@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import fnmatch
 import math
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from datetime import datetime
 
@@ -58,15 +58,18 @@ def classify_discovery(raw_url: str, scope: Scope, rules: traps.TrapRules, bucke
     return Discovery(keys, traps.url_template(canonical), reason)
 
 
-def backpressure(unmerged: Mapping[str, bool], max_unmerged: int) -> str | None:
+def backpressure(unmerged: Mapping[str, bool], max_unmerged: int,
+                 merging: Collection[str] = frozenset()) -> str | None:
     """Why generate must not start a new segment now (None: it may). `unmerged`: every earlier segment that is
     neither merged nor given up -> whether its fetch is over (every listed bucket done, or the segment closed).
+    `merging`: segments the caller itself is merging right now (`crawl run`'s own queue).
 
-    A segment whose fetch is over but which is not merged is stalled: the steps after the fetch failed or never
-    ran (the DAG and `crawl cycle` run them right after it), and until it is repaired or given up every new
-    segment would lease URLs for fetches that are not merged either. Otherwise segments still being fetched may
-    pile up to `max_unmerged` (generate.max_unmerged_segments) before generate waits for them."""
-    stalled = sorted(segment for segment, fetch_over in unmerged.items() if fetch_over)
+    A segment whose fetch is over but which is not merged is stalled unless it is being merged: the steps after
+    the fetch failed or never ran (the DAG and `crawl cycle` run them right after it), and until it is repaired or
+    given up every new segment would lease URLs for fetches that are not merged either. Otherwise segments being
+    fetched or merged may pile up to `max_unmerged` (generate.max_unmerged_segments) before generate waits for
+    them, which is what bounds a continuous crawl whose merges fall behind its cadence."""
+    stalled = sorted(segment for segment, fetch_over in unmerged.items() if fetch_over and segment not in merging)
     if stalled:
         first = stalled[0]
         more = f" (and {len(stalled) - 1} more: {', '.join(stalled[1:4])})" if len(stalled) > 1 else ""

@@ -318,24 +318,25 @@ def unmerged_segments(conf: Config, root: str, open_ids: list[str]) -> dict[str,
 
 
 def run(spark: SparkSession, conf: Config, root: str, segment_id: str | None = None,
-        now: datetime | None = None) -> GenerateResult:
+        now: datetime | None = None, merging: frozenset[str] = frozenset()) -> GenerateResult:
     """Select, write and lease the next segment's fetch list, holding the crawl's writer lock (crawler.writelock:
-    no other generate, rebucket, update, inject or dedup commit runs meanwhile)."""
+    no other generate, rebucket, update, inject or dedup commit runs meanwhile). `merging`: the segments the caller
+    is merging itself (`crawl run`), which backpressure does not take for stalled."""
     now = as_utc(now or datetime.now(UTC))
     segment_id = layout.check_segment_id(segment_id or default_segment_id(now))
     tables.ensure_tables(spark, root)
     with writer_lock(conf, root, "generate") as lock:
-        return _generate(spark, conf, root, segment_id, now, lock)
+        return _generate(spark, conf, root, segment_id, now, lock, merging)
 
 
 def _generate(spark: SparkSession, conf: Config, root: str, segment_id: str, now: datetime,
-              lock: HeldLock) -> GenerateResult:
+              lock: HeldLock, merging: frozenset[str]) -> GenerateResult:
     # Asked again under the lock: a rebucket this generate waited for may have changed the crawl's bucketing.
     check_bucketing(conf, root, record=False)
     own_states, open_ids = segment_states(spark, root, segment_id)
     if own_states - {SegmentState.GENERATED.value}:
         raise UserError(f"segment {segment_id} is past the generated state; generate a new segment instead")
-    refusal = backpressure(unmerged_segments(conf, root, open_ids), conf.generate.max_unmerged_segments)
+    refusal = backpressure(unmerged_segments(conf, root, open_ids), conf.generate.max_unmerged_segments, merging)
     if refusal:
         log.warning("generate %s refused: %s", segment_id, refusal)
         raise Backpressure(f"no new segment: {refusal}")

@@ -4,11 +4,11 @@ A new segment is generated every `cycle.interval_s`, planned to be fetched in as
 taken with `generate.segment_seconds` = the interval). The fetch daemon (a child process running `crawl fetchd`'s
 loop, or daemons elsewhere with --no-daemon) fetches it while the driver merges the segment before it. As soon as a
 segment's fetch is over its parse runs before anything else (a page's links reach `links` within
-`service_levels.discovery_durable_s` of its fetch); then the oldest fetched segment is merged (dedup, update, and
-index with `index.enabled`), one step at a time, oldest segment first; generate runs when its tick is due and no
-segment is waiting for its merge (generate's backpressure, `crawler.frontier.backpressure`, would take such a
-segment for stalled), and when it is refused anyway (exit 75's reasons: too many open segments, the writer lock
-held elsewhere) the driver waits for the next tick.
+`service_levels.discovery_durable_s` of its fetch); then generate, when its tick is due (the segments the driver is
+merging are named to generate's backpressure, `crawler.frontier.backpressure`, which then does not take them for
+stalled, but counts them); then the oldest fetched segment is merged (dedup, update, and index with
+`index.enabled`), one step at a time, oldest segment first. When generate is refused (exit 75's reasons: too many
+open segments, the writer lock held elsewhere) the driver waits for the next tick.
 
 The driver keeps no state of its own: every step is idempotent per segment (docs/architecture.md, Idempotence and
 completion), and at start it reads the open segments from the `segments` table and their fetch progress from the
@@ -48,11 +48,14 @@ from jobs.cycle import CycleReport, describe
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
+    from jobs.run_metrics import RunMetrics
+
 log = logging.getLogger("jobs.run")
 
 INJECT, GENERATE, FETCH = "inject", "generate", "fetch"
 PARSE, DEDUP, UPDATE, INDEX = "parse", "dedup", "update", "index"
 PROGRESS = "run:"  # every progress line on stdout starts with it
+BATCH_STEPS = (GENERATE, PARSE, DEDUP, UPDATE)  # the steps the driver's metrics time
 
 
 @dataclass(frozen=True)
@@ -171,13 +174,11 @@ class Driver:
                         "run: the fetch daemon ended (exit %s): stopping", status)
                 return status if status >= 0 else 1
             self._look_at_fetches()
-            if self._merge_one_step():
+            if self._parse_one() or self._generate_if_due() or self._merge_one_step():
                 continue
             if until_idle and self.nothing_due and not self.open and not self.regenerate:
                 log.info("run: nothing due and no segment open: idle")
                 break
-            if self._generate_if_due():
-                continue
             # A tick already due here is held back by backpressure: look again after a poll.
             until_tick = self.next_tick - time.monotonic()
             poll = self.conf.cycle.poll_s if until_tick <= 0 else min(self.conf.cycle.poll_s, until_tick)
@@ -199,15 +200,23 @@ class Driver:
                            + (", segment closed" if progress.closed else ""))
                 self._tell(segment, FETCH, time.monotonic() - segment.seen_at, summary)
 
-    def _merge_one_step(self) -> bool:
-        """Run one step after a fetch: a pending parse first (oldest segment first), else the next merge step of
-        the oldest open segment once its fetch is over (segments are merged in order). False when there is none."""
+    def _parse_one(self) -> bool:
+        """Parse the oldest segment whose fetch is over and which is not parsed yet: its pages' links become
+        durable. False when there is none."""
         parsing = sorted((s for s in self.open.values() if s.fetch_over and s.steps_left[0] == PARSE),
                          key=lambda s: s.segment_id)
+        return bool(parsing) and self._next_step_of(parsing[0])
+
+    def _merge_one_step(self) -> bool:
+        """Run the next merge step (dedup, update, index) of the oldest open segment once its fetch is over and it
+        is parsed (segments are merged in order). False when there is none."""
         oldest = min(self.open.values(), key=lambda s: s.segment_id, default=None)
-        segment = parsing[0] if parsing else oldest
-        if segment is None or not segment.fetch_over:
+        if oldest is None or not oldest.fetch_over:
             return False
+        return self._next_step_of(oldest)
+
+    def _next_step_of(self, segment: OpenSegment) -> bool:
+        """Run the segment's next step; once it has none left it is merged and its cycle report printed."""
         name = segment.steps_left.pop(0)
         self._step(name, segment, self._job(name), self.spark, self.conf, self.root, segment.segment_id)
         if not segment.steps_left:
@@ -225,18 +234,22 @@ class Driver:
 
     def _generate_if_due(self) -> bool:
         """Generate when the tick is due and backpressure allows it (by what the driver knows; generate asks the
-        tables again); a refusal waits for the next tick. False when nothing was tried."""
+        tables again), before the merge steps of fetched segments, so the next segment is fetched while they are
+        merged: the segments in the driver's own queue are not stalled ones (`backpressure`'s `merging`), but they
+        count toward generate.max_unmerged_segments. A refusal waits for the next tick. False when nothing was
+        tried."""
         from jobs import generate
 
         if time.monotonic() < self.next_tick:
             return False
+        merging = frozenset(self.open)
         if backpressure({s.segment_id: s.fetch_over for s in self.open.values()},
-                        self.conf.generate.max_unmerged_segments):
+                        self.conf.generate.max_unmerged_segments, merging):
             return False  # tried as soon as a merge makes room, without waiting for a further tick
         self.next_tick = time.monotonic() + self.conf.cycle.interval_s
         segment_id, now = self.regenerate[0] if self.regenerate else (None, None)
         record = self._step(GENERATE, segment_id, generate.run, self.spark, self.plan, self.root, segment_id, now,
-                            refusal=TryLater)
+                            merging, refusal=TryLater)
         result = record.result
         if isinstance(result, TryLater):
             return True
@@ -372,7 +385,34 @@ def run_continuously(spark: SparkSession, conf: Config, root: str, observers: li
     return status, driver
 
 
+def metrics_observer(conf: Config, metrics: RunMetrics) -> StepObserver:
+    """Tells the driver's Prometheus series (`jobs/run_metrics.py`) of each batch step of a segment, and, after a
+    generate or an update, of the `cycle_metrics` row it wrote: the service levels come from the tables."""
+    from jobs.cycle_metrics import read_figures
+
+    def observe(record: StepRecord) -> None:
+        if record.name not in BATCH_STEPS or record.segment_id is None or isinstance(record.result, Exception):
+            return
+        metrics.observe_step(record.name, record.segment_id, record.seconds)
+        if record.name in (GENERATE, UPDATE):
+            row = read_figures(conf, record.segment_id).get(record.name)
+            if row is not None:
+                metrics.observe_cycle_metrics(row)
+
+    return observe
+
+
 def run_command(spark: SparkSession, conf: Config, root: str, seeds: str | None, daemon: bool,
                 run_for_s: float | None, until_idle: bool) -> int:
-    """`crawl run`: the driver, with its fetch daemon child unless --no-daemon."""
-    return run_continuously(spark, conf, root, [print_progress], seeds, daemon, run_for_s, until_idle)[0]
+    """`crawl run`: the driver, with its fetch daemon child unless --no-daemon, and its `/metrics` endpoint when
+    `cycle.metrics_port` is set."""
+    from jobs.run_metrics import RunMetrics
+
+    metrics = RunMetrics.from_config(conf)
+    if metrics.port:
+        log.info("run: metrics on http://%s:%s/metrics", conf.cycle.metrics_host, metrics.port)
+    try:
+        observers = [print_progress, metrics_observer(conf, metrics)]
+        return run_continuously(spark, conf, root, observers, seeds, daemon, run_for_s, until_idle)[0]
+    finally:
+        metrics.close()

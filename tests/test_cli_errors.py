@@ -249,6 +249,15 @@ def test_backpressure_rule(unmerged, expected):
     assert frontier.backpressure({"seg-a": False}, max_unmerged=0) is not None
 
 
+def test_a_segment_the_caller_is_merging_is_not_stalled_but_still_counts():
+    """`crawl run` generates the next segment while it merges the last: its own merge queue is no stall, but it
+    still counts toward generate.max_unmerged_segments, which bounds a driver whose merges fall behind."""
+    assert frontier.backpressure({"seg-a": True}, max_unmerged=2, merging={"seg-a"}) is None
+    assert "seg-b finished fetching" in frontier.backpressure({"seg-a": True, "seg-b": True}, 2, merging={"seg-a"})
+    assert "3 earlier segments" in frontier.backpressure({"seg-a": True, "seg-b": False, "seg-c": False}, 2,
+                                                         merging={"seg-a"})
+
+
 # Delta's message for a lost MERGE on a path table (delta-spark's DELTA_CONCURRENT_APPEND error class).
 CONFLICT_MESSAGE = ("[DELTA_CONCURRENT_APPEND.WITH_PARTITION_HINT] Transaction conflict detected. a concurrent MERGE "
                     "added data to table delta.`file:{root}/tables/urls` committed at version 7. The concurrent "

@@ -14,10 +14,12 @@ from __future__ import annotations
 import os
 import queue
 import signal
+import socket
 import subprocess
 import sys
 import threading
 import time
+import urllib.request
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -49,7 +51,7 @@ SIGTERM_AT = ("parse", "started", 1.0)
 CHILDREN_GONE_S = 30  # after kill -9 of the driver alone: the daemon's stop on its parent's death, the JVM's exit
 
 
-def run_config(root: Path, farm: SiteFarm) -> Path:
+def run_config(root: Path, farm: SiteFarm, metrics_port: int = 0) -> Path:
     """The test settings, the farm's hosts and a short cadence; tables readable by delta-rs; leases and the
     writer lock short, so a restart after kill -9 does not wait a minute for what the killed driver held."""
     overrides = {
@@ -72,6 +74,7 @@ def run_config(root: Path, farm: SiteFarm) -> Path:
         "tables.deletion_vectors": False,
         # Two segments (the homes, then what they link to): the kills and restarts cost JVM starts enough.
         "scope.max_depth": MAX_DEPTH,
+        "cycle.metrics_port": metrics_port,
     }
     data: dict = {}
     for dotted, value in overrides.items():
@@ -161,6 +164,7 @@ class Crawl:
     log_path: Path
     outputs: list[str] = field(default_factory=list)
     sigterm: dict = field(default_factory=dict)
+    scrape: str = ""  # the driver's /metrics after its first merge
 
 
 def _farm(base: Path, name: str) -> tuple[SiteFarm, Path]:
@@ -179,11 +183,34 @@ def _seeds(base: Path, farm: SiteFarm, name: str) -> Path:
 def clean_crawl(base: Path) -> Crawl:
     farm, log_path = _farm(base, "clean")
     crawl = Crawl(base / "clean", farm, log_path)
-    driver = Driver.start(run_config(crawl.root, farm), "--seeds", str(_seeds(base, farm, "clean")), "--until-idle")
+    port = free_port()
+    driver = Driver.start(run_config(crawl.root, farm, port), "--seeds", str(_seeds(base, farm, "clean")),
+                          "--until-idle")
+    driver.wait_for("update", "done")  # the first segment's: the second (the pages the homes link to) is to come
+    crawl.scrape = scrape_after_merge(port)
     code = driver.finish()
     crawl.outputs.append(driver.tail(400))
     assert code == 0, driver.tail()
     return crawl
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def scrape_after_merge(port: int, timeout_s: float = 60.0) -> str:
+    """The driver's /metrics once it counts a merged segment (its observers run right after the progress line)."""
+    deadline = time.monotonic() + timeout_s
+    text = ""
+    while time.monotonic() < deadline:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as response:
+            text = response.read().decode()
+        if "crawl_segments_merged_total 1.0" in text:
+            break
+        time.sleep(0.2)
+    return text
 
 
 def interrupted_crawl(base: Path) -> Crawl:
@@ -283,3 +310,17 @@ def test_kill_9_at_any_step_loses_nothing_and_merges_nothing_twice(crawls):
         summaries[crawl.root.name + " applied"] = sum(r["applied"] or 0 for r in segments)
     assert summaries["killed"] == summaries["clean"]
     assert summaries["killed applied"] == summaries["clean applied"]
+
+
+def test_the_driver_serves_its_steps_and_the_service_levels_from_the_tables(crawls):
+    """`cycle.metrics_port`: the driver's /metrics, scraped after its first merge, times each batch step and shows
+    the levels measured from the segment's `cycle_metrics` rows (generate's lease figures, update's discovery lags)."""
+    clean, _ = crawls
+    samples = {line.split(" ")[0]: float(line.split(" ")[1]) for line in clean.scrape.splitlines()
+               if line and not line.startswith("#")}
+    assert samples["crawl_segments_merged_total"] == 1.0
+    for step in ("generate", "parse", "dedup", "update"):
+        assert samples[f'crawl_step_last_duration_seconds{{step="{step}"}}'] > 0
+    assert samples["crawl_discovery_pages"] >= 1  # the homes link to the pages of the second segment
+    assert 0 <= samples["crawl_discovery_durable_p99_seconds"] < 3600
+    assert samples["crawl_lease_eligible_high_priority_urls"] >= 0  # measured (NaN until a generate wrote it)
