@@ -47,6 +47,8 @@ from delta_tables import tables
 from jobs import cycle_metrics, discover
 from jobs.base import (
     EPOCH,
+    NOT_ADAPTIVE,
+    SOURCE_HELD,
     check_bucketing,
     from_micros,
     insert_if_absent,
@@ -55,6 +57,7 @@ from jobs.base import (
     merge_into,
     pinned_table,
     read_segment_files,
+    session_settings,
     step,
     to_micros,
 )
@@ -138,7 +141,11 @@ def run(spark: SparkSession, conf: Config, root: str, segment_id: str) -> Update
         results = (fetched.withColumn("segment_id", seg).withColumn("_n", F.expr(latest_result_rank_sql()))
                    .where("_n = 1").drop("_n")).persist(StorageLevel.MEMORY_AND_DISK)
         try:
-            _fold(spark, conf, root, segment_id, results, now, result)
+            # Every MERGE source is built from `results` (persisted), pinned table versions and the segment's files
+            # through deterministic rules: already still (SOURCE_HELD). Its plans join a segment's rows with the
+            # tables: adaptive execution would make a job of every one of their stages (NOT_ADAPTIVE).
+            with session_settings(spark, {**NOT_ADAPTIVE, **SOURCE_HELD}):
+                _fold(spark, conf, root, segment_id, results, now, result)
         finally:
             results.unpersist()
     with step(f"update {segment_id}: frontier figures"):
@@ -185,8 +192,10 @@ def _fold(spark: SparkSession, conf: Config, root: str, segment_id: str, results
         result.stale = result.results - result.applied
 
         with step(f"update {segment_id}: fetches"):
-            insert_if_absent(spark, root, "fetches", tables.conform(results, "fetches"), "t.segment_id = s.segment_id"
-                             " AND t.url_id = s.url_id AND t.state_version = s.state_version")
+            # The segment named as a literal: the MERGE reads its partition of `fetches` only.
+            insert_if_absent(spark, root, "fetches", tables.conform(results, "fetches"),
+                             f"t.segment_id = '{segment_id}' AND t.url_id = s.url_id "
+                             "AND t.state_version = s.state_version")
 
         decide, event_kind = completion_udfs(RevisitPolicy.from_config(conf))
         live = with_previous.where(F.col("current") & (F.col("prev_lease") == seg)).join(
@@ -203,9 +212,12 @@ def _fold(spark: SparkSession, conf: Config, root: str, segment_id: str, results
                 "warc_length", F.coalesce("new_hash", "prev_hash").alias("content_hash"), "duplicate_of",
                 F.col("fetched_at").alias("created_at"),
             )
+            # A (url_id, state_version) is only ever this segment's (each lease bumps the version): naming the
+            # segment lets the MERGE skip the files of every other segment's events.
             result.index_events = insert_if_absent(spark, root, "index_events",
                                                    tables.conform(events, "index_events"),
-                                                   "t.url_id = s.url_id AND t.state_version = s.state_version")
+                                                   f"t.segment_id = '{segment_id}' AND t.url_id = s.url_id "
+                                                   "AND t.state_version = s.state_version")
 
         robots = segment_robots(spark, root, segment_id)
         with discover.discoveries(conf, segment_id, results, links, urls_snap, hosts_snap, robots) as found:
