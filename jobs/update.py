@@ -130,27 +130,28 @@ def run(spark: SparkSession, conf: Config, root: str, segment_id: str) -> Update
     tables.ensure_tables(spark, root)
     check_bucketing(conf, root)
     result = UpdateResult(segment_id)
-    fetched = read_segment_files(spark, layout.fetched_dir(root, segment_id), FETCHED)
-    now = datetime.now(UTC)
-    if fetched is None:
-        log.info("update %s: no fetched results; nothing to merge", segment_id)
-        record_merged(spark, root, segment_id, {}, {}, now)
-    else:
-        seg = F.lit(segment_id)
-        # Every later step reads the results: one read, one dedup of repeated results, kept for the job.
-        results = (fetched.withColumn("segment_id", seg).withColumn("_n", F.expr(latest_result_rank_sql()))
-                   .where("_n = 1").drop("_n")).persist(StorageLevel.MEMORY_AND_DISK)
-        try:
-            # Every MERGE source is built from `results` (persisted), pinned table versions and the segment's files
-            # through deterministic rules: already still (SOURCE_HELD). Its plans join a segment's rows with the
-            # tables: adaptive execution would make a job of every one of their stages (NOT_ADAPTIVE).
-            with session_settings(spark, {**NOT_ADAPTIVE, **SOURCE_HELD}):
+    # Every MERGE source is built from the segment's results (persisted below), pinned table versions and the
+    # segment's files through deterministic rules: already still (SOURCE_HELD). The plans join a segment's rows
+    # with the tables: adaptive execution would make a job of every one of their stages (NOT_ADAPTIVE).
+    with session_settings(spark, {**NOT_ADAPTIVE, **SOURCE_HELD}):
+        fetched = read_segment_files(spark, layout.fetched_dir(root, segment_id), FETCHED)
+        now = datetime.now(UTC)
+        if fetched is None:
+            log.info("update %s: no fetched results; nothing to merge", segment_id)
+            record_merged(spark, root, segment_id, {}, {}, now)
+        else:
+            seg = F.lit(segment_id)
+            # Every later step reads the results: one read, one dedup of repeated results, kept for the job.
+            results = (fetched.withColumn("segment_id", seg).withColumn("_n", F.expr(latest_result_rank_sql()))
+                       .where("_n = 1").drop("_n")).persist(StorageLevel.MEMORY_AND_DISK)
+            try:
                 _fold(spark, conf, root, segment_id, results, now, result)
-        finally:
-            results.unpersist()
-    with step(f"update {segment_id}: frontier figures"):
-        cycle_metrics.record(spark, root, cycle_metrics.update_figures(
-            spark, conf, root, segment_id, now, result.results, result.applied, result.stale, result.discovered))
+            finally:
+                results.unpersist()
+        with step(f"update {segment_id}: frontier figures"):
+            cycle_metrics.record(spark, root, cycle_metrics.update_figures(
+                spark, conf, root, segment_id, now, result.results, result.applied, result.stale,
+                result.discovered))
     return result
 
 
