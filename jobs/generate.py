@@ -62,7 +62,7 @@ from crawler.status import FINISHED_SEGMENT_STATES, SegmentState
 from crawler.writelock import holder
 from delta_tables import tables
 from jobs import cycle_metrics
-from jobs.base import NOT_ADAPTIVE, SOURCE_HELD, check_bucketing, merge_counts, pinned_table, session_settings, step
+from jobs.base import NOT_ADAPTIVE, check_bucketing, merge_counts, pinned_table, session_settings, step
 from jobs.storage import Storage
 from jobs.writelock import HeldLock, writer_lock
 
@@ -366,9 +366,7 @@ def _generate(spark: SparkSession, conf: Config, root: str, segment_id: str, now
             figures = cycle_metrics.generate_figures(spark, conf, root, segment_id, now, selected, len(open_ids))
         with step(f"generate {segment_id}: lease"):
             lock.check(f"leasing segment {segment_id}")
-            # `selected` is persisted from pinned versions of `urls` and `hosts`: already still (SOURCE_HELD).
-            with session_settings(spark, SOURCE_HELD):
-                leased = lease(spark, root, selected, segment_id, now, conf.generate.lease_seconds)
+            leased = lease(spark, root, selected, segment_id, now, conf.generate.lease_seconds)
     except BaseException:
         if not published:  # nothing leased (the lease is one commit): nothing of the segment may stay
             storage.delete_folder(layout.segment_dir(root, segment_id))

@@ -48,7 +48,6 @@ from jobs import cycle_metrics, discover
 from jobs.base import (
     EPOCH,
     NOT_ADAPTIVE,
-    SOURCE_HELD,
     check_bucketing,
     from_micros,
     insert_if_absent,
@@ -130,10 +129,10 @@ def run(spark: SparkSession, conf: Config, root: str, segment_id: str) -> Update
     tables.ensure_tables(spark, root)
     check_bucketing(conf, root)
     result = UpdateResult(segment_id)
-    # Every MERGE source is built from the segment's results (persisted below), pinned table versions and the
-    # segment's files through deterministic rules: already still (SOURCE_HELD). The plans join a segment's rows
-    # with the tables: adaptive execution would make a job of every one of their stages (NOT_ADAPTIVE).
-    with session_settings(spark, {**NOT_ADAPTIVE, **SOURCE_HELD}):
+    # The plans join a segment's rows with the tables: adaptive execution would make a job of every one of their
+    # stages (NOT_ADAPTIVE). The MERGE sources stay materialized by Delta: they hold persisted frames, and Delta
+    # refuses a source that is not materialized when one of those is cached while it runs.
+    with session_settings(spark, NOT_ADAPTIVE):
         fetched = read_segment_files(spark, layout.fetched_dir(root, segment_id), FETCHED)
         now = datetime.now(UTC)
         if fetched is None:
