@@ -376,10 +376,12 @@ def _adjust_priority(spark: SparkSession, root: str, conf: Config, marks: DataFr
         "bucket", "url_id", "is_duplicate",
         F.when(F.col("is_duplicate"), F.lit(factor)).otherwise(F.lit(1.0 / factor)).alias("multiplier")
     ).localCheckpoint()
-    counts = {bool(r["is_duplicate"]): int(r["count"]) for r in source.groupBy("is_duplicate").count().collect()}
-    if not counts:
+    per_bucket = source.groupBy("is_duplicate", "bucket").count().collect()  # the counts and the buckets: one job
+    counts = {flag: sum(int(r["count"]) for r in per_bucket if bool(r["is_duplicate"]) == flag)
+              for flag in (True, False)}
+    if not per_bucket:
         return 0, 0
-    buckets = ", ".join(str(b) for b in sorted({r["bucket"] for r in source.select("bucket").distinct().collect()}))
+    buckets = ", ".join(str(b) for b in sorted({r["bucket"] for r in per_bucket}))
     metrics = (
         merge_into(spark, root, "urls", source, f"t.bucket IN ({buckets}) AND t.bucket = s.bucket "
                                                 "AND t.url_id = s.url_id")
