@@ -62,7 +62,7 @@ from crawler.status import FINISHED_SEGMENT_STATES, SegmentState
 from crawler.writelock import holder
 from delta_tables import tables
 from jobs import cycle_metrics
-from jobs.base import NOT_ADAPTIVE, check_bucketing, merge_counts, pinned_table, session_settings, step
+from jobs.base import check_bucketing, merge_counts, pinned_table, step
 from jobs.storage import Storage
 from jobs.writelock import HeldLock, writer_lock
 
@@ -289,10 +289,8 @@ def segment_states(spark: SparkSession, root: str, segment_id: str) -> tuple[set
     with rows): one small read of `segments` for all of generate's checks and remove_unpublished."""
     rows = tables.table_df(spark, root, "segments").groupBy("segment_id").agg(
         F.collect_set("state").alias("states"))
-    with session_settings(spark, NOT_ADAPTIVE):  # a small table: one job, not one per stage
-        rows = rows.collect()
     own, others, recorded = set(), set(), set()
-    for row in rows:
+    for row in rows.collect():
         recorded.add(row["segment_id"])
         if row["segment_id"] == segment_id:
             own.update(row["states"])

@@ -30,15 +30,15 @@ from crawler.sitemaps import DEFAULT_LIMITS, SitemapLimits
 from crawler.status import FetchOutcome, SegmentState
 from crawler.warcread import read_record_at
 from delta_tables import tables
-from jobs.base import NOT_ADAPTIVE, SOURCE_HELD, arrow_batches, insert_if_absent, session_settings, step
+from jobs.base import SOURCE_HELD, arrow_batches, insert_if_absent, session_settings, step
 from jobs.storage import LOCAL, Storage
 
 _OUTPUT_BATCH_ROWS = 256
 _ERROR_MAX_CHARS = 500
-# Not adaptive (NOT_ADAPTIVE): it would coalesce the parse tasks (the fetched rows are small) into one and leave
-# the other cores idle while that one task parses the whole segment, and make a job of every stage. The MERGE
-# into `segments` reads the segment's fetched files, which no daemon writes once parse runs (SOURCE_HELD).
-_PARSE_SETTINGS = {**NOT_ADAPTIVE, **SOURCE_HELD}
+# The fetched rows are small, so adaptive execution would coalesce the parse tasks into one and leave the other
+# cores idle while that one task parses the whole segment. The MERGE into `segments` reads the segment's fetched
+# files, which no daemon writes once parse runs (SOURCE_HELD).
+_PARSE_SETTINGS = {"spark.sql.adaptive.coalescePartitions.enabled": "false", **SOURCE_HELD}
 
 OUTLINK = pa.struct(
     [

@@ -47,7 +47,6 @@ from delta_tables import tables
 from jobs import cycle_metrics, discover
 from jobs.base import (
     EPOCH,
-    NOT_ADAPTIVE,
     check_bucketing,
     from_micros,
     insert_if_absent,
@@ -56,7 +55,6 @@ from jobs.base import (
     merge_into,
     pinned_table,
     read_segment_files,
-    session_settings,
     step,
     to_micros,
 )
@@ -129,28 +127,24 @@ def run(spark: SparkSession, conf: Config, root: str, segment_id: str) -> Update
     tables.ensure_tables(spark, root)
     check_bucketing(conf, root)
     result = UpdateResult(segment_id)
-    # The plans join a segment's rows with the tables: adaptive execution would make a job of every one of their
-    # stages (NOT_ADAPTIVE). The MERGE sources stay materialized by Delta: they hold persisted frames, and Delta
-    # refuses a source that is not materialized when one of those is cached while it runs.
-    with session_settings(spark, NOT_ADAPTIVE):
-        fetched = read_segment_files(spark, layout.fetched_dir(root, segment_id), FETCHED)
-        now = datetime.now(UTC)
-        if fetched is None:
-            log.info("update %s: no fetched results; nothing to merge", segment_id)
-            record_merged(spark, root, segment_id, {}, {}, now)
-        else:
-            seg = F.lit(segment_id)
-            # Every later step reads the results: one read, one dedup of repeated results, kept for the job.
-            results = (fetched.withColumn("segment_id", seg).withColumn("_n", F.expr(latest_result_rank_sql()))
-                       .where("_n = 1").drop("_n")).persist(StorageLevel.MEMORY_AND_DISK)
-            try:
-                _fold(spark, conf, root, segment_id, results, now, result)
-            finally:
-                results.unpersist()
-        with step(f"update {segment_id}: frontier figures"):
-            cycle_metrics.record(spark, root, cycle_metrics.update_figures(
-                spark, conf, root, segment_id, now, result.results, result.applied, result.stale,
-                result.discovered))
+    fetched = read_segment_files(spark, layout.fetched_dir(root, segment_id), FETCHED)
+    now = datetime.now(UTC)
+    if fetched is None:
+        log.info("update %s: no fetched results; nothing to merge", segment_id)
+        record_merged(spark, root, segment_id, {}, {}, now)
+    else:
+        seg = F.lit(segment_id)
+        # Every later step reads the results: one read, one dedup of repeated results, kept for the job.
+        results = (fetched.withColumn("segment_id", seg).withColumn("_n", F.expr(latest_result_rank_sql()))
+                   .where("_n = 1").drop("_n")).persist(StorageLevel.MEMORY_AND_DISK)
+        try:
+            _fold(spark, conf, root, segment_id, results, now, result)
+        finally:
+            results.unpersist()
+    with step(f"update {segment_id}: frontier figures"):
+        cycle_metrics.record(spark, root, cycle_metrics.update_figures(
+            spark, conf, root, segment_id, now, result.results, result.applied, result.stale,
+            result.discovered))
     return result
 
 
