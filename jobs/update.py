@@ -143,8 +143,7 @@ def run(spark: SparkSession, conf: Config, root: str, segment_id: str) -> Update
             results.unpersist()
     with step(f"update {segment_id}: frontier figures"):
         cycle_metrics.record(spark, root, cycle_metrics.update_figures(
-            spark, conf, root, segment_id, now, result.results, result.applied, result.stale,
-            result.discovered))
+            spark, conf, root, segment_id, now, result.results, result.applied, result.stale, result.discovered))
     return result
 
 
