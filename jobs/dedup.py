@@ -48,7 +48,16 @@ from crawler.leases import latest_result_rank_sql
 from crawler.records import FETCHED
 from delta_tables import tables
 from jobs import dedup_index
-from jobs.base import merge_counts, merge_into, pinned_table, read_segment_files, session_settings, step
+from jobs.base import (
+    NOT_ADAPTIVE,
+    SOURCE_HELD,
+    merge_counts,
+    merge_into,
+    pinned_table,
+    read_segment_files,
+    session_settings,
+    step,
+)
 from jobs.writelock import writer_lock
 
 log = logging.getLogger("jobs.dedup")
@@ -284,7 +293,8 @@ def run(spark: SparkSession, conf: Config, root: str, segment_id: str) -> DedupR
     result = DedupResult(segment_id)
     # Adaptive query execution re-plans each of this job's many small joins against cached and broadcast inputs:
     # on a test segment it took 34 s of the run's 41, 10 s with it off (the plans are static, the inputs segment-sized).
-    with step(f"dedup {segment_id}"), session_settings(spark, {"spark.sql.adaptive.enabled": "false"}):
+    # Every MERGE source is a localCheckpoint (SOURCE_HELD).
+    with step(f"dedup {segment_id}"), session_settings(spark, {**NOT_ADAPTIVE, **SOURCE_HELD}):
         # Every table is read once, filtered to what the segment touches, and checkpointed: later plans hold no
         # Delta scan to plan again (planning one costs more than the work at a segment's size).
         documents, leavers = segment_changes(spark, root, segment_id)
@@ -321,7 +331,8 @@ def run(spark: SparkSession, conf: Config, root: str, segment_id: str) -> DedupR
         hash_rows = dedup_index.hash_rows(segment_id, marks, exact_relabelled, leavers, hashes).localCheckpoint()
         band_rows = dedup_index.band_rows(segment_id, conf.dedup.max_hamming, marks, new_bands, band_relabelled,
                                changed).localCheckpoint()
-        result.relabelled = (hash_rows.where("_op = 'relabel'").count() + band_rows.where("_op = 'relabel'").count())
+        result.relabelled = hash_rows.where("_op = 'relabel'").select("_op").unionByName(
+            band_rows.where("_op = 'relabel'").select("_op")).count()
         # Its commits hold the crawl's writer lock: the priority MERGE into `urls` must not land under a rebucket's
         # rewrite of the table (which would drop it) or between a generate's selection and its lease.
         with writer_lock(conf, root, "dedup"), _once_per_segment(spark, segment_id):
@@ -365,10 +376,12 @@ def _adjust_priority(spark: SparkSession, root: str, conf: Config, marks: DataFr
         "bucket", "url_id", "is_duplicate",
         F.when(F.col("is_duplicate"), F.lit(factor)).otherwise(F.lit(1.0 / factor)).alias("multiplier")
     ).localCheckpoint()
-    counts = {bool(r["is_duplicate"]): int(r["count"]) for r in source.groupBy("is_duplicate").count().collect()}
-    if not counts:
+    per_bucket = source.groupBy("is_duplicate", "bucket").count().collect()  # the counts and the buckets: one job
+    counts = {flag: sum(int(r["count"]) for r in per_bucket if bool(r["is_duplicate"]) == flag)
+              for flag in (True, False)}
+    if not per_bucket:
         return 0, 0
-    buckets = ", ".join(str(b) for b in sorted({r["bucket"] for r in source.select("bucket").distinct().collect()}))
+    buckets = ", ".join(str(b) for b in sorted({r["bucket"] for r in per_bucket}))
     metrics = (
         merge_into(spark, root, "urls", source, f"t.bucket IN ({buckets}) AND t.bucket = s.bucket "
                                                 "AND t.url_id = s.url_id")

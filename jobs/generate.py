@@ -293,19 +293,19 @@ def record_segment(spark: SparkSession, root: str, segment_id: str, per_bucket: 
      .option("txnVersion", 0).save(tables.table_path(root, "segments")))
 
 
-def segment_states(spark: SparkSession, root: str, segment_id: str) -> tuple[set[str], list[str]]:
-    """(this segment's bucket states, the other segments with a bucket neither merged nor closed): one small
-    read of `segments` for both of generate's checks."""
-    rows = tables.table_df(spark, root, "segments").where(
-        (F.col("segment_id") == segment_id) | ~F.col("state").isin(*FINISHED_SEGMENT_STATES)
-    ).select("segment_id", "state").distinct()
-    own, others = set(), set()
+def segment_states(spark: SparkSession, root: str, segment_id: str) -> tuple[set[str], list[str], set[str]]:
+    """(this segment's bucket states, the other segments with a bucket neither merged nor closed, every segment
+    with rows): one small read of `segments` for all of generate's checks and remove_unpublished."""
+    rows = tables.table_df(spark, root, "segments").groupBy("segment_id").agg(
+        F.collect_set("state").alias("states"))
+    own, others, recorded = set(), set(), set()
     for row in rows.collect():
+        recorded.add(row["segment_id"])
         if row["segment_id"] == segment_id:
-            own.add(row["state"])
-        else:
+            own.update(row["states"])
+        elif set(row["states"]) - set(FINISHED_SEGMENT_STATES):
             others.add(row["segment_id"])
-    return own, sorted(others)
+    return own, sorted(others), recorded
 
 
 def unmerged_segments(conf: Config, root: str, open_ids: list[str]) -> dict[str, bool]:
@@ -333,7 +333,7 @@ def _generate(spark: SparkSession, conf: Config, root: str, segment_id: str, now
               lock: HeldLock, merging: frozenset[str]) -> GenerateResult:
     # Asked again under the lock: a rebucket this generate waited for may have changed the crawl's bucketing.
     check_bucketing(conf, root, record=False)
-    own_states, open_ids = segment_states(spark, root, segment_id)
+    own_states, open_ids, recorded = segment_states(spark, root, segment_id)
     if own_states - {SegmentState.GENERATED.value}:
         raise UserError(f"segment {segment_id} is past the generated state; generate a new segment instead")
     refusal = backpressure(unmerged_segments(conf, root, open_ids), conf.generate.max_unmerged_segments, merging)
@@ -341,7 +341,7 @@ def _generate(spark: SparkSession, conf: Config, root: str, segment_id: str, now
         log.warning("generate %s refused: %s", segment_id, refusal)
         raise Backpressure(f"no new segment: {refusal}")
     storage = Storage.from_conf(conf)
-    remove_unpublished(spark, storage, root)
+    remove_unpublished(storage, root, recorded)
     result = GenerateResult(segment_id)
     with step(f"generate {segment_id}: select"):
         # At most segment_max_urls rows, read three times (counts, fetch list, lease): select once.
@@ -396,12 +396,10 @@ def _generate(spark: SparkSession, conf: Config, root: str, segment_id: str, now
     return result
 
 
-def remove_unpublished(spark: SparkSession, storage: Storage, root: str) -> None:
+def remove_unpublished(storage: Storage, root: str, recorded: set[str]) -> None:
     """Remove what a generate that crashed or lost left: segment folders still marked `_GENERATING.json`. Only
-    folders of segments without `segments` rows can be (rows are written after the publication), so only those
-    are looked at. Safe under the writer lock: no other generate is writing one."""
-    recorded = {row["segment_id"] for row in
-                tables.table_df(spark, root, "segments").select("segment_id").distinct().collect()}
+    folders of segments without `segments` rows (`recorded`: those with rows) can be (rows are written after the
+    publication), so only those are looked at. Safe under the writer lock: no other generate is writing one."""
     for segment_id in layout.segment_ids(storage.list_folders(layout.segments_dir(root))):
         if segment_id not in recorded and storage.exists(layout.generating_marker(root, segment_id)):
             log.warning("generate: removing segment %s, left unpublished by a generate that did not finish",

@@ -30,14 +30,15 @@ from crawler.sitemaps import DEFAULT_LIMITS, SitemapLimits
 from crawler.status import FetchOutcome, SegmentState
 from crawler.warcread import read_record_at
 from delta_tables import tables
-from jobs.base import arrow_batches, insert_if_absent, session_settings, step
+from jobs.base import SOURCE_HELD, arrow_batches, insert_if_absent, session_settings, step
 from jobs.storage import LOCAL, Storage
 
 _OUTPUT_BATCH_ROWS = 256
 _ERROR_MAX_CHARS = 500
 # The fetched rows are small, so adaptive execution would coalesce the parse tasks into one and leave the other
-# cores idle while that one task parses the whole segment.
-_KEEP_PARSE_TASKS = {"spark.sql.adaptive.coalescePartitions.enabled": "false"}
+# cores idle while that one task parses the whole segment. The MERGE into `segments` reads the segment's fetched
+# files, which no daemon writes once parse runs (SOURCE_HELD).
+_PARSE_SETTINGS = {"spark.sql.adaptive.coalescePartitions.enabled": "false", **SOURCE_HELD}
 
 OUTLINK = pa.struct(
     [
@@ -209,10 +210,14 @@ def _parse(fetched: DataFrame, root: str, segment_id: str, conf: Config) -> Data
     )
 
 
-def _merge_pages(spark: SparkSession, root: str, parsed: DataFrame) -> int:
+def _merge_pages(spark: SparkSession, root: str, segment_id: str, parsed: DataFrame) -> int:
+    """Insert-if-absent on (url_id, state_version). A URL's state_version is bumped by every lease, so the pair
+    is only ever this segment's: the condition names the segment too, and the MERGE reads only the files whose
+    segment_id range holds it (Delta's data skipping) instead of every page the crawl stored."""
     pages = parsed.withColumn("duplicate_of", F.lit(None)).withColumn("near_duplicate_cluster", F.lit(None))
     return insert_if_absent(spark, root, "pages", tables.conform(pages, "pages"),
-                            "t.url_id = s.url_id AND t.state_version = s.state_version")
+                            f"t.segment_id = '{segment_id}' AND t.url_id = s.url_id "
+                            "AND t.state_version = s.state_version")
 
 
 def _write_links(root: str, segment_id: str, parsed: DataFrame) -> None:
@@ -260,7 +265,7 @@ def run(spark: SparkSession, conf: Config, root: str, segment_id: str) -> ParseR
     fetched = read_fetched(spark, root, segment_id)
     if fetched is None:
         return ParseResult(records=0, pages=0, links=0, errors=0, pages_inserted=0)
-    with step(f"parse {segment_id}"), session_settings(spark, _KEEP_PARSE_TASKS):
+    with step(f"parse {segment_id}"), session_settings(spark, _PARSE_SETTINGS):
         parsed = _parse(fetched, root, segment_id, conf).persist()
         try:
             totals = parsed.agg(
@@ -270,7 +275,7 @@ def run(spark: SparkSession, conf: Config, root: str, segment_id: str) -> ParseR
                 F.count("sitemap_urls").alias("sitemaps"),
                 F.coalesce(F.sum("sitemap_urls"), F.lit(0)).alias("sitemap_urls"),
             ).first()
-            inserted = _merge_pages(spark, root, parsed)
+            inserted = _merge_pages(spark, root, segment_id, parsed)
             _write_links(root, segment_id, parsed)
         finally:
             parsed.unpersist()

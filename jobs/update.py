@@ -185,8 +185,10 @@ def _fold(spark: SparkSession, conf: Config, root: str, segment_id: str, results
         result.stale = result.results - result.applied
 
         with step(f"update {segment_id}: fetches"):
-            insert_if_absent(spark, root, "fetches", tables.conform(results, "fetches"), "t.segment_id = s.segment_id"
-                             " AND t.url_id = s.url_id AND t.state_version = s.state_version")
+            # The segment named as a literal: the MERGE reads its partition of `fetches` only.
+            insert_if_absent(spark, root, "fetches", tables.conform(results, "fetches"),
+                             f"t.segment_id = '{segment_id}' AND t.url_id = s.url_id "
+                             "AND t.state_version = s.state_version")
 
         decide, event_kind = completion_udfs(RevisitPolicy.from_config(conf))
         live = with_previous.where(F.col("current") & (F.col("prev_lease") == seg)).join(
@@ -203,9 +205,12 @@ def _fold(spark: SparkSession, conf: Config, root: str, segment_id: str, results
                 "warc_length", F.coalesce("new_hash", "prev_hash").alias("content_hash"), "duplicate_of",
                 F.col("fetched_at").alias("created_at"),
             )
+            # A (url_id, state_version) is only ever this segment's (each lease bumps the version): naming the
+            # segment lets the MERGE skip the files of every other segment's events.
             result.index_events = insert_if_absent(spark, root, "index_events",
                                                    tables.conform(events, "index_events"),
-                                                   "t.url_id = s.url_id AND t.state_version = s.state_version")
+                                                   f"t.segment_id = '{segment_id}' AND t.url_id = s.url_id "
+                                                   "AND t.state_version = s.state_version")
 
         robots = segment_robots(spark, root, segment_id)
         with discover.discoveries(conf, segment_id, results, links, urls_snap, hosts_snap, robots) as found:
@@ -322,19 +327,27 @@ def record_merged(spark: SparkSession, root: str, segment_id: str, per_bucket: d
     """Each bucket of the segment -> state merged with its counts (`per_bucket`: results, hosts, applied per
     bucket), unless it is merged already. A segment fetched with no result at all is merged too (with nothing):
     its leased URLs come back when their leases expire, and it holds generate back no longer."""
-    known = [r["bucket"] for r in tables.table_df(spark, root, "segments").where(
-        F.col("segment_id") == segment_id).select("bucket").collect()]
-    if not (per_bucket or known or discovered):
-        return
+    schema = ("segment_id string, bucket int, state string, url_count bigint, host_count bigint, results bigint, "
+              "applied bigint, stale bigint, discovered bigint")
     rows = []
-    for bucket in sorted(set(per_bucket) | set(known) | set(discovered)):
+    for bucket in sorted(set(per_bucket) | set(discovered)):
         counts = per_bucket.get(bucket)
         count, hosts, done = (counts["results"], counts["hosts"], counts["applied"]) if counts else (0, 0, 0)
         rows.append((segment_id, bucket, SegmentState.MERGED.value, count, hosts, count, done, count - done,
                      discovered.get(bucket, 0)))
-    source = spark.createDataFrame(
-        rows, "segment_id string, bucket int, state string, url_count bigint, host_count bigint, results bigint, "
-              "applied bigint, stale bigint, discovered bigint")
+    # The segment's other buckets (generated, no result) are merged with nothing: joined in the MERGE's source
+    # rather than collected first, unless there is nothing else to merge (then nothing may be committed either).
+    generated = pinned_table(spark, root, "segments").where(F.col("segment_id") == segment_id).select("bucket")
+    if not rows:
+        if not generated.limit(1).count():
+            return
+        source = spark.createDataFrame([], schema)
+    else:
+        source = spark.createDataFrame(rows, schema)
+    zero = F.lit(0).cast("bigint")
+    source = source.unionByName(generated.distinct().join(source.select("bucket"), "bucket", "left_anti").select(
+        F.lit(segment_id).alias("segment_id"), "bucket", F.lit(SegmentState.MERGED.value).alias("state"),
+        *[zero.alias(c) for c in ("url_count", "host_count", "results", "applied", "stale", "discovered")]))
     source = tables.conform(source.select("*", F.lit(None).alias("owner"), F.lit(0).alias("epoch"),
                                           F.lit(None).alias("counters"), F.lit(now).alias("created_at"),
                                           F.lit(now).alias("updated_at")), "segments")
