@@ -393,11 +393,11 @@ def metrics_observer(conf: Config, metrics: RunMetrics) -> StepObserver:
     def observe(record: StepRecord) -> None:
         if record.name not in BATCH_STEPS or record.segment_id is None or isinstance(record.result, Exception):
             return
-        metrics.observe_step(record.name, record.segment_id, record.seconds)
-        if record.name in (GENERATE, UPDATE):
+        if record.name in (GENERATE, UPDATE):  # the figures first: a scrape that sees the merge sees its levels
             row = read_figures(conf, record.segment_id).get(record.name)
             if row is not None:
                 metrics.observe_cycle_metrics(row)
+        metrics.observe_step(record.name, record.segment_id, record.seconds)
 
     return observe
 
