@@ -2,10 +2,9 @@
 
 Lanes: `make test` runs pytest-xdist with `-n 2 --dist loadgroup`. Every test that starts Spark — the shared
 in-process session (the `spark` fixture, directly or through another fixture) or a JVM in a child process
-(marked `spark`) — is in the `spark` group; every other test (the daemon against loopback servers, pure rules, and
-`tests/test_run.py`, which only waits for `crawl run` processes of its own) is in the `light` group. Each group
-runs in one worker process, so the daemon tests' politeness waits overlap Spark's work, and the two lanes share no
-process, port range (`tests/support/servers.py::free_port`) or folder.
+(marked `spark`) — is in the `spark` group; every other test (the daemon against loopback servers, pure rules)
+is in the `light` group. Each group runs in one worker process, so the daemon tests' politeness waits overlap
+Spark's work, and the two lanes share no process, port range (`tests/support/servers.py::free_port`) or folder.
 
 Shared, built once per session: the SparkSession, and the work that starts in the background as soon as it is up
 when any selected test reads it — the shared crawl (`tests/support/crawl.py`, in a thread of this process on its own

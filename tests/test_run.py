@@ -36,9 +36,7 @@ from sitefarm.sites import FarmSpec
 from tests.support.config import TEST_OVERRIDES
 from tests.support.jvm import short_lived_jvm_env
 
-# Not marked `spark`: the drivers' JVMs are child processes this process only waits for (about four minutes), so the
-# wait runs in the light lane beside the daemon tests instead of holding the Spark lane, the suite's longest.
-pytestmark = [pytest.mark.slow]
+pytestmark = [pytest.mark.slow, pytest.mark.spark]
 
 REPO = Path(__file__).resolve().parents[1]
 FARM = FarmSpec(hosts=3, pages_per_host=8, latency_s=0.0)
