@@ -1,0 +1,255 @@
+"""`crawl run`, the continuous driver, as a person or a supervisor runs it: its own process, its daemon child, a
+tiny loopback farm, a 2-second cadence; the crawls `tests/test_run.py` judges.
+
+One root is crawled without interruption to idle (the reference); another, on a farm of its own with the same
+pages, is killed (SIGKILL of the whole process group, or of the driver alone) when its progress lines say a parse
+has started, an update has started, and right after a dedup ended (between steps), restarted each time, then stopped
+with SIGTERM during a step, then run to idle. The two crawls run at once, in the background of the session (a
+`conftest.py` BACKGROUND_WORK): they wait on cadences, lease expiries and JVM starts more than they compute, so in
+the Spark lane's own process they held the lane for over four minutes. They run niced like the suite's other slack
+(`tests/support/config.py::BACKGROUND_NICE`); the kill points are progress lines, not times, so the niceness
+changes when they fall, not what they test.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import signal
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+from crawler import config as config_mod
+from fetchd.ownership import LeaseStore
+from sitefarm.server import SiteFarm
+from sitefarm.sites import FarmSpec
+from tests.support.config import TEST_OVERRIDES, at_background_priority
+from tests.support.jvm import short_lived_jvm_env
+from tests.support.servers import free_port
+
+REPO = Path(__file__).resolve().parents[2]
+FARM = FarmSpec(hosts=3, pages_per_host=8, latency_s=0.0)
+DELAY_S = 0.05
+RUN_TIMEOUT_S = 900  # one start of the driver: a loaded machine's JVM start and steps
+MAX_DEPTH = 1
+SIGTERM_BOUND_S = 90  # the step in progress on a tiny segment (on a loaded machine), and the daemon child's stop
+# (step whose progress line triggers the kill, "started" or "done", seconds after that line, whom it kills: the
+# whole process group, or the driver alone, whose daemon child and JVM must then end by themselves)
+KILLS = (("parse", "started", 1.0, "group"), ("update", "started", 2.0, "driver"), ("dedup", "done", 0.0, "group"))
+SIGTERM_AT = ("parse", "started", 1.0)
+CHILDREN_GONE_S = 30  # after kill -9 of the driver alone: the daemon's stop on its parent's death, the JVM's exit
+
+
+def run_config(root: Path, farm: SiteFarm, metrics_port: int = 0) -> Path:
+    """The test settings, the farm's hosts and a short cadence; tables readable by delta-rs; leases and the
+    writer lock short, so a restart after kill -9 does not wait a minute for what the killed driver held."""
+    overrides = {
+        **{k: v for k, v in TEST_OVERRIDES.items() if k != "spark.driver_memory"},
+        "spark.driver_memory": "1g",
+        "storage.root": str(root),
+        "fetch.static_hosts": farm.static_hosts(),
+        "scope.host_suffixes": ["farm.test"],
+        "politeness.min_delay_s": DELAY_S,
+        "politeness.max_crawl_delay_s": 0.5,
+        "cycle.interval_s": 2.0,
+        "cycle.poll_s": 0.2,
+        "fetch.poll_interval_s": 0.3,
+        "ownership.lease_ttl_s": 4.0,
+        "ownership.renew_interval_s": 1.0,
+        "ownership.fence_margin_s": 1.0,
+        "ownership.takeover_grace_s": 0.5,
+        "ownership.shutdown_grace_s": 2.0,
+        "writer_lock.ttl_s": 4.0,
+        "tables.deletion_vectors": False,
+        # Two segments (the homes, then what they link to): the kills and restarts cost JVM starts enough.
+        "scope.max_depth": MAX_DEPTH,
+        "cycle.metrics_port": metrics_port,
+    }
+    data: dict = {}
+    for dotted, value in overrides.items():
+        section, key = dotted.split(".", 1)
+        data.setdefault(section, {})[key] = value
+    path = root.parent / f"{root.name}.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+@dataclass
+class Driver:
+    """One `crawl run` process in a session of its own, its stdout lines read as they come."""
+
+    process: subprocess.Popen
+    lines: queue.Queue = field(default_factory=queue.Queue)
+    seen: list[str] = field(default_factory=list)
+
+    @classmethod
+    def start(cls, config: Path, *args: str) -> Driver:
+        argv = at_background_priority([sys.executable, "-m", "jobs.cli", "run", "--config", str(config), *args])
+        process = subprocess.Popen(argv, cwd=REPO, env={**os.environ, **short_lived_jvm_env()},
+                                   stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                   start_new_session=True)
+        driver = cls(process)
+        threading.Thread(target=driver._read, daemon=True).start()
+        return driver
+
+    def _read(self) -> None:
+        for line in self.process.stdout:
+            self.lines.put(line.rstrip("\n"))
+        self.lines.put(None)
+
+    def wait_for(self, step: str, event: str) -> str:
+        """The first new progress line of `step` (`run: <step> <segment> started`, or its done line)."""
+        deadline = time.monotonic() + RUN_TIMEOUT_S
+        while time.monotonic() < deadline:
+            try:
+                line = self.lines.get(timeout=deadline - time.monotonic())
+            except queue.Empty:
+                break
+            if line is None:
+                raise AssertionError(f"crawl run ended (exit {self.process.wait()}) before {step} {event}:\n"
+                                     + self.tail())
+            self.seen.append(line)
+            words = line.split()
+            if words[:2] == ["run:", step] and (words[-1] == "started") == (event == "started"):
+                return line
+        os.killpg(self.process.pid, signal.SIGKILL)
+        raise AssertionError(f"no {step} {event} within {RUN_TIMEOUT_S}s:\n" + self.tail())
+
+    def finish(self) -> int:
+        try:
+            code = self.process.wait(RUN_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.process.pid, signal.SIGKILL)
+            self._drain()
+            raise AssertionError(f"crawl run still running after {RUN_TIMEOUT_S}s:\n{self.tail()}") from None
+        self._drain()
+        return code
+
+    def _drain(self) -> None:
+        time.sleep(0.1)
+        while not self.lines.empty():
+            line = self.lines.get()
+            if line is not None:
+                self.seen.append(line)
+
+    def tail(self, n: int = 60) -> str:
+        return "\n".join(self.seen[-n:])
+
+    def group_gone(self, timeout_s: float) -> bool:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            try:
+                os.killpg(self.process.pid, 0)
+            except ProcessLookupError:
+                return True
+            time.sleep(0.1)
+        return False
+
+
+@dataclass
+class Crawl:
+    root: Path
+    farm: SiteFarm
+    log_path: Path
+    outputs: list[str] = field(default_factory=list)
+    sigterm: dict = field(default_factory=dict)
+    scrape: str = ""  # the driver's /metrics after its first merge
+
+
+@contextmanager
+def _crawl_on_own_farm(base: Path, name: str) -> Iterator[Crawl]:
+    """A crawl of root `name` on a farm of its own, stopped when the crawl ends (what the tests read of the farm
+    afterwards is its request log and its spec)."""
+    log_path = base / f"{name}-requests.jsonl"
+    farm = SiteFarm(FARM, log_path)
+    farm.start()
+    try:
+        yield Crawl(base / name, farm, log_path)
+    finally:
+        farm.stop()
+
+
+def _seeds(base: Path, farm: SiteFarm, name: str) -> Path:
+    path = base / f"{name}-seeds.txt"
+    path.write_text("".join(f"{url}\n" for url in farm.seed_urls()))
+    return path
+
+
+def clean_crawl(base: Path) -> Crawl:
+    with _crawl_on_own_farm(base, "clean") as crawl:
+        port = free_port()
+        driver = Driver.start(run_config(crawl.root, crawl.farm, port),
+                              "--seeds", str(_seeds(base, crawl.farm, "clean")), "--until-idle")
+        driver.wait_for("update", "done")  # the first segment's: the second (what the homes link to) is to come
+        crawl.scrape = scrape_after_merge(port)
+        code = driver.finish()
+        crawl.outputs.append(driver.tail(400))
+        assert code == 0, driver.tail()
+        return crawl
+
+
+def scrape_after_merge(port: int, timeout_s: float = 60.0) -> str:
+    """The driver's /metrics once it counts a merged segment (its observers run right after the progress line)."""
+    deadline = time.monotonic() + timeout_s
+    text = ""
+    while time.monotonic() < deadline:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as response:
+            text = response.read().decode()
+        if "crawl_segments_merged_total 1.0" in text:
+            break
+        time.sleep(0.2)
+    return text
+
+
+def interrupted_crawl(base: Path) -> Crawl:
+    with _crawl_on_own_farm(base, "killed") as crawl:
+        config = run_config(crawl.root, crawl.farm)
+        seeds = ["--seeds", str(_seeds(base, crawl.farm, "killed"))]
+        for step, event, after_s, whom in KILLS:
+            driver = Driver.start(config, *seeds)
+            seeds = []  # injected by the first start (inject is idempotent, but once is what a supervisor does)
+            driver.wait_for(step, event)
+            time.sleep(after_s)
+            if whom == "group":
+                os.killpg(driver.process.pid, signal.SIGKILL)
+            else:
+                driver.process.kill()
+            driver.finish()
+            crawl.outputs.append(driver.tail(400))
+            assert driver.group_gone(CHILDREN_GONE_S), \
+                f"a process of the driver's group outlived kill -9 of the {whom}"
+        driver = Driver.start(config)
+        driver.wait_for(*SIGTERM_AT[:2])
+        time.sleep(SIGTERM_AT[2])
+        sent = time.monotonic()
+        driver.process.send_signal(signal.SIGTERM)
+        code = driver.finish()
+        crawl.sigterm = {"code": code, "seconds": time.monotonic() - sent, "group_gone": driver.group_gone(5),
+                         "output": driver.tail()}
+        crawl.outputs.append(driver.tail(400))
+        settings = config_mod.load(str(config))
+        leases = LeaseStore(settings, str(crawl.root), owner="test")
+        crawl.sigterm["held"] = [b for b in range(settings.crawl.buckets)
+                                 if leases.latest(b) is not None and not leases.latest(b).released]
+        driver = Driver.start(config, "--until-idle")
+        code = driver.finish()
+        crawl.outputs.append(driver.tail(400))
+        assert code == 0, driver.tail()
+        return crawl
+
+
+def run_both(base: Path) -> tuple[Crawl, Crawl]:
+    """The clean and the interrupted crawl at once (their JVM starts overlap)."""
+    with ThreadPoolExecutor(2, thread_name_prefix="crawl-run") as pool:
+        clean, killed = pool.submit(clean_crawl, base), pool.submit(interrupted_crawl, base)
+        return clean.result(), killed.result()
