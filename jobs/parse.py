@@ -4,13 +4,14 @@ Distributed by WARC file: the successful fetched results are hash-partitioned by
 each task opens a WARC file once and reads its records in order by seeking (never the whole file, never
 through the driver). One bad record yields a `pages` row with `parse_error` set instead of failing the job.
 
-Idempotent: `pages` is MERGE insert-if-absent on (url_id, state_version); the segment's `links` partition is
-replaced as a whole; a bucket moves to `parsed` only from generated/fetching/fetched.
+Idempotent: the segment's `links` partition is replaced as a whole; `pages` is MERGE insert-if-absent on
+(url_id, state_version); a bucket moves to `parsed` only from generated/fetching/fetched, after the other two.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from typing import Any, BinaryIO
 
@@ -257,8 +258,13 @@ def _mark_parsed(spark: SparkSession, root: str, segment_id: str, fetched: DataF
     )
 
 
-def run(spark: SparkSession, conf: Config, root: str, segment_id: str) -> ParseResult:
-    """Parse one segment's fetched WARC records into `pages` and `links`; safe to re-run."""
+def run(spark: SparkSession, conf: Config, root: str, segment_id: str,
+        commit_gate: AbstractContextManager[Any] | None = None) -> ParseResult:
+    """Parse one segment's fetched WARC records into `pages` and `links`; safe to re-run. `links` is committed
+    first (that commit makes the segment's discoveries durable: `crawler.service_levels`), then `pages` and the
+    buckets' state inside `commit_gate`: `crawl run` parses beside its other steps, and its gate keeps these two
+    commits from landing while another step of the same driver is between reading and committing those tables
+    (no table but `links` is parse's alone)."""
     layout.check_segment_id(segment_id)
     root = layout.normalize_root(root)
     tables.ensure_tables(spark, root)
@@ -275,11 +281,12 @@ def run(spark: SparkSession, conf: Config, root: str, segment_id: str) -> ParseR
                 F.count("sitemap_urls").alias("sitemaps"),
                 F.coalesce(F.sum("sitemap_urls"), F.lit(0)).alias("sitemap_urls"),
             ).first()
-            inserted = _merge_pages(spark, root, segment_id, parsed)
             _write_links(root, segment_id, parsed)
+            with commit_gate or nullcontext():
+                inserted = _merge_pages(spark, root, segment_id, parsed)
+                _mark_parsed(spark, root, segment_id, fetched)
         finally:
             parsed.unpersist()
-        _mark_parsed(spark, root, segment_id, fetched)
     return ParseResult(
         records=int(totals["pages"]),
         pages=int(totals["pages"]),

@@ -2,13 +2,18 @@
 
 A new segment is generated every `cycle.interval_s`, planned to be fetched in as long (generate's per-host cap is
 taken with `generate.segment_seconds` = the interval). The fetch daemon (a child process running `crawl fetchd`'s
-loop, or daemons elsewhere with --no-daemon) fetches it while the driver merges the segment before it. As soon as a
-segment's fetch is over its parse runs before anything else (a page's links reach `links` within
-`service_levels.discovery_durable_s` of its fetch); then generate, when its tick is due (the segments the driver is
-merging are named to generate's backpressure, `crawler.frontier.backpressure`, which then does not take them for
-stalled, but counts them); then the oldest fetched segment is merged (dedup, update, and index with
-`index.enabled`), one step at a time, oldest segment first. When generate is refused (exit 75's reasons: too many
-open segments, the writer lock held elsewhere) the driver waits for the next tick.
+loop, or daemons elsewhere with --no-daemon) fetches it while the driver merges the segment before it.
+
+Two lanes share the one SparkContext. The parse lane (a thread with a session of its own: its SQL settings and
+Delta's idempotent-write ids stay apart) parses each segment as soon as its fetch is over, whatever the other lane
+is doing, so a page's links reach `links` within `service_levels.discovery_durable_s` of its fetch: a segment's
+parse cannot wait behind the previous segment's update. The main lane runs generate when its tick is due (the
+segments the driver is merging are named to generate's backpressure, `crawler.frontier.backpressure`, which then
+does not take them for stalled, but counts them), then merges the oldest parsed segment (dedup, update, and index
+with `index.enabled`), one step at a time, oldest segment first. The lanes take turns at the tables (`Driver.tables`):
+a main-lane step holds them throughout, parse for its commits after `links` (no other step writes `links`), so no
+commit of one lane lands between another step's reads and its commit. When generate is refused (exit 75's
+reasons: too many open segments, the writer lock held elsewhere) the driver waits for the next tick.
 
 The driver keeps no state of its own: every step is idempotent per segment (docs/architecture.md, Idempotence and
 completion), and at start it reads the open segments from the `segments` table and their fetch progress from the
@@ -16,10 +21,10 @@ segment folders once, then runs each one's remaining steps in order. From then o
 merged, and looks at nothing but the fetching segments' folders (`fetchd.progress`, a listing) every `cycle.poll_s`.
 
 Exit status: 0 when stopped (SIGTERM, SIGINT, --for, --until-idle, or the daemon child stopped by a signal),
-after the step in progress and the daemon child's own stop; the daemon child's status when it ended otherwise (75
-when the crawl's settings changed under it, 1 when it failed or was killed); 75 when a merge step cannot go on now
-(another command's commit won, the writer lock held elsewhere: `crawler.errors.TryLater`); 2 for a user mistake;
-1 for any other failure. A restart resumes.
+after the steps in progress (both lanes') and the daemon child's own stop; the daemon child's status when it ended
+otherwise (75 when the crawl's settings changed under it, 1 when it failed or was killed); 75 when a step cannot go
+on now (another command's commit won, the writer lock held elsewhere: `crawler.errors.TryLater`); 2 for a user
+mistake; 1 for any other failure. A restart resumes.
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ import logging
 import math
 import multiprocessing
 import os
+import queue
 import signal
 import sys
 import threading
@@ -120,6 +126,9 @@ class Driver:
         self.observers = observers
         self.daemon = daemon
         self.stop = threading.Event()
+        self.wake = threading.Event()  # set by a stop request and by the parse lane when it has news
+        self.tables = threading.Lock()  # the lanes' turns at the tables (see the module's docstring)
+        self.parse_lane = ParseLane(spark.newSession(), conf, root, self.tables, self.wake)
         self.open: dict[str, OpenSegment] = {}
         self.regenerate: list[tuple[str, datetime]] = []  # segments published without their `segments` rows
         self.next_tick = 0.0
@@ -146,7 +155,7 @@ class Driver:
             steps = merge_steps(self.conf)
             if left == {SegmentState.PARSED.value}:
                 steps.remove(PARSE)
-            self.open[segment_id] = OpenSegment(segment_id, steps)
+            self._open(OpenSegment(segment_id, steps))
             log.info("run: resuming segment %s (%s left)", segment_id, ", ".join(steps))
         storage = Storage.from_conf(self.conf)
         for segment_id in layout.segment_ids(storage.list_folders(layout.segments_dir(self.root))):
@@ -166,52 +175,69 @@ class Driver:
         if seeds:
             self._step(INJECT, None, inject.run, self.spark, self.conf, self.root, seeds)
         self.resume()
-        while not self.stop.is_set() and time.monotonic() < deadline:
-            if self.daemon is not None and self.daemon.exitcode is not None:
-                # 0: it was stopped (a SIGTERM to the whole process group reaches it too); else it failed
-                status = self.daemon.exitcode
-                log.log(logging.INFO if status == 0 else logging.ERROR,
-                        "run: the fetch daemon ended (exit %s): stopping", status)
-                return status if status >= 0 else 1
-            self._look_at_fetches()
-            if self._parse_one() or self._generate_if_due() or self._merge_one_step():
-                continue
-            if until_idle and self.nothing_due and not self.open and not self.regenerate:
-                log.info("run: nothing due and no segment open: idle")
-                break
-            # A tick already due here is held back by backpressure: look again after a poll.
-            until_tick = self.next_tick - time.monotonic()
-            poll = self.conf.cycle.poll_s if until_tick <= 0 else min(self.conf.cycle.poll_s, until_tick)
-            self.stop.wait(min(poll, max(0.0, deadline - time.monotonic())))
-        return 0
+        try:
+            while not self.stop.is_set() and time.monotonic() < deadline:
+                if self.daemon is not None and self.daemon.exitcode is not None:
+                    # 0: it was stopped (a SIGTERM to the whole process group reaches it too); else it failed
+                    status = self.daemon.exitcode
+                    log.log(logging.INFO if status == 0 else logging.ERROR,
+                            "run: the fetch daemon ended (exit %s): stopping", status)
+                    return status if status >= 0 else 1
+                self._hear_from_parse_lane()
+                self._look_at_fetches()
+                if self._generate_if_due() or self._merge_one_step():
+                    continue
+                if until_idle and self.nothing_due and not self.open and not self.regenerate:
+                    log.info("run: nothing due and no segment open: idle")
+                    break
+                # A tick already due here is held back by backpressure: look again after a poll.
+                until_tick = self.next_tick - time.monotonic()
+                poll = self.conf.cycle.poll_s if until_tick <= 0 else min(self.conf.cycle.poll_s, until_tick)
+                if self.wake.wait(min(poll, max(0.0, deadline - time.monotonic()))):
+                    self.wake.clear()
+            return 0
+        finally:
+            self.parse_lane.stop()  # after the parse in progress, as any step in progress
+            self._hear_from_parse_lane()
+
+    def request_stop(self) -> None:
+        """Stop after the steps in progress (SIGTERM, SIGINT)."""
+        self.stop.set()
+        self.wake.set()
 
     def _look_at_fetches(self) -> None:
-        """Which fetching segments' fetch is over (every listed bucket done, or the segment closed): the daemons'
-        own listing, the one generate's backpressure reads."""
-        from fetchd.progress import segment_progress
-
+        """Which fetching segments' fetch is over, of those the parse lane does not watch (resumed ones that are
+        parsed already)."""
         for segment in self.open.values():
-            if segment.fetch_over:
+            if segment.fetch_over or segment.steps_left[0] == PARSE:
                 continue
-            progress = segment_progress(self.root, segment.segment_id, self.conf)
-            if progress.complete or progress.closed:
+            summary = fetch_over(self.root, segment.segment_id, self.conf)
+            if summary is not None:
                 segment.fetch_over = True
-                summary = (f"{len(progress.done)} of {len(progress.listed)} buckets done"
-                           + (", segment closed" if progress.closed else ""))
                 self._tell(segment, FETCH, time.monotonic() - segment.seen_at, summary)
 
-    def _parse_one(self) -> bool:
-        """Parse the oldest segment whose fetch is over and which is not parsed yet: its pages' links become
-        durable. False when there is none."""
-        parsing = sorted((s for s in self.open.values() if s.fetch_over and s.steps_left[0] == PARSE),
-                         key=lambda s: s.segment_id)
-        return bool(parsing) and self._next_step_of(parsing[0])
+    def _open(self, segment: OpenSegment) -> None:
+        """A segment generated or resumed: the driver merges it, the parse lane parses it first if it must."""
+        self.open[segment.segment_id] = segment
+        if segment.steps_left[0] == PARSE:
+            self.parse_lane.hand(segment.segment_id, segment.seen_at)
+
+    def _hear_from_parse_lane(self) -> None:
+        """The fetches the parse lane saw end and the parses it did, told to the observers like the main lane's
+        steps; its error is the driver's."""
+        for name, segment_id, seconds, result in self.parse_lane.news():
+            segment = self.open[segment_id]
+            if name == FETCH:
+                segment.fetch_over = True
+            else:
+                segment.steps_left.remove(PARSE)
+            self._tell(segment, name, seconds, result)
 
     def _merge_one_step(self) -> bool:
         """Run the next merge step (dedup, update, index) of the oldest open segment once its fetch is over and it
         is parsed (segments are merged in order). False when there is none."""
         oldest = min(self.open.values(), key=lambda s: s.segment_id, default=None)
-        if oldest is None or not oldest.fetch_over:
+        if oldest is None or not oldest.fetch_over or oldest.steps_left[0] == PARSE:  # parsing, or to parse
             return False
         return self._next_step_of(oldest)
 
@@ -259,7 +285,7 @@ class Driver:
         if not result.empty:
             segment = OpenSegment(result.segment_id, merge_steps(self.conf))
             segment.report.steps[GENERATE], segment.report.seconds[GENERATE] = result, record.seconds
-            self.open[result.segment_id] = segment
+            self._open(segment)
         return True
 
     # -- steps and their observers -----------------------------------------------------------------------
@@ -272,7 +298,8 @@ class Driver:
         print(f"{PROGRESS} {name} {segment_id or '-'} started", flush=True)
         started = time.monotonic()
         try:
-            result = func(*args)
+            with self.tables:
+                result = func(*args)
         except Exception as exc:
             if refusal is None or not isinstance(exc, refusal):
                 raise
@@ -294,6 +321,81 @@ class Driver:
         for observer in self.observers:
             observer(record)
         return record
+
+
+def fetch_over(root: str, segment_id: str, conf: Config) -> str | None:
+    """Whether a segment's fetch is over (every listed bucket done, or the segment closed), by the daemons' own
+    listing (the one generate's backpressure reads): its summary, or None while it goes on."""
+    from fetchd.progress import segment_progress
+
+    progress = segment_progress(root, segment_id, conf)
+    if not (progress.complete or progress.closed):
+        return None
+    return f"{len(progress.done)} of {len(progress.listed)} buckets done" + (
+        ", segment closed" if progress.closed else "")
+
+
+class ParseLane:
+    """The driver's parse lane: a thread that takes the segments it is handed in order, watches each one's fetch
+    (every `cycle.poll_s`) and parses it as soon as the fetch is over, on a session of its own, taking `tables`
+    for parse's commits after `links`. What it saw and did comes back through `news` (read by the main lane,
+    which tells the observers); `wake` is set when there is some."""
+
+    def __init__(self, spark: SparkSession, conf: Config, root: str, tables: threading.Lock,
+                 wake: threading.Event):
+        self.spark, self.conf, self.root, self.tables, self.wake = spark, conf, root, tables, wake
+        self.handed: queue.Queue[tuple[str, float]] = queue.Queue()
+        self.done: queue.Queue[tuple[str, str, float, Any]] = queue.Queue()
+        self.stopping = threading.Event()
+        self.failure: BaseException | None = None
+        self.thread = threading.Thread(target=self._work, name="parse-lane", daemon=True)
+        self.thread.start()
+
+    def hand(self, segment_id: str, seen_at: float) -> None:
+        """A segment to parse once its fetch is over; `seen_at`: when the driver generated or found it (its fetch
+        is timed from then)."""
+        self.handed.put((segment_id, seen_at))
+
+    def news(self) -> list[tuple[str, str, float, Any]]:
+        """(step, segment, seconds, result) of each fetch seen over and each parse done since the last call;
+        raises the lane's error once its news is read."""
+        items = []
+        while not self.done.empty():
+            items.append(self.done.get())
+        if self.failure is not None:
+            failure, self.failure = self.failure, None
+            raise failure
+        return items
+
+    def stop(self) -> None:
+        """Stop after the parse in progress (a segment still fetching is left to the next start)."""
+        self.stopping.set()
+        self.thread.join()
+
+    def _work(self) -> None:
+        from jobs import parse
+
+        try:
+            while not self.stopping.is_set():
+                try:
+                    segment_id, seen_at = self.handed.get(timeout=self.conf.cycle.poll_s)
+                except queue.Empty:
+                    continue
+                while (summary := fetch_over(self.root, segment_id, self.conf)) is None:
+                    if self.stopping.wait(self.conf.cycle.poll_s):
+                        return
+                self._tell(FETCH, segment_id, time.monotonic() - seen_at, summary)
+                print(f"{PROGRESS} {PARSE} {segment_id} started", flush=True)
+                started = time.monotonic()
+                result = parse.run(self.spark, self.conf, self.root, segment_id, commit_gate=self.tables)
+                self._tell(PARSE, segment_id, time.monotonic() - started, result)
+        except BaseException as exc:  # the driver's error: raised in the main lane by `news`
+            self.failure = exc
+            self.wake.set()
+
+    def _tell(self, name: str, segment_id: str, seconds: float, result: Any) -> None:
+        self.done.put((name, segment_id, seconds, result))
+        self.wake.set()
 
 
 class DaemonChild:
@@ -355,12 +457,12 @@ def serve_while_parent_lives(conf: Config, root: str, parent: int, verbose: bool
         sys.exit(EXIT_TRY_LATER)
 
 
-def _stop_on_signals(stop: threading.Event) -> dict[int, Any]:
-    """SIGTERM and SIGINT set `stop` (the step in progress finishes; pyspark's own SIGINT handler would cancel
-    it); returns the handlers they replace."""
+def _stop_on_signals(stop: Callable[[], None]) -> dict[int, Any]:
+    """SIGTERM and SIGINT call `stop` (the steps in progress finish; pyspark's own SIGINT handler would cancel
+    them); returns the handlers they replace."""
     def handle(signum: int, _frame: Any) -> None:
-        log.info("run: %s received: stopping after the step in progress", signal.Signals(signum).name)
-        stop.set()
+        log.info("run: %s received: stopping after the steps in progress", signal.Signals(signum).name)
+        stop()
 
     return {signum: signal.signal(signum, handle) for signum in (signal.SIGTERM, signal.SIGINT)}
 
@@ -371,7 +473,7 @@ def run_continuously(spark: SparkSession, conf: Config, root: str, observers: li
     after the step in progress. Returns (exit status, the driver)."""
     child = DaemonChild(conf, root) if daemon else None
     driver = Driver(spark, conf, root, observers, child)
-    previous = _stop_on_signals(driver.stop)
+    previous = _stop_on_signals(driver.request_stop)
     if child is not None:
         child.start()
     try:

@@ -1,0 +1,146 @@
+"""`crawl run`'s two lanes, with the steps replaced by stand-ins that log when they run (no Spark, no daemon): a
+segment's parse starts as soon as its fetch is over, even while the main lane is in the previous segment's update,
+and parse's commits after `links` never land while a main-lane step is between its reads and its commits.
+
+The real steps, kills and restarts are `tests/test_run.py`'s; this checks the driver's scheduling alone, where a
+test can make a step wait for another.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from contextlib import AbstractContextManager
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+
+from crawler import config as config_mod
+from jobs import dedup, generate, parse, run, update
+
+WAIT_S = 20.0  # the longest any stand-in waits for the other lane (the driver polls every 0.05 s here)
+
+
+@dataclass
+class Generated:
+    segment_id: str | None
+
+    @property
+    def empty(self) -> bool:
+        return self.segment_id is None
+
+    def summary(self) -> str:
+        return self.segment_id or "nothing due"
+
+
+class Steps:
+    """The stand-ins and what they saw: `log` holds (event, step, segment) in the order they happened."""
+
+    def __init__(self) -> None:
+        self.log: list[tuple[str, str, str]] = []
+        self.lock = threading.Lock()
+        self.fetched: set[str] = set()
+        self.main_step: str | None = None  # the main-lane step in progress
+        self.parse_started = {name: threading.Event() for name in ("seg-1", "seg-2")}
+        self.gate_during_main_step: list[str] = []
+        self.to_generate = ["seg-1", "seg-2"]
+
+    def note(self, event: str, step: str, segment_id: str) -> None:
+        with self.lock:
+            self.log.append((event, step, segment_id))
+
+    def fetch_over(self, _root: str, segment_id: str, _conf: Any) -> str | None:
+        return "fetched" if segment_id in self.fetched else None
+
+    def generate(self, *_args: Any) -> Generated:
+        segment_id = self.to_generate.pop(0) if self.to_generate else None
+        if segment_id == "seg-1":
+            self.fetched.add(segment_id)  # the first segment's fetch is over at once, the second's during update
+        return Generated(segment_id)
+
+    def parse(self, _spark: Any, _conf: Any, _root: str, segment_id: str,
+              commit_gate: AbstractContextManager[Any] | None = None) -> str:
+        self.note("start", "parse", segment_id)
+        self.parse_started[segment_id].set()
+        assert commit_gate is not None
+        with commit_gate:
+            if self.main_step is not None:
+                self.gate_during_main_step.append(f"{segment_id} during {self.main_step}")
+            time.sleep(0.05)
+        self.note("end", "parse", segment_id)
+        return "parsed"
+
+    def main_lane(self, step: str):
+        def body(_spark: Any, _conf: Any, _root: str, segment_id: str) -> str:
+            self.main_step = f"{step} {segment_id}"
+            self.note("start", step, segment_id)
+            if step == "update" and segment_id == "seg-1":
+                self.fetched.add("seg-2")
+                # The next segment's parse must not wait for this update: bounded, so a driver that makes it wait
+                # fails the test instead of hanging.
+                self.parse_started["seg-2"].wait(WAIT_S)
+            time.sleep(0.05)
+            self.note("end", step, segment_id)
+            self.main_step = None
+            return step
+        return body
+
+
+@pytest.fixture
+def steps(monkeypatch) -> Steps:
+    steps = Steps()
+    monkeypatch.setattr(run, "fetch_over", steps.fetch_over)
+    monkeypatch.setattr(run.Driver, "resume", lambda self: None)
+    monkeypatch.setattr(generate, "run", steps.generate)
+    monkeypatch.setattr(parse, "run", steps.parse)
+    monkeypatch.setattr(dedup, "run", steps.main_lane("dedup"))
+    monkeypatch.setattr(update, "run", steps.main_lane("update"))
+    return steps
+
+
+class NoSpark:
+    """The driver gives the parse lane a session of its own; the stand-ins use none."""
+
+    def newSession(self) -> NoSpark:  # noqa: N802 (pyspark's name)
+        return self
+
+
+def crawl_until_idle(steps: Steps) -> list[run.StepRecord]:
+    conf = config_mod.load().with_overrides({"cycle.interval_s": 0.1, "cycle.poll_s": 0.05,
+                                             "index.enabled": False})
+    told: list[run.StepRecord] = []
+    driver = run.Driver(NoSpark(), conf, "/nowhere", [told.append])
+    finished = threading.Event()
+
+    def crawl() -> None:
+        driver.run(seeds=None, for_s=WAIT_S * 3, until_idle=True)
+        finished.set()
+
+    threading.Thread(target=crawl, daemon=True).start()
+    assert finished.wait(WAIT_S * 4), "the driver did not go idle"
+    return told
+
+
+def test_a_segments_parse_does_not_wait_for_the_previous_segments_update(steps):
+    told = crawl_until_idle(steps)
+    log = steps.log
+    assert log.index(("start", "parse", "seg-2")) < log.index(("end", "update", "seg-1"))
+    # Each segment in its order: parse, dedup, update; the second merged after the first.
+    for segment_id in ("seg-1", "seg-2"):
+        ends = [step for event, step, seg in log if event == "end" and seg == segment_id]
+        assert ends == ["parse", "dedup", "update"]
+    assert log.index(("end", "update", "seg-1")) < log.index(("start", "dedup", "seg-2"))
+    # The observers hear of every step of both lanes once, from the driver's own thread.
+    heard = [(record.name, record.segment_id) for record in told if record.segment_id]
+    for segment_id in ("seg-1", "seg-2"):
+        assert [name for name, seg in heard if seg == segment_id] == ["generate", "fetch", "parse", "dedup",
+                                                                      "update"]
+
+
+def test_parse_commits_wait_for_the_main_lanes_step(steps):
+    crawl_until_idle(steps)
+    assert steps.gate_during_main_step == []
+    # seg-2's parse started during seg-1's update, and its commits came after it.
+    log = steps.log
+    assert log.index(("end", "update", "seg-1")) < log.index(("end", "parse", "seg-2"))
