@@ -31,6 +31,7 @@ from jobs.storage import Storage
 log = logging.getLogger("jobs")
 
 IVY_SETTINGS = Path(__file__).resolve().parents[1] / "conf" / "ivysettings.xml"
+SCHEDULER_POOLS = Path(__file__).resolve().parents[1] / "conf" / "fairscheduler.xml"
 # The AWS SDK's default chain, as boto3 uses it (env vars, profile, web identity, container, instance role).
 AWS_DEFAULT_CREDENTIALS = "software.amazon.awssdk.auth.credentials.DefaultCredentialsProvider"
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
@@ -91,7 +92,13 @@ def spark_session(conf: Config, app_name: str = "cyclecrawl") -> SparkSession:
         # cast...) in the JVM, five py4j round trips and a stack walk each: 1.8 ms an F.col instead of 0.4 ms, and
         # the jobs build their plans from thousands of them. Errors still name the failing expression.
         .config("spark.python.sql.dataFrameDebugging.enabled", "false")
+        # Jobs share the executors fairly between scheduler pools (each pool first in, first out): `crawl run`'s
+        # parse lane runs in a pool of its own (jobs.run.PARSE_POOL), so its jobs are not queued behind every task
+        # of the main lane's larger scans. Everything else is in the default pool, scheduled as before.
+        .config("spark.scheduler.mode", "FAIR")
     )
+    if SCHEDULER_POOLS.exists():  # else Spark makes the pools as they are named, with a warning
+        builder = builder.config("spark.scheduler.allocation.file", str(SCHEDULER_POOLS))
     if not submitted:
         # Under spark-submit the master, the jars and the driver's address come from its command line.
         builder = _launch_settings(builder, conf)

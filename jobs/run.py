@@ -62,6 +62,7 @@ INJECT, GENERATE, FETCH = "inject", "generate", "fetch"
 PARSE, DEDUP, UPDATE, INDEX = "parse", "dedup", "update", "index"
 PROGRESS = "run:"  # every progress line on stdout starts with it
 BATCH_STEPS = (GENERATE, PARSE, DEDUP, UPDATE)  # the steps the driver's metrics time
+PARSE_POOL = "parse"  # the parse lane's Spark scheduler pool
 
 
 @dataclass(frozen=True)
@@ -375,6 +376,8 @@ class ParseLane:
     def _work(self) -> None:
         from jobs import parse
 
+        # Its jobs share the executors fairly with the main lane's (`spark.scheduler.mode` FAIR, jobs.base).
+        self.spark.sparkContext.setLocalProperty("spark.scheduler.pool", PARSE_POOL)
         try:
             while not self.stopping.is_set():
                 try:

@@ -100,10 +100,18 @@ def steps(monkeypatch) -> Steps:
 
 
 class NoSpark:
-    """The driver gives the parse lane a session of its own; the stand-ins use none."""
+    """The driver gives the parse lane a session of its own, and its jobs a scheduler pool; the stand-ins use
+    neither."""
 
-    def newSession(self) -> NoSpark:  # noqa: N802 (pyspark's name)
+    def __init__(self) -> None:
+        self.sparkContext = self
+        self.pools: dict[str, str] = {}
+
+    def newSession(self) -> NoSpark:  # noqa: N802 (pyspark's names)
         return self
+
+    def setLocalProperty(self, key: str, value: str) -> None:  # noqa: N802
+        self.pools[threading.current_thread().name] = value
 
 
 def crawl_until_idle(steps: Steps) -> list[run.StepRecord]:
