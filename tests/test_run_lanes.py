@@ -114,11 +114,11 @@ class NoSpark:
         self.pools[threading.current_thread().name] = value
 
 
-def crawl_until_idle(steps: Steps) -> list[run.StepRecord]:
+def crawl_until_idle(steps: Steps, spark: NoSpark | None = None) -> list[run.StepRecord]:
     conf = config_mod.load().with_overrides({"cycle.interval_s": 0.1, "cycle.poll_s": 0.05,
                                              "index.enabled": False})
     told: list[run.StepRecord] = []
-    driver = run.Driver(NoSpark(), conf, "/nowhere", [told.append])
+    driver = run.Driver(spark or NoSpark(), conf, "/nowhere", [told.append])
     finished = threading.Event()
 
     def crawl() -> None:
@@ -147,8 +147,10 @@ def test_a_segments_parse_does_not_wait_for_the_previous_segments_update(steps):
 
 
 def test_parse_commits_wait_for_the_main_lanes_step(steps):
-    crawl_until_idle(steps)
+    spark = NoSpark()
+    crawl_until_idle(steps, spark)
     assert steps.gate_during_main_step == []
+    assert spark.pools == {"parse-lane": run.PARSE_POOL}  # its jobs share the executors with the main lane's
     # seg-2's parse started during seg-1's update, and its commits came after it.
     log = steps.log
     assert log.index(("end", "update", "seg-1")) < log.index(("end", "parse", "seg-2"))
