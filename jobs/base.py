@@ -10,6 +10,7 @@ import json
 import logging
 import os
 import sys
+import threading
 import time
 from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
@@ -274,6 +275,25 @@ SOURCE_HELD = {"spark.databricks.delta.merge.materializeSource": "none"}
 # Adaptive execution re-plans every shuffle and broadcast as a job of its own; on a segment's few rows that is
 # planning and scheduling for nothing (dedup of a test segment: 41 s with it, 10 s without).
 NOT_ADAPTIVE = {"spark.sql.adaptive.enabled": "false"}
+
+
+_TURNS: dict[str, threading.Lock] = {}
+_TURNS_GUARD = threading.Lock()
+
+
+@contextmanager
+def table_turn(root: str, name: str) -> Iterator[None]:
+    """Commits to one table from the threads of this process take turns. Delta judges a commit's conflicts with the
+    commits that landed since its snapshot by partition values only, so two commits to an unpartitioned table at
+    once (`crawl run`'s parse lane and main lane both write `pages` and `segments`) would fail one another; the
+    turn keeps the loser from ever starting its snapshot before the winner's commit. Held around one write (a MERGE
+    from its start, when it takes its snapshot, to its commit), never around a step. Commands in other processes
+    can still conflict (`crawler.errors.WriteConflict`, exit 75)."""
+    path = tables.table_path(root, name)
+    with _TURNS_GUARD:
+        turn = _TURNS.setdefault(path, threading.Lock())
+    with turn:
+        yield
 
 
 def merge_into(spark: SparkSession, root: str, name: str, source: DataFrame, condition):

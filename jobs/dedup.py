@@ -57,6 +57,7 @@ from jobs.base import (
     read_segment_files,
     session_settings,
     step,
+    table_turn,
 )
 from jobs.writelock import writer_lock
 
@@ -352,13 +353,14 @@ def _write_marks(spark: SparkSession, root: str, segment_id: str, marks: DataFra
                           F.col("cluster").alias("near_duplicate_cluster"))
     changed = ~(F.col("t.duplicate_of").eqNullSafe(F.col("s.duplicate_of"))
                 & F.col("t.near_duplicate_cluster").eqNullSafe(F.col("s.near_duplicate_cluster")))
-    metrics = (
-        merge_into(spark, root, "pages", source,
-                   f"t.segment_id = '{segment_id}' AND t.url_id = s.url_id AND t.state_version = s.state_version")
-        .whenMatchedUpdate(condition=changed, set={"duplicate_of": "s.duplicate_of",
-                                                   "near_duplicate_cluster": "s.near_duplicate_cluster"})
-        .execute()
-    )
+    with table_turn(root, "pages"):
+        metrics = (
+            merge_into(spark, root, "pages", source,
+                       f"t.segment_id = '{segment_id}' AND t.url_id = s.url_id AND t.state_version = s.state_version")
+            .whenMatchedUpdate(condition=changed, set={"duplicate_of": "s.duplicate_of",
+                                                       "near_duplicate_cluster": "s.near_duplicate_cluster"})
+            .execute()
+        )
     return merge_counts(metrics).get("num_updated_rows", 0)
 
 

@@ -63,7 +63,7 @@ from crawler.status import FINISHED_SEGMENT_STATES, SegmentState
 from crawler.writelock import holder
 from delta_tables import tables
 from jobs import cycle_metrics
-from jobs.base import check_bucketing, merge_counts, pinned_table, step
+from jobs.base import check_bucketing, merge_counts, pinned_table, step, table_turn
 from jobs.storage import Storage
 from jobs.writelock import HeldLock, writer_lock
 
@@ -289,8 +289,9 @@ def record_segment(spark: SparkSession, root: str, segment_id: str, per_bucket: 
         ),
         "segments",
     )
-    (source.write.format("delta").mode("append").option("txnAppId", f"generate:{segment_id}")
-     .option("txnVersion", 0).save(tables.table_path(root, "segments")))
+    with table_turn(root, "segments"):
+        (source.write.format("delta").mode("append").option("txnAppId", f"generate:{segment_id}")
+         .option("txnVersion", 0).save(tables.table_path(root, "segments")))
 
 
 def segment_states(spark: SparkSession, root: str, segment_id: str) -> tuple[set[str], list[str], set[str]]:

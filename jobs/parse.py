@@ -11,7 +11,6 @@ Idempotent: the segment's `links` partition is replaced as a whole; `pages` is M
 from __future__ import annotations
 
 from collections.abc import Iterator
-from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from typing import Any, BinaryIO
 
@@ -31,7 +30,7 @@ from crawler.sitemaps import DEFAULT_LIMITS, SitemapLimits
 from crawler.status import FetchOutcome, SegmentState
 from crawler.warcread import read_record_at
 from delta_tables import tables
-from jobs.base import SOURCE_HELD, arrow_batches, insert_if_absent, session_settings, step
+from jobs.base import SOURCE_HELD, arrow_batches, insert_if_absent, session_settings, step, table_turn
 from jobs.storage import LOCAL, Storage
 
 _OUTPUT_BATCH_ROWS = 256
@@ -216,9 +215,10 @@ def _merge_pages(spark: SparkSession, root: str, segment_id: str, parsed: DataFr
     is only ever this segment's: the condition names the segment too, and the MERGE reads only the files whose
     segment_id range holds it (Delta's data skipping) instead of every page the crawl stored."""
     pages = parsed.withColumn("duplicate_of", F.lit(None)).withColumn("near_duplicate_cluster", F.lit(None))
-    return insert_if_absent(spark, root, "pages", tables.conform(pages, "pages"),
-                            f"t.segment_id = '{segment_id}' AND t.url_id = s.url_id "
-                            "AND t.state_version = s.state_version")
+    with table_turn(root, "pages"):
+        return insert_if_absent(spark, root, "pages", tables.conform(pages, "pages"),
+                                f"t.segment_id = '{segment_id}' AND t.url_id = s.url_id "
+                                "AND t.state_version = s.state_version")
 
 
 def _write_links(root: str, segment_id: str, parsed: DataFrame) -> None:
@@ -246,25 +246,22 @@ def _mark_parsed(spark: SparkSession, root: str, segment_id: str, fetched: DataF
 
     buckets = fetched.select(F.lit(segment_id).alias("segment_id"), F.col("bucket")).distinct()
     movable = ", ".join(f"'{s.value}'" for s in (SegmentState.GENERATED, SegmentState.FETCHING, SegmentState.FETCHED))
-    (
-        DeltaTable.forPath(spark, tables.table_path(root, "segments"))
-        .alias("t")
-        .merge(buckets.alias("s"), "t.segment_id = s.segment_id AND t.bucket = s.bucket")
-        .whenMatchedUpdate(
-            condition=f"t.state IN ({movable})",
-            set={"state": F.lit(SegmentState.PARSED.value), "updated_at": F.current_timestamp()},
+    with table_turn(root, "segments"):
+        (
+            DeltaTable.forPath(spark, tables.table_path(root, "segments"))
+            .alias("t")
+            .merge(buckets.alias("s"), "t.segment_id = s.segment_id AND t.bucket = s.bucket")
+            .whenMatchedUpdate(
+                condition=f"t.state IN ({movable})",
+                set={"state": F.lit(SegmentState.PARSED.value), "updated_at": F.current_timestamp()},
+            )
+            .execute()
         )
-        .execute()
-    )
 
 
-def run(spark: SparkSession, conf: Config, root: str, segment_id: str,
-        commit_gate: AbstractContextManager[Any] | None = None) -> ParseResult:
+def run(spark: SparkSession, conf: Config, root: str, segment_id: str) -> ParseResult:
     """Parse one segment's fetched WARC records into `pages` and `links`; safe to re-run. `links` is committed
-    first (that commit makes the segment's discoveries durable: `crawler.service_levels`), then `pages` and the
-    buckets' state inside `commit_gate`: `crawl run` parses beside its other steps, and its gate keeps these two
-    commits from landing while another step of the same driver is between reading and committing those tables
-    (no table but `links` is parse's alone)."""
+    first: that commit makes the segment's discoveries durable (`crawler.service_levels`)."""
     layout.check_segment_id(segment_id)
     root = layout.normalize_root(root)
     tables.ensure_tables(spark, root)
@@ -282,9 +279,8 @@ def run(spark: SparkSession, conf: Config, root: str, segment_id: str,
                 F.coalesce(F.sum("sitemap_urls"), F.lit(0)).alias("sitemap_urls"),
             ).first()
             _write_links(root, segment_id, parsed)
-            with commit_gate or nullcontext():
-                inserted = _merge_pages(spark, root, segment_id, parsed)
-                _mark_parsed(spark, root, segment_id, fetched)
+            inserted = _merge_pages(spark, root, segment_id, parsed)
+            _mark_parsed(spark, root, segment_id, fetched)
         finally:
             parsed.unpersist()
     return ParseResult(

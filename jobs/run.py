@@ -10,10 +10,10 @@ is doing, so a page's links reach `links` within `service_levels.discovery_durab
 parse cannot wait behind the previous segment's update. The main lane runs generate when its tick is due (the
 segments the driver is merging are named to generate's backpressure, `crawler.frontier.backpressure`, which then
 does not take them for stalled, but counts them), then merges the oldest parsed segment (dedup, update, and index
-with `index.enabled`), one step at a time, oldest segment first. The lanes take turns at the tables (`Driver.tables`):
-a main-lane step holds them throughout, parse for its commits after `links` (no other step writes `links`), so no
-commit of one lane lands between another step's reads and its commit. When generate is refused (exit 75's
-reasons: too many open segments, the writer lock held elsewhere) the driver waits for the next tick.
+with `index.enabled`), one step at a time, oldest segment first. Both lanes write `pages` and `segments`: each such
+commit takes its table's turn (`jobs.base.table_turn`), so the lanes' commits never conflict. When generate is
+refused (exit 75's reasons: too many open segments, the writer lock held elsewhere) the driver waits for the next
+tick.
 
 The driver keeps no state of its own: every step is idempotent per segment (docs/architecture.md, Idempotence and
 completion), and at start it reads the open segments from the `segments` table and their fetch progress from the
@@ -128,8 +128,7 @@ class Driver:
         self.daemon = daemon
         self.stop = threading.Event()
         self.wake = threading.Event()  # set by a stop request and by the parse lane when it has news
-        self.tables = threading.Lock()  # the lanes' turns at the tables (see the module's docstring)
-        self.parse_lane = ParseLane(spark.newSession(), conf, root, self.tables, self.wake)
+        self.parse_lane = ParseLane(spark.newSession(), conf, root, self.wake)
         self.open: dict[str, OpenSegment] = {}
         self.regenerate: list[tuple[str, datetime]] = []  # segments published without their `segments` rows
         self.next_tick = 0.0
@@ -299,8 +298,7 @@ class Driver:
         print(f"{PROGRESS} {name} {segment_id or '-'} started", flush=True)
         started = time.monotonic()
         try:
-            with self.tables:
-                result = func(*args)
+            result = func(*args)
         except Exception as exc:
             if refusal is None or not isinstance(exc, refusal):
                 raise
@@ -338,13 +336,12 @@ def fetch_over(root: str, segment_id: str, conf: Config) -> str | None:
 
 class ParseLane:
     """The driver's parse lane: a thread that takes the segments it is handed in order, watches each one's fetch
-    (every `cycle.poll_s`) and parses it as soon as the fetch is over, on a session of its own, taking `tables`
-    for parse's commits after `links`. What it saw and did comes back through `news` (read by the main lane,
-    which tells the observers); `wake` is set when there is some."""
+    (every `cycle.poll_s`) and parses it as soon as the fetch is over, on a session of its own. What it saw and
+    did comes back through `news` (read by the main lane, which tells the observers); `wake` is set when there is
+    some."""
 
-    def __init__(self, spark: SparkSession, conf: Config, root: str, tables: threading.Lock,
-                 wake: threading.Event):
-        self.spark, self.conf, self.root, self.tables, self.wake = spark, conf, root, tables, wake
+    def __init__(self, spark: SparkSession, conf: Config, root: str, wake: threading.Event):
+        self.spark, self.conf, self.root, self.wake = spark, conf, root, wake
         self.handed: queue.Queue[tuple[str, float]] = queue.Queue()
         self.done: queue.Queue[tuple[str, str, float, Any]] = queue.Queue()
         self.stopping = threading.Event()
@@ -390,7 +387,7 @@ class ParseLane:
                 self._tell(FETCH, segment_id, time.monotonic() - seen_at, summary)
                 print(f"{PROGRESS} {PARSE} {segment_id} started", flush=True)
                 started = time.monotonic()
-                result = parse.run(self.spark, self.conf, self.root, segment_id, commit_gate=self.tables)
+                result = parse.run(self.spark, self.conf, self.root, segment_id)
                 self._tell(PARSE, segment_id, time.monotonic() - started, result)
         except BaseException as exc:  # the driver's error: raised in the main lane by `news`
             self.failure = exc

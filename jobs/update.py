@@ -56,6 +56,7 @@ from jobs.base import (
     pinned_table,
     read_segment_files,
     step,
+    table_turn,
     to_micros,
 )
 from jobs.update_hosts import host_fetch_counts, merge_hosts, segment_robots
@@ -313,12 +314,13 @@ def record_closed(spark: SparkSession, root: str, segment_id: str, now: datetime
     targets = tables.table_df(spark, root, "segments").where(
         (F.col("segment_id") == segment_id) & ~F.col("state").isin(*FINISHED_SEGMENT_STATES)
     ).select("segment_id", "bucket")
-    metrics = (
-        merge_into(spark, root, "segments", targets, "t.segment_id = s.segment_id AND t.bucket = s.bucket")
-        .whenMatchedUpdate(condition=~F.col("t.state").isin(*FINISHED_SEGMENT_STATES),
-                           set={"state": F.lit(SegmentState.CLOSED.value), "updated_at": F.lit(now)})
-        .execute()
-    )
+    with table_turn(root, "segments"):
+        metrics = (
+            merge_into(spark, root, "segments", targets, "t.segment_id = s.segment_id AND t.bucket = s.bucket")
+            .whenMatchedUpdate(condition=~F.col("t.state").isin(*FINISHED_SEGMENT_STATES),
+                               set={"state": F.lit(SegmentState.CLOSED.value), "updated_at": F.lit(now)})
+            .execute()
+        )
     return merge_counts(metrics).get("num_updated_rows", 0)
 
 
@@ -351,15 +353,17 @@ def record_merged(spark: SparkSession, root: str, segment_id: str, per_bucket: d
     source = tables.conform(source.select("*", F.lit(None).alias("owner"), F.lit(0).alias("epoch"),
                                           F.lit(None).alias("counters"), F.lit(now).alias("created_at"),
                                           F.lit(now).alias("updated_at")), "segments")
-    (
-        merge_into(spark, root, "segments", source, "t.segment_id = s.segment_id AND t.bucket = s.bucket")
-        .whenMatchedUpdate(
-            condition=F.col("t.state") != SegmentState.MERGED.value,
-            set={c: F.col(f"s.{c}") for c in ("state", "results", "applied", "stale", "discovered", "updated_at")},
+    with table_turn(root, "segments"):
+        (
+            merge_into(spark, root, "segments", source, "t.segment_id = s.segment_id AND t.bucket = s.bucket")
+            .whenMatchedUpdate(
+                condition=F.col("t.state") != SegmentState.MERGED.value,
+                set={c: F.col(f"s.{c}") for c in ("state", "results", "applied", "stale", "discovered",
+                                                  "updated_at")},
+            )
+            .whenNotMatchedInsertAll()
+            .execute()
         )
-        .whenNotMatchedInsertAll()
-        .execute()
-    )
 
 
 def run_command(spark: SparkSession, conf: Config, root: str, segment: str) -> int:

@@ -1,6 +1,6 @@
 """`crawl run`'s two lanes, with the steps replaced by stand-ins that log when they run (no Spark, no daemon): a
-segment's parse starts as soon as its fetch is over, even while the main lane is in the previous segment's update,
-and parse's commits after `links` never land while a main-lane step is between its reads and its commits.
+segment's parse runs as soon as its fetch is over, start to end, even while the main lane is in the previous
+segment's update; and the turns the lanes take at a table they both write (`jobs.base.table_turn`).
 
 The real steps, kills and restarts are `tests/test_run.py`'s; this checks the driver's scheduling alone, where a
 test can make a step wait for another.
@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import threading
 import time
-from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any
 
@@ -18,6 +17,7 @@ import pytest
 
 from crawler import config as config_mod
 from jobs import dedup, generate, parse, run, update
+from jobs.base import table_turn
 
 WAIT_S = 20.0  # the longest any stand-in waits for the other lane (the driver polls every 0.05 s here)
 
@@ -41,9 +41,7 @@ class Steps:
         self.log: list[tuple[str, str, str]] = []
         self.lock = threading.Lock()
         self.fetched: set[str] = set()
-        self.main_step: str | None = None  # the main-lane step in progress
-        self.parse_started = {name: threading.Event() for name in ("seg-1", "seg-2")}
-        self.gate_during_main_step: list[str] = []
+        self.parse_ended = {name: threading.Event() for name in ("seg-1", "seg-2")}
         self.to_generate = ["seg-1", "seg-2"]
 
     def note(self, event: str, step: str, segment_id: str) -> None:
@@ -59,30 +57,23 @@ class Steps:
             self.fetched.add(segment_id)  # the first segment's fetch is over at once, the second's during update
         return Generated(segment_id)
 
-    def parse(self, _spark: Any, _conf: Any, _root: str, segment_id: str,
-              commit_gate: AbstractContextManager[Any] | None = None) -> str:
+    def parse(self, _spark: Any, _conf: Any, _root: str, segment_id: str) -> str:
         self.note("start", "parse", segment_id)
-        self.parse_started[segment_id].set()
-        assert commit_gate is not None
-        with commit_gate:
-            if self.main_step is not None:
-                self.gate_during_main_step.append(f"{segment_id} during {self.main_step}")
-            time.sleep(0.05)
+        time.sleep(0.05)
         self.note("end", "parse", segment_id)
+        self.parse_ended[segment_id].set()
         return "parsed"
 
     def main_lane(self, step: str):
         def body(_spark: Any, _conf: Any, _root: str, segment_id: str) -> str:
-            self.main_step = f"{step} {segment_id}"
             self.note("start", step, segment_id)
             if step == "update" and segment_id == "seg-1":
                 self.fetched.add("seg-2")
                 # The next segment's parse must not wait for this update: bounded, so a driver that makes it wait
                 # fails the test instead of hanging.
-                self.parse_started["seg-2"].wait(WAIT_S)
+                self.parse_ended["seg-2"].wait(WAIT_S)
             time.sleep(0.05)
             self.note("end", step, segment_id)
-            self.main_step = None
             return step
         return body
 
@@ -133,7 +124,7 @@ def crawl_until_idle(steps: Steps, spark: NoSpark | None = None) -> list[run.Ste
 def test_a_segments_parse_does_not_wait_for_the_previous_segments_update(steps):
     told = crawl_until_idle(steps)
     log = steps.log
-    assert log.index(("start", "parse", "seg-2")) < log.index(("end", "update", "seg-1"))
+    assert log.index(("end", "parse", "seg-2")) < log.index(("end", "update", "seg-1"))
     # Each segment in its order: parse, dedup, update; the second merged after the first.
     for segment_id in ("seg-1", "seg-2"):
         ends = [step for event, step, seg in log if event == "end" and seg == segment_id]
@@ -146,11 +137,42 @@ def test_a_segments_parse_does_not_wait_for_the_previous_segments_update(steps):
                                                                       "update"]
 
 
-def test_parse_commits_wait_for_the_main_lanes_step(steps):
+def test_the_parse_lane_runs_its_jobs_in_a_scheduler_pool_of_its_own(steps):
     spark = NoSpark()
     crawl_until_idle(steps, spark)
-    assert steps.gate_during_main_step == []
     assert spark.pools == {"parse-lane": run.PARSE_POOL}  # its jobs share the executors with the main lane's
-    # seg-2's parse started during seg-1's update, and its commits came after it.
-    log = steps.log
-    assert log.index(("end", "update", "seg-1")) < log.index(("end", "parse", "seg-2"))
+
+
+def test_commits_to_one_table_take_turns_and_others_do_not_wait():
+    """While one thread holds a table's turn, another thread's commit to that table waits for it; a commit to
+    another table, or to the same table of another root, does not."""
+    held, release = threading.Event(), threading.Event()
+    order: list[str] = []
+
+    def holder() -> None:
+        with table_turn("/root-a", "pages"):
+            held.set()
+            release.wait(WAIT_S)
+            order.append("first pages commit")
+
+    def waiter(root: str, table: str, name: str) -> threading.Thread:
+        def take() -> None:
+            with table_turn(root, table):
+                order.append(name)
+        thread = threading.Thread(target=take)
+        thread.start()
+        return thread
+
+    first = threading.Thread(target=holder)
+    first.start()
+    assert held.wait(WAIT_S)
+    same = waiter("/root-a", "pages", "second pages commit")
+    others = [waiter("/root-a", "segments", "segments commit"), waiter("/root-b", "pages", "other root's pages")]
+    for thread in others:
+        thread.join(WAIT_S)
+    time.sleep(0.1)
+    assert sorted(order) == ["other root's pages", "segments commit"]  # the second pages commit still waits
+    release.set()
+    first.join(WAIT_S)
+    same.join(WAIT_S)
+    assert order[2:] == ["first pages commit", "second pages commit"]
