@@ -46,6 +46,12 @@ class SegmentProgress(NamedTuple):
         """Every bucket with a fetch list is done (vacuously true for a segment with nothing due)."""
         return not self.unfinished
 
+    @property
+    def fetch_over(self) -> bool:
+        """Nothing more of the segment will be fetched: every listed bucket done, or the segment closed (what
+        generate's backpressure and `crawl run` wait for before the steps after the fetch)."""
+        return self.complete or self.closed
+
 
 def _open_store(root: str, segment_id: str, conf: Config | None) -> LocalStore:
     """The daemons' store of the root; `conf` (for its s3.* keys) is needed for an s3:// root only."""

@@ -310,12 +310,11 @@ def segment_states(spark: SparkSession, root: str, segment_id: str) -> tuple[set
 
 
 def unmerged_segments(conf: Config, root: str, open_ids: list[str]) -> dict[str, bool]:
-    """Each open segment -> whether its fetch is over (every listed bucket done, or the segment closed:
-    `fetchd.progress`, a folder listing per segment)."""
+    """Each open segment -> whether its fetch is over (`fetchd.progress.SegmentProgress.fetch_over`, a folder
+    listing per segment)."""
     from fetchd.progress import segment_progress
 
-    progress = {open_id: segment_progress(root, open_id, conf) for open_id in open_ids}
-    return {open_id: p.complete or p.closed for open_id, p in progress.items()}
+    return {open_id: segment_progress(root, open_id, conf).fetch_over for open_id in open_ids}
 
 
 def run(spark: SparkSession, conf: Config, root: str, segment_id: str | None = None,

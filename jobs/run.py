@@ -323,12 +323,12 @@ class Driver:
 
 
 def fetch_over(root: str, segment_id: str, conf: Config) -> str | None:
-    """Whether a segment's fetch is over (every listed bucket done, or the segment closed), by the daemons' own
-    listing (the one generate's backpressure reads): its summary, or None while it goes on."""
+    """Whether a segment's fetch is over (`fetchd.progress.SegmentProgress.fetch_over`, the daemons' own listing,
+    the one generate's backpressure reads): its summary, or None while it goes on."""
     from fetchd.progress import segment_progress
 
     progress = segment_progress(root, segment_id, conf)
-    if not (progress.complete or progress.closed):
+    if not progress.fetch_over:
         return None
     return f"{len(progress.done)} of {len(progress.listed)} buckets done" + (
         ", segment closed" if progress.closed else "")
