@@ -115,18 +115,25 @@ def driver_cpu_seconds() -> float:
 
 def job_sites(spark: SparkSession, first: int, end: int) -> list[str]:
     """Each Spark job in [first, end) by its description (Delta names its own: "Delta: MERGE ...: Compute
-    snapshot ...") or else its call site, how many times each: where a step's jobs come from."""
+    snapshot ...") or else its call site: how many times each, and their seconds from submission to completion
+    (jobs of one step may overlap), most seconds first: where a step's jobs and time go."""
     store, sites = spark.sparkContext._jsc.sc().statusStore(), {}
     for job_id in range(first, end):
+        seconds = 0.0
         try:
             job = store.job(job_id)
             description = job.description()
             site = description.get() if description.isDefined() else job.name()
+            if job.submissionTime().isDefined() and job.completionTime().isDefined():
+                seconds = (job.completionTime().get().getTime() - job.submissionTime().get().getTime()) / 1000
         except Exception:  # noqa: BLE001 - a job the store no longer holds
             site = "?"
         site = " ".join(str(site).split())[:150]
-        sites[site] = sites.get(site, 0) + 1
-    return [f"{count} x {site}" for site, count in sorted(sites.items(), key=lambda item: -item[1])]
+        count, total = sites.get(site, (0, 0.0))
+        sites[site] = (count + 1, total + seconds)
+    lines = [f"{count} x {site} ({total:.1f} s)"
+             for site, (count, total) in sorted(sites.items(), key=lambda item: -item[1][1])]
+    return [f"{sum(c for c, _ in sites.values())} jobs, {sum(t for _, t in sites.values()):.1f} s in jobs", *lines]
 
 
 def spark_jobs_started(spark: SparkSession) -> int:
@@ -418,6 +425,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--master", default="local[2]")
     parser.add_argument("--driver-memory", default="8g")
     parser.add_argument("--shuffle-partitions", type=int, default=8)
+    parser.add_argument("--spark-conf", action="append", default=[], metavar="KEY=VALUE",
+                        help="a Spark setting for the session (repeatable): to compare one against the default")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", dest="settings",
+                        help="a config key (section.key=YAML value, repeatable), as `crawl --set` takes it")
     args = parser.parse_args(argv)
     args.sizes = [size(s) for s in args.known_urls.split(",") if s.strip()]
     if not args.sizes or min(args.sizes) < args.pages or args.pages <= 0:
@@ -431,7 +442,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
-    conf = config_mod.load().with_overrides({
+    conf = config_mod.load(assignments=args.settings).with_overrides({
         "spark.master": args.master,
         "spark.shuffle_partitions": args.shuffle_partitions,
         "spark.driver_memory": args.driver_memory,
@@ -439,6 +450,7 @@ def main(argv: list[str] | None = None) -> None:
         "generate.segment_max_urls": args.pages,
         "generate.per_host_max_urls": args.pages,
         "politeness.min_delay_s": 0.01,
+        "spark.conf": dict(setting.split("=", 1) for setting in args.spark_conf),
     })
     steps = StepTimes()
     logging.getLogger("jobs").setLevel(logging.INFO)

@@ -235,6 +235,7 @@ _RULES: dict[str, tuple[Any, str]] = {
     "dedup.max_bucket_size": (lambda v: v >= 2, "must be >= 2"),
     "dedup.duplicate_priority_factor": (lambda v: 0 < v <= 1, "must be in (0, 1]"),
     "spark.shuffle_partitions": (_positive, "must be > 0"),
+    "spark.small_input_rows": (_non_negative, "must be >= 0 (0: never)"),
     "spark.driver_memory": (_jvm_memory, "must be a JVM memory size, digits and a unit k, m, g or t (such as 2g), "
                                          "at least 512m"),
     "spark.conf": (_spark_settings, "must map spark.* setting names to single values (text, numbers, true/false)"),

@@ -228,6 +228,7 @@ class SparkSettings:
     """`spark.*`."""
     master: str
     shuffle_partitions: int
+    small_input_rows: int
     driver_memory: str
     ivy_dir: str
     extra_jars: str

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.fs as pafs
+import pyarrow.parquet as pq
 from pyspark.sql import Column, DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 from pyspark.sql.pandas.types import from_arrow_schema
@@ -263,6 +264,45 @@ def session_settings(spark: SparkSession, settings: Mapping[str, str]) -> Iterat
                 spark.conf.unset(key)
             else:
                 spark.conf.set(key, value)
+
+
+# A step over a few rows is all fixed cost, and much of that is Spark compiling: every plan's operators and
+# expressions are generated as Java source, formatted and compiled by Janino (a cycle's steps on a 20-page segment
+# spent over a third of their CPU there, and the compiled classes are rarely reused: a new segment's timestamps
+# are new literals in the code). Interpreted, those rows cost a little more each and nothing up front. Adaptive
+# execution re-plans each shuffle as a job of its own, and a shuffle's tasks (and those that rebuild a Delta table's
+# snapshot from its log) are as many as the cluster would use on a large input: one per core is plenty for a few
+# thousand rows.
+SMALL_INPUT = {
+    "spark.sql.codegen.wholeStage": "false",
+    "spark.sql.codegen.factoryMode": "NO_CODEGEN",
+    "spark.sql.adaptive.enabled": "false",
+}
+
+
+@contextmanager
+def sized_to_input(spark: SparkSession, conf: Config, rows: int | None) -> Iterator[None]:
+    """The work inside on Spark's small-input plan (SMALL_INPUT, one shuffle partition per core) when the step works
+    on at most `spark.small_input_rows` rows, else (or when that is not known: None) on the session's own settings."""
+    if rows is None or rows > conf.spark.small_input_rows:
+        yield
+        return
+    partitions = str(min(conf.spark.shuffle_partitions, spark.sparkContext.defaultParallelism))
+    with session_settings(spark, {**SMALL_INPUT, "spark.sql.shuffle.partitions": partitions,
+                                  "spark.databricks.delta.snapshotPartitions": partitions}):
+        yield
+
+
+def segment_rows(conf: Config, path: str) -> int:
+    """The rows of the Parquet files under a segment folder (as read_segment_files reads them), from the files'
+    footers: what sizes a step's plan before Spark reads anything. 0 when the folder does not exist."""
+    storage = Storage.from_conf(conf)
+    rows = 0
+    for name in storage.list_files(path):
+        if name.endswith(".parquet") and not any(part[:1] in "_." for part in name.split("/")):
+            with storage.open_input(layout.join(path, name)) as handle:
+                rows += pq.ParquetFile(handle).metadata.num_rows
+    return rows
 
 
 # Delta materializes a MERGE's source (a cached copy, written before the MERGE reads it twice) unless the source

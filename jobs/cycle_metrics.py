@@ -40,7 +40,7 @@ from crawler.politeness import PolitenessRules
 from crawler.service_levels import LeaseOutcome, lag_s_sql, lease_outcome_sql, percentile_sql, share_within
 from crawler.status import IndexEventKind, MetricsStep
 from delta_tables import tables
-from jobs.base import pinned_table
+from jobs.base import SMALL_INPUT, pinned_table, session_settings
 
 
 def hosts_by_state(spark: SparkSession, conf: Config, root: str, now: datetime) -> dict[str, int]:
@@ -224,6 +224,16 @@ def update_signals(spark: SparkSession, root: str) -> tuple[float | None, float 
         return None, None
     row = rows[0]
     return row["change_rate"], (row["new_urls"] or 0) / row["results"]
+
+
+def last_due_urls(spark: SparkSession, root: str) -> int | None:
+    """The due URLs the last generate found (None before any): what the next generate will read about as many of,
+    known before it reads `urls` (jobs.base.sized_to_input). One row per step run: a small table, read on the
+    small-input plan."""
+    with session_settings(spark, SMALL_INPUT):
+        rows = (tables.table_df(spark, root, "cycle_metrics").where(F.col("step") == MetricsStep.GENERATE.value)
+                .orderBy(F.desc("run_at")).limit(1).select("due_urls").collect())
+    return int(rows[0]["due_urls"]) if rows and rows[0]["due_urls"] is not None else None
 
 
 def recent(spark: SparkSession, root: str, limit: int) -> list[dict[str, Any]]:

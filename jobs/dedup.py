@@ -55,7 +55,9 @@ from jobs.base import (
     merge_into,
     pinned_table,
     read_segment_files,
+    segment_rows,
     session_settings,
+    sized_to_input,
     step,
     table_turn,
 )
@@ -295,7 +297,9 @@ def run(spark: SparkSession, conf: Config, root: str, segment_id: str) -> DedupR
     # Adaptive query execution re-plans each of this job's many small joins against cached and broadcast inputs:
     # on a test segment it took 34 s of the run's 41, 10 s with it off (the plans are static, the inputs segment-sized).
     # Every MERGE source is a localCheckpoint (SOURCE_HELD).
-    with step(f"dedup {segment_id}"), session_settings(spark, {**NOT_ADAPTIVE, **SOURCE_HELD}):
+    rows = segment_rows(conf, layout.fetched_dir(root, segment_id))
+    with (step(f"dedup {segment_id}"), session_settings(spark, {**NOT_ADAPTIVE, **SOURCE_HELD}),
+          sized_to_input(spark, conf, rows)):
         # Every table is read once, filtered to what the segment touches, and checkpointed: later plans hold no
         # Delta scan to plan again (planning one costs more than the work at a segment's size).
         documents, leavers = segment_changes(spark, root, segment_id)

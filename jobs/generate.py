@@ -63,7 +63,7 @@ from crawler.status import FINISHED_SEGMENT_STATES, SegmentState
 from crawler.writelock import holder
 from delta_tables import tables
 from jobs import cycle_metrics
-from jobs.base import check_bucketing, merge_counts, pinned_table, step, table_turn
+from jobs.base import check_bucketing, merge_counts, pinned_table, sized_to_input, step, table_turn
 from jobs.storage import Storage
 from jobs.writelock import HeldLock, writer_lock
 
@@ -325,7 +325,9 @@ def run(spark: SparkSession, conf: Config, root: str, segment_id: str | None = N
     now = as_utc(now or datetime.now(UTC))
     segment_id = layout.check_segment_id(segment_id or default_segment_id(now))
     tables.ensure_tables(spark, root)
-    with writer_lock(conf, root, "generate") as lock:
+    # Its work follows the due URLs it reads: sized by as many as the last generate found.
+    with writer_lock(conf, root, "generate") as lock, sized_to_input(
+            spark, conf, cycle_metrics.last_due_urls(spark, root)):
         return _generate(spark, conf, root, segment_id, now, lock, merging)
 
 

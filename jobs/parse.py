@@ -30,7 +30,16 @@ from crawler.sitemaps import DEFAULT_LIMITS, SitemapLimits
 from crawler.status import FetchOutcome, SegmentState
 from crawler.warcread import read_record_at
 from delta_tables import tables
-from jobs.base import SOURCE_HELD, arrow_batches, insert_if_absent, session_settings, step, table_turn
+from jobs.base import (
+    SOURCE_HELD,
+    arrow_batches,
+    insert_if_absent,
+    segment_rows,
+    session_settings,
+    sized_to_input,
+    step,
+    table_turn,
+)
 from jobs.storage import LOCAL, Storage
 
 _OUTPUT_BATCH_ROWS = 256
@@ -268,7 +277,8 @@ def run(spark: SparkSession, conf: Config, root: str, segment_id: str) -> ParseR
     fetched = read_fetched(spark, root, segment_id)
     if fetched is None:
         return ParseResult(records=0, pages=0, links=0, errors=0, pages_inserted=0)
-    with step(f"parse {segment_id}"), session_settings(spark, _PARSE_SETTINGS):
+    rows = segment_rows(conf, layout.fetched_dir(root, segment_id))
+    with step(f"parse {segment_id}"), session_settings(spark, _PARSE_SETTINGS), sized_to_input(spark, conf, rows):
         parsed = _parse(fetched, root, segment_id, conf).persist()
         try:
             totals = parsed.agg(

@@ -55,6 +55,8 @@ from jobs.base import (
     merge_into,
     pinned_table,
     read_segment_files,
+    segment_rows,
+    sized_to_input,
     step,
     table_turn,
     to_micros,
@@ -128,6 +130,11 @@ def run(spark: SparkSession, conf: Config, root: str, segment_id: str) -> Update
     tables.ensure_tables(spark, root)
     check_bucketing(conf, root)
     result = UpdateResult(segment_id)
+    with sized_to_input(spark, conf, segment_rows(conf, layout.fetched_dir(root, segment_id))):
+        return _update(spark, conf, root, segment_id, result)
+
+
+def _update(spark: SparkSession, conf: Config, root: str, segment_id: str, result: UpdateResult) -> UpdateResult:
     fetched = read_segment_files(spark, layout.fetched_dir(root, segment_id), FETCHED)
     now = datetime.now(UTC)
     if fetched is None:
