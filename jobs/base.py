@@ -293,6 +293,13 @@ def sized_to_input(spark: SparkSession, conf: Config, rows: int | None) -> Itera
         yield
 
 
+def table_rows(spark: SparkSession, root: str, name: str) -> int:
+    """The rows of a table at its current version. Delta answers a bare count from its log's file statistics, with
+    no data read (one small job over the table's snapshot, on the small-input plan)."""
+    with session_settings(spark, SMALL_INPUT):
+        return pinned_table(spark, root, name).count()
+
+
 def segment_rows(conf: Config, path: str) -> int:
     """The rows of the Parquet files under a segment folder (as read_segment_files reads them), from the files'
     footers: what sizes a step's plan before Spark reads anything. 0 when the folder does not exist."""
