@@ -15,10 +15,10 @@ shown, by the report and `crawl stats`, at that moment.
 
 A row is an idempotent Delta append (writer options txnAppId = cycle_metrics:<segment>:<step>, txnVersion 0): a
 re-run of a step writes nothing, keeps the first run's figures and changes no table, and a first run costs one
-commit, no MERGE. Every figure is a small aggregate; generate's due figures are one more pass over `urls` at its
-pinned version (the price of a backlog figure), aggregated per host so the hot domains come from the same pass;
-generate's lease level one aggregate over the eligible due high-priority URLs (select_due ranks them again: the
-fetch list is cut from the same ranking); update's read one segment's index events, links and fetches, and the
+commit, no MERGE. Every figure is a small aggregate; generate's due figures are one more pass over the due URLs
+generate read (and cached) for its selection, aggregated per host so the hot domains come from the same pass;
+generate's lease level one aggregate over the eligible due high-priority URLs (select_due ranks them again from the
+cached due URLs: the fetch list is cut from the same ranking); update's read one segment's index events, links and fetches, and the
 `links` log commits since parse.
 """
 
@@ -35,7 +35,6 @@ from pyspark.sql import functions as F
 
 from crawler import layout
 from crawler.config import Config
-from crawler.leases import is_due_sql
 from crawler.politeness import PolitenessRules
 from crawler.service_levels import LeaseOutcome, lag_s_sql, lease_outcome_sql, percentile_sql, share_within
 from crawler.status import IndexEventKind, MetricsStep
@@ -51,13 +50,13 @@ def hosts_by_state(spark: SparkSession, conf: Config, root: str, now: datetime) 
     return {row["state"]: int(row["count"]) for row in rows}
 
 
-def generate_figures(spark: SparkSession, conf: Config, root: str, segment_id: str, now: datetime,
+def generate_figures(spark: SparkSession, conf: Config, root: str, segment_id: str, now: datetime, due: DataFrame,
                      selected: DataFrame, eligible_high: DataFrame, unmerged: int) -> dict[str, Any]:
-    """Generate's row: the due backlog at the pinned `urls` version, what `selected` (the fetch list) took, the
-    `unmerged` other segments generate found open, and the lease level over `eligible_high` (lease_level)."""
+    """Generate's row: the `due` backlog (generate.due_urls, at the pinned `urls` version), what `selected` (the
+    fetch list) took, the `unmerged` other segments generate found open, and the lease level over `eligible_high`
+    (lease_level)."""
     high = float(conf.generate.high_priority)
-    due = pinned_table(spark, root, "urls").withColumn("gen_now", F.lit(now)).where(is_due_sql("gen_now", segment_id))
-    # One pass over `urls`: per host, then the totals and the hot domains from those (few) rows.
+    # One pass over the due URLs: per host, then the totals and the hot domains from those (few) rows.
     per_host = due.groupBy("host_key").agg(
         F.count("*").alias("due_urls"),
         F.min("next_fetch_at").alias("oldest"),

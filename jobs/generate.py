@@ -123,13 +123,18 @@ def within_budget(ranked: DataFrame, budget: int, share: float) -> DataFrame:
     )
 
 
+def due_urls(spark: SparkSession, root: str, segment_id: str, now: datetime) -> DataFrame:
+    """The `urls` rows due at `now` (crawler.leases.is_due), with `gen_now`: what select_due ranks and the frontier
+    figures count, read once."""
+    return pinned_table(spark, root, "urls").withColumn("gen_now", F.lit(now)).where(is_due_sql("gen_now", segment_id))
+
+
 def select_due(spark: SparkSession, conf: Config, root: str, segment_id: str, now: datetime,
-               refresh_share: float) -> tuple[DataFrame, DataFrame]:
-    """The due high-priority URLs that were eligible (crawler.service_levels.is_eligible: a host without a row is ok),
-    taken or not, with when each fell due (url_id, due_at): what cycle_metrics measures the lease level on; and the
-    fetch-list rows of this segment (FETCHLIST columns + bucket int + old_state_version + the host's registered
-    domain), set-based."""
-    urls = pinned_table(spark, root, "urls")
+               refresh_share: float, due: DataFrame) -> tuple[DataFrame, DataFrame]:
+    """From the `due` URLs (due_urls): the due high-priority URLs that were eligible
+    (crawler.service_levels.is_eligible: a host without a row is ok), taken or not, with when each fell due (url_id,
+    due_at): what cycle_metrics measures the lease level on; and the fetch-list rows of this segment (FETCHLIST
+    columns + bucket int + old_state_version + the host's registered domain), set-based."""
     now_col = F.lit(now)
     rules_in_force = F.expr(rules_in_force_sql("robots_state", "robots_expires_at", "gen_now"))
     politeness = PolitenessRules.from_config(conf)
@@ -150,7 +155,6 @@ def select_due(spark: SparkSession, conf: Config, root: str, segment_id: str, no
     def robots_allow(robots_txt, url):
         return allowed_by_stored_rules(robots_txt, token, max_bytes, url)
 
-    due = urls.withColumn("gen_now", now_col).where(is_due_sql("gen_now", segment_id))
     delay = politeness.host_delay_sql("h_crawl_delay_s", "h_min_delay_s")
     candidates = due.join(hosts, "host_key", "left").where(~F.expr(is_backing_off_sql("h_backoff_until", "gen_now")))
     # A Python UDF runs on every row it sees, whatever a surrounding condition says: only rows of hosts with
@@ -179,7 +183,8 @@ def select_due(spark: SparkSession, conf: Config, root: str, segment_id: str, no
     if per_segment.active or per_day.active:  # round-robin over a domain's hosts: every host's first URL first
         spent = "cast(0 as bigint)"
         if per_day.active:
-            ranked = ranked.join(spent_today(urls, hosts, segment_id, now), "h_domain", "left")
+            ranked = ranked.join(spent_today(pinned_table(spark, root, "urls"), hosts, segment_id, now), "h_domain",
+                                 "left")
             spent = "coalesce(spent_today, 0L)"
         ranked = (
             ranked.withColumn("domain_cap", F.expr(domain_cap_sql(per_segment.cap_sql("h_domain"),
@@ -345,13 +350,25 @@ def _generate(spark: SparkSession, conf: Config, root: str, segment_id: str, now
     storage = Storage.from_conf(conf)
     remove_unpublished(storage, root, recorded)
     result = GenerateResult(segment_id)
+    # The due URLs are read once, for the selection, its second look at the eligible ones, and the figures.
+    due = due_urls(spark, root, segment_id, now).persist()
+    try:
+        return _select_and_lease(spark, conf, root, segment_id, now, lock, due, own_states, open_ids, result)
+    finally:
+        due.unpersist()
+
+
+def _select_and_lease(spark: SparkSession, conf: Config, root: str, segment_id: str, now: datetime, lock: HeldLock,
+                      due: DataFrame, own_states: set[str], open_ids: list[str],
+                      result: GenerateResult) -> GenerateResult:
+    storage = Storage.from_conf(conf)
     with step(f"generate {segment_id}: select"):
         # At most segment_max_urls rows, read three times (counts, fetch list, lease): select once.
         share = RefreshShare.from_config(conf)
         if conf.generate.budget_split:
             result.refresh_share = share.current(*cycle_metrics.update_signals(spark, root)) if share.adaptive \
                 else share.share
-        eligible_high, selected = select_due(spark, conf, root, segment_id, now, result.refresh_share)
+        eligible_high, selected = select_due(spark, conf, root, segment_id, now, result.refresh_share, due)
         selected = selected.persist()
         per_bucket = (
             selected.groupBy("bucket")
@@ -374,7 +391,7 @@ def _generate(spark: SparkSession, conf: Config, root: str, segment_id: str, now
                     {"segment_id": segment_id, "generate": holder(lock.record)}).encode("utf-8"))
                 write_fetchlist(selected, layout.fetchlist_dir(root, segment_id))
         with step(f"generate {segment_id}: frontier figures"):
-            figures = cycle_metrics.generate_figures(spark, conf, root, segment_id, now, selected, eligible_high,
+            figures = cycle_metrics.generate_figures(spark, conf, root, segment_id, now, due, selected, eligible_high,
                                                      len(open_ids))
         with step(f"generate {segment_id}: lease"):
             lock.check(f"leasing segment {segment_id}")
