@@ -12,11 +12,10 @@ import os
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any, TypeVar
 
 import pyarrow as pa
 import pyarrow.fs as pafs
@@ -32,8 +31,6 @@ from delta_tables import tables
 from jobs.storage import Storage
 
 log = logging.getLogger("jobs")
-A = TypeVar("A")
-B = TypeVar("B")
 
 IVY_SETTINGS = Path(__file__).resolve().parents[1] / "conf" / "ivysettings.xml"
 SCHEDULER_POOLS = Path(__file__).resolve().parents[1] / "conf" / "fairscheduler.xml"
@@ -294,32 +291,6 @@ def sized_to_input(spark: SparkSession, conf: Config, rows: int | None) -> Itera
     with session_settings(spark, {**SMALL_INPUT, "spark.sql.shuffle.partitions": partitions,
                                   "spark.databricks.delta.snapshotPartitions": partitions}):
         yield
-
-
-def side_by_side(first: Callable[[], A], second: Callable[[], B]) -> tuple[A, B]:
-    """`first` in a thread of its own and `second` in this one, at the same time: two writes to different tables whose
-    jobs and commits need not wait for each other (on a small input most of a MERGE's time is the driver planning,
-    scheduling and committing, which overlaps the other's tasks). Both have finished when this returns, and an
-    error of either is raised. The thread has this one's Spark local properties (its scheduler pool)."""
-    from pyspark import InheritableThread
-
-    outcome: dict[str, Any] = {}
-
-    def run_first() -> None:
-        try:
-            outcome["value"] = first()
-        except BaseException as exc:  # raised in the calling thread below
-            outcome["error"] = exc
-
-    thread = InheritableThread(target=run_first, daemon=True)
-    thread.start()
-    try:
-        second_value = second()
-    finally:
-        thread.join()
-    if "error" in outcome:
-        raise outcome["error"]
-    return outcome["value"], second_value
 
 
 def table_rows(spark: SparkSession, root: str, name: str) -> int:

@@ -9,8 +9,8 @@ re-running update for a segment changes no table. Six commits:
 3. `urls`          one MERGE: completion, only where (url_id, url, state_version) match and the lease is this
                    segment's; from discover: new URLs inserted, known ones get inlinks/depth (guarded by
                    urls.inlink_segment)
-4. `hosts`         one MERGE at the same time as 3 (jobs/update_hosts.py): counters, robots and backoff (guarded
-                   by hosts.last_segment); from discover: accepted and rejected discoveries -> `known_urls` /
+4. `hosts`         one MERGE (jobs/update_hosts.py): counters, robots and backoff (guarded by
+                   hosts.last_segment); from discover: accepted and rejected discoveries -> `known_urls` /
                    `trap_rejections` (guarded by hosts.discovery_segment), hosts of new URLs inserted
 5. `segments`      per bucket -> merged with counts (new URLs per bucket from discover), only if not merged yet
 6. `cycle_metrics` insert-if-absent: the update's frontier figures (jobs/cycle_metrics.py)
@@ -56,7 +56,6 @@ from jobs.base import (
     pinned_table,
     read_segment_files,
     segment_rows,
-    side_by_side,
     sized_to_input,
     step,
     table_turn,
@@ -224,25 +223,20 @@ def _fold(spark: SparkSession, conf: Config, root: str, segment_id: str, results
         robots = segment_robots(spark, root, segment_id)
         with discover.discoveries(conf, segment_id, results, links, urls_snap, hosts_snap, robots) as found:
             result.discovered = sum(found.accepted.values())
-            # The host's robots expiry: this segment's observation, else the one stored (robots_denied waits for it).
-            observed = robots.select("host_key", F.col("robots_expires_at").alias("r"))
-            robots_expiry = hosts_snap.select("host_key", F.col("robots_expires_at").alias("h")).join(
-                observed, "host_key", "full_outer").select("host_key", F.coalesce("r", "h").alias("robots_expires_at"))
-            completed = completion_rows(live.join(robots_expiry, "host_key", "left"), decide)
-            fetch_counts = host_fetch_counts(conf, segment_id, results, robots, hosts_snap)
-            tally = discover.discovery_tally(found.fresh)
+            with step(f"update {segment_id}: urls"):
+                # The host's robots expiry: this segment's observation, else the one stored (robots_denied waits
+                # for it).
+                observed = robots.select("host_key", F.col("robots_expires_at").alias("r"))
+                robots_expiry = hosts_snap.select("host_key", F.col("robots_expires_at").alias("h")).join(
+                    observed, "host_key", "full_outer").select(
+                    "host_key", F.coalesce("r", "h").alias("robots_expires_at"))
+                completed = completion_rows(live.join(robots_expiry, "host_key", "left"), decide)
+                merge_urls(spark, conf, root, segment_id, completed, found.targets, now)
 
-            def urls() -> None:
-                with step(f"update {segment_id}: urls"):
-                    merge_urls(spark, conf, root, segment_id, completed, found.targets, now)
-
-            def hosts() -> int:
-                with step(f"update {segment_id}: hosts"):
-                    return merge_hosts(spark, root, segment_id, fetch_counts, tally, now)
-
-            # Each read pinned snapshots and is guarded on its own (urls by lease and inlink_segment, hosts by
-            # last_segment and discovery_segment): neither waits for the other's commit.
-            result.hosts_updated, _ = side_by_side(hosts, urls)
+            with step(f"update {segment_id}: hosts"):
+                fetch_counts = host_fetch_counts(conf, segment_id, results, robots, hosts_snap)
+                tally = discover.discovery_tally(found.fresh)
+                result.hosts_updated = merge_hosts(spark, root, segment_id, fetch_counts, tally, now)
 
         with step(f"update {segment_id}: segments"):
             record_merged(spark, root, segment_id, per_bucket, found.accepted, now)
