@@ -7,9 +7,10 @@ loop, or daemons elsewhere with --no-daemon) fetches it while the driver merges 
 Two lanes share the one SparkContext. The parse lane (a thread with a session of its own: its SQL settings and
 Delta's idempotent-write ids stay apart) parses each segment as soon as its fetch is over, whatever the other lane
 is doing, so a page's links reach `links` within `service_levels.discovery_durable_s` of its fetch: a segment's
-parse cannot wait behind the previous segment's update. The main lane runs generate when its tick is due (the
-segments the driver is merging are named to generate's backpressure, `crawler.frontier.backpressure`, which then
-does not take them for stalled, but counts them), then merges the oldest parsed segment (dedup, update, and index
+parse cannot wait behind the previous segment's update. The main lane runs generate when its tick is due, or at
+once when no segment is open and one was merged since the last generate (the segments the driver is merging are
+named to generate's backpressure, `crawler.frontier.backpressure`, which then does not take them for stalled, but
+counts them), then merges the oldest parsed segment (dedup, update, and index
 with `index.enabled`), one step at a time, oldest segment first. Both lanes write `pages` and `segments`: each such
 commit takes its table's turn (`jobs.base.table_turn`), so the lanes' commits never conflict. When generate is
 refused (exit 75's reasons: too many open segments, the writer lock held elsewhere) the driver waits for the next
@@ -133,6 +134,7 @@ class Driver:
         self.regenerate: list[tuple[str, datetime]] = []  # segments published without their `segments` rows
         self.next_tick = 0.0
         self.nothing_due = False  # the last generate found nothing due, and nothing was merged since
+        self.merged_since_generate = False  # a segment was merged since the last generate ran (whatever it found)
         self.merged = 0
 
     # -- start: what the tables and folders say is left -------------------------------------------------------
@@ -249,6 +251,7 @@ class Driver:
             del self.open[segment.segment_id]
             self.merged += 1
             self.nothing_due = False  # what it merged may be due at once
+            self.merged_since_generate = True
             print(segment.report.render(self.merged), flush=True)
         return True
 
@@ -259,20 +262,22 @@ class Driver:
         return {PARSE: parse.run, DEDUP: dedup.run, UPDATE: update.run, INDEX: index.run}[name]
 
     def _generate_if_due(self) -> bool:
-        """Generate when the tick is due and backpressure allows it (by what the driver knows; generate asks the
-        tables again), before the merge steps of fetched segments, so the next segment is fetched while they are
-        merged: the segments in the driver's own queue are not stalled ones (`backpressure`'s `merging`), but they
-        count toward generate.max_unmerged_segments. A refusal waits for the next tick. False when nothing was
-        tried."""
+        """Generate when the tick is due, or at once when no segment is open and a segment was merged since the last
+        generate (the daemons have nothing to fetch and what was merged may be due: waiting for the tick would only
+        idle them), and backpressure allows it (by what the driver knows; generate asks the tables again), before
+        the merge steps of fetched segments, so the next segment is fetched while they are merged: the segments in
+        the driver's own queue are not stalled ones (`backpressure`'s `merging`), but they count toward
+        generate.max_unmerged_segments. A refusal waits for the next tick. False when nothing was tried."""
         from jobs import generate
 
-        if time.monotonic() < self.next_tick:
+        if time.monotonic() < self.next_tick and (self.open or not self.merged_since_generate):
             return False
         merging = frozenset(self.open)
         if backpressure({s.segment_id: s.fetch_over for s in self.open.values()},
                         self.conf.generate.max_unmerged_segments, merging):
             return False  # tried as soon as a merge makes room, without waiting for a further tick
         self.next_tick = time.monotonic() + self.conf.cycle.interval_s
+        self.merged_since_generate = False
         segment_id, now = self.regenerate[0] if self.regenerate else (None, None)
         record = self._step(GENERATE, segment_id, generate.run, self.spark, self.plan, self.root, segment_id, now,
                             merging, refusal=TryLater)

@@ -78,9 +78,27 @@ class Steps:
         return body
 
 
-@pytest.fixture
-def steps(monkeypatch) -> Steps:
-    steps = Steps()
+class OneSegment(Steps):
+    """One segment to generate, fetched at once, its merge steps instant; when generate and update ran."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.to_generate = ["seg-1"]
+        self.times: dict[str, list[float]] = {"generate": [], "update": []}
+
+    def generate(self, *args: Any) -> Generated:
+        self.times["generate"].append(time.monotonic())
+        return super().generate(*args)
+
+    def main_lane(self, step: str):
+        def body(_spark: Any, _conf: Any, _root: str, segment_id: str) -> str:
+            self.times.setdefault(step, []).append(time.monotonic())
+            return step
+        return body
+
+
+def stand_in(monkeypatch, steps: Steps) -> Steps:
+    """The driver's steps replaced by `steps`' stand-ins."""
     monkeypatch.setattr(run, "fetch_over", steps.fetch_over)
     monkeypatch.setattr(run.Driver, "resume", lambda self: None)
     monkeypatch.setattr(generate, "run", steps.generate)
@@ -88,6 +106,11 @@ def steps(monkeypatch) -> Steps:
     monkeypatch.setattr(dedup, "run", steps.main_lane("dedup"))
     monkeypatch.setattr(update, "run", steps.main_lane("update"))
     return steps
+
+
+@pytest.fixture
+def steps(monkeypatch) -> Steps:
+    return stand_in(monkeypatch, Steps())
 
 
 class NoSpark:
@@ -105,8 +128,8 @@ class NoSpark:
         self.pools[threading.current_thread().name] = value
 
 
-def crawl_until_idle(steps: Steps, spark: NoSpark | None = None) -> list[run.StepRecord]:
-    conf = config_mod.load().with_overrides({"cycle.interval_s": 0.1, "cycle.poll_s": 0.05,
+def crawl_until_idle(steps: Steps, spark: NoSpark | None = None, interval_s: float = 0.1) -> list[run.StepRecord]:
+    conf = config_mod.load().with_overrides({"cycle.interval_s": interval_s, "cycle.poll_s": 0.05,
                                              "index.enabled": False})
     told: list[run.StepRecord] = []
     driver = run.Driver(spark or NoSpark(), conf, "/nowhere", [told.append])
@@ -176,3 +199,12 @@ def test_commits_to_one_table_take_turns_and_others_do_not_wait():
     first.join(WAIT_S)
     same.join(WAIT_S)
     assert order[2:] == ["first pages commit", "second pages commit"]
+
+
+def test_with_no_segment_open_a_merge_is_followed_by_generate_at_once(monkeypatch):
+    """The daemons would idle until the tick, and what the merge stored may be due now; the tick is a minute away."""
+    steps = stand_in(monkeypatch, OneSegment())
+    crawl_until_idle(steps, interval_s=60.0)
+    first, second = steps.times["generate"]  # seg-1, then the one that found nothing due: idle
+    update_ended = steps.times["update"][0]
+    assert first < update_ended < second < update_ended + 5.0
