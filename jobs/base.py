@@ -266,17 +266,19 @@ def session_settings(spark: SparkSession, settings: Mapping[str, str]) -> Iterat
                 spark.conf.set(key, value)
 
 
+# Adaptive execution re-plans every shuffle and broadcast as a job of its own; on a segment's few rows that is
+# planning and scheduling for nothing (dedup of a test segment: 41 s with it, 10 s without).
+NOT_ADAPTIVE = {"spark.sql.adaptive.enabled": "false"}
 # A step over a few rows is all fixed cost, and much of that is Spark compiling: every plan's operators and
 # expressions are generated as Java source, formatted and compiled by Janino (a cycle's steps on a 20-page segment
 # spent over a third of their CPU there, and the compiled classes are rarely reused: a new segment's timestamps
 # are new literals in the code). Interpreted, those rows cost a little more each and nothing up front. Adaptive
-# execution re-plans each shuffle as a job of its own, and a shuffle's tasks (and those that rebuild a Delta table's
-# snapshot from its log) are as many as the cluster would use on a large input: one per core is plenty for a few
-# thousand rows.
+# execution is off (NOT_ADAPTIVE), and a shuffle's tasks (and those that rebuild a Delta table's snapshot from its
+# log) are as many as the cluster would use on a large input: one per core is plenty for a few thousand rows.
 SMALL_INPUT = {
     "spark.sql.codegen.wholeStage": "false",
     "spark.sql.codegen.factoryMode": "NO_CODEGEN",
-    "spark.sql.adaptive.enabled": "false",
+    **NOT_ADAPTIVE,
 }
 
 
@@ -319,9 +321,6 @@ def segment_rows(conf: Config, path: str) -> int:
 # one more job and copy per MERGE. Not for a source holding a persisted frame: Delta refuses to run such a source
 # unmaterialized when the frame's cache changes under the MERGE (DELTA_MERGE_SOURCE_CACHED_DURING_EXECUTION).
 SOURCE_HELD = {"spark.databricks.delta.merge.materializeSource": "none"}
-# Adaptive execution re-plans every shuffle and broadcast as a job of its own; on a segment's few rows that is
-# planning and scheduling for nothing (dedup of a test segment: 41 s with it, 10 s without).
-NOT_ADAPTIVE = {"spark.sql.adaptive.enabled": "false"}
 
 
 _TURNS: dict[str, threading.Lock] = {}

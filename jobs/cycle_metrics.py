@@ -30,7 +30,7 @@ from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import unquote
 
-from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import DataFrame, Row, SparkSession
 from pyspark.sql import functions as F
 
 from crawler import layout
@@ -214,25 +214,29 @@ def record(spark: SparkSession, root: str, figures: dict[str, Any]) -> None:
      .save(tables.table_path(root, "cycle_metrics")))
 
 
+def _last_row(spark: SparkSession, root: str, step: MetricsStep) -> Row | None:
+    """The latest row of `step` (None before any). One row per step run: a small table, read on the small-input
+    plan."""
+    with session_settings(spark, SMALL_INPUT):
+        rows = (tables.table_df(spark, root, "cycle_metrics").where(F.col("step") == step.value)
+                .orderBy(F.desc("run_at")).limit(1).collect())
+    return rows[0] if rows else None
+
+
 def update_signals(spark: SparkSession, root: str) -> tuple[float | None, float | None]:
     """The last update's (change rate of refetched pages, new URLs per result): what the adaptive refresh share
     moves by (crawler.frontier.RefreshShare); (None, None) before any update."""
-    rows = (tables.table_df(spark, root, "cycle_metrics").where(F.col("step") == MetricsStep.UPDATE.value)
-            .orderBy(F.desc("run_at")).limit(1).collect())
-    if not rows or not rows[0]["results"]:
+    row = _last_row(spark, root, MetricsStep.UPDATE)
+    if row is None or not row["results"]:
         return None, None
-    row = rows[0]
     return row["change_rate"], (row["new_urls"] or 0) / row["results"]
 
 
 def last_due_urls(spark: SparkSession, root: str) -> int | None:
     """The due URLs the last generate found (None before any): what the next generate will read about as many of,
-    known before it reads `urls` (jobs.base.sized_to_input). One row per step run: a small table, read on the
-    small-input plan."""
-    with session_settings(spark, SMALL_INPUT):
-        rows = (tables.table_df(spark, root, "cycle_metrics").where(F.col("step") == MetricsStep.GENERATE.value)
-                .orderBy(F.desc("run_at")).limit(1).select("due_urls").collect())
-    return int(rows[0]["due_urls"]) if rows and rows[0]["due_urls"] is not None else None
+    known before it reads `urls` (jobs.base.sized_to_input)."""
+    row = _last_row(spark, root, MetricsStep.GENERATE)
+    return int(row["due_urls"]) if row is not None and row["due_urls"] is not None else None
 
 
 def recent(spark: SparkSession, root: str, limit: int) -> list[dict[str, Any]]:

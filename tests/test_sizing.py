@@ -3,11 +3,15 @@ rows are known and few, and the session's own settings back after, also on an er
 
 from __future__ import annotations
 
+from datetime import UTC, datetime, timedelta
+
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
 from crawler import layout
+from crawler.status import MetricsStep
+from jobs import cycle_metrics
 from jobs.base import SMALL_INPUT, segment_rows, session_settings, sized_to_input, table_rows
 from tests.support.tables import append_rows
 
@@ -81,3 +85,17 @@ def test_table_rows_from_the_log(spark, tables_root):
     assert table_rows(spark, tables_root, "urls") == 0
     append_rows(spark, tables_root, "urls", [{"url_id": f"u{i}", "url": f"http://a.test/{i}"} for i in range(7)])
     assert table_rows(spark, tables_root, "urls") == 7
+
+
+def test_the_last_generate_and_update_rows_size_and_steer_the_next_generate(spark, tables_root):
+    """What generate reads of `cycle_metrics` before it starts: the latest row of each step by run time."""
+    assert cycle_metrics.last_due_urls(spark, tables_root) is None
+    assert cycle_metrics.update_signals(spark, tables_root) == (None, None)
+    start = datetime(2026, 1, 1, tzinfo=UTC)
+    for minute, due in ((2, 700), (1, 900)):  # the later run recorded first
+        cycle_metrics.record(spark, tables_root, {"segment_id": f"seg-{minute}", "step": MetricsStep.GENERATE.value,
+                                                  "run_at": start + timedelta(minutes=minute), "due_urls": due})
+    cycle_metrics.record(spark, tables_root, {"segment_id": "seg-1", "step": MetricsStep.UPDATE.value,
+                                              "run_at": start, "results": 40, "new_urls": 10, "change_rate": 0.25})
+    assert cycle_metrics.last_due_urls(spark, tables_root) == 700
+    assert cycle_metrics.update_signals(spark, tables_root) == (0.25, 0.25)
