@@ -27,6 +27,7 @@ from jobs import cli, generate, inject, rebucket
 from jobs.storage import Storage
 from tests.support.config import SPARK_CLI_SETTINGS
 from tests.support.s3 import moto_server
+from tests.support.tables import replace_root
 
 # Hosts some of which `politeness.key: domain` puts in another bucket than `host` does (4 buckets).
 SEEDS = [f"http://{name}/{page}" for name in ("a.news.test", "b.news.test", "c.news.test", "www.shop.test",
@@ -119,12 +120,21 @@ def _assert_leased_as_listed(spark, root: str, segment_id: str) -> dict[str, int
     return listed
 
 
-@pytest.fixture
-def crawl(spark, base_conf, tables_root, tmp_path) -> str:
-    seeds = tmp_path / "seeds.txt"
+@pytest.fixture(scope="module")
+def _injected(spark, base_conf, new_tables_root, tmp_path_factory) -> str:
+    """A root with SEEDS injected, built once for the module."""
+    base = tmp_path_factory.mktemp("injected")
+    seeds = base / "seeds.txt"
     seeds.write_text("\n".join(SEEDS) + "\n")
-    inject.run(spark, base_conf, tables_root, str(seeds))
-    return tables_root
+    root = new_tables_root(base / "root")
+    inject.run(spark, base_conf, root, str(seeds))
+    return root
+
+
+@pytest.fixture
+def crawl(_injected, tables_root) -> str:
+    """The test's root: a copy of `_injected`."""
+    return replace_root(tables_root, _injected)
 
 
 def _soon() -> datetime:

@@ -17,7 +17,7 @@ from crawler.records import FETCHLIST
 from delta_tables import tables
 from jobs import generate, inject, update
 from tests.support.due_files import remove_files_due_after, url_rows
-from tests.support.tables import append_rows, unchanged_tables
+from tests.support.tables import append_rows, replace_root, unchanged_tables
 
 
 @pytest.fixture
@@ -64,12 +64,22 @@ def fetchlist_rows(root: str, segment_id: str) -> dict[int, list[dict]]:
     return found
 
 
-@pytest.fixture
-def seeded(spark, base_conf, root, tmp_path):
-    seeds = tmp_path / "seeds.txt"
+@pytest.fixture(scope="module")
+def _seeded_root(spark, base_conf, new_tables_root, tmp_path_factory) -> tuple[str, inject.InjectResult, str]:
+    """SEEDS injected once for the module: (the root, inject's result, the seeds file)."""
+    base = tmp_path_factory.mktemp("seeded")
+    seeds = base / "seeds.txt"
     seeds.write_text(SEEDS)
-    result = inject.run(spark, base_conf, root, str(seeds))
-    return result, str(seeds)
+    root = new_tables_root(base / "root")
+    return root, inject.run(spark, base_conf, root, str(seeds)), str(seeds)
+
+
+@pytest.fixture
+def seeded(_seeded_root, root):
+    """The test's root as inject left it after SEEDS (a copy of `_seeded_root`'s): (inject's result, seeds file)."""
+    template, result, seeds = _seeded_root
+    replace_root(root, template)
+    return result, seeds
 
 
 def test_inject_takes_a_bom_and_skips_a_line_that_is_not_utf8(spark, base_conf, root, tmp_path):

@@ -1,8 +1,10 @@
 """Delta table helpers for tests: hand-built rows appended with the table's own schema, whole-table snapshots for
-comparing two roots, and `unchanged_tables` for "this re-run changes no table"."""
+comparing two roots, `unchanged_tables` for "this re-run changes no table", and `replace_root` for tests that start
+from one root built once per module."""
 
 from __future__ import annotations
 
+import shutil
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime
@@ -76,3 +78,11 @@ def unchanged_tables(spark, root: str | Path) -> Iterator[None]:
         if version != before[name]:
             assert table_rows(spark, root, name) == table_rows(spark, root, name, version=before[name]), (
                 f"table {name} changed (versions {before[name]} -> {version})")
+
+
+def replace_root(root: str, template: str) -> str:
+    """`root` replaced by a copy of `template` (a root a module built once, e.g. its seeds injected: an inject costs
+    a few CPU-s, a copy of its files a few ms). A Delta table's log names its files relative to the table."""
+    shutil.rmtree(root, ignore_errors=True)
+    shutil.copytree(template, root)
+    return root
