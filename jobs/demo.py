@@ -1,7 +1,7 @@
 """`crawl demo`: a full local crawl of the bundled demo site farm, judged from the farm's own request log.
 
-Starts the farm on loopback, runs the continuous driver (`crawl run --until-idle`, with its fetch daemon child) until
-nothing is due and no segment is open, stops everything it started, writes each merged segment's HTML report
+Starts the farm on loopback, runs the continuous driver (`crawl run --until-idle`, with its fetch daemon child, and
+its `/metrics` when `cycle.metrics_port` is set) until nothing is due and no segment is open, stops everything it started, writes each merged segment's HTML report
 (`crawl report`), validates every table (`crawl validate`) and prints a short report. Exit status is non-zero on
 any politeness or robots violation or failed expectation, or when the driver did not stop cleanly.
 """
@@ -149,7 +149,7 @@ def run_demo(conf: Config, root: str) -> int:
     from jobs import report as cycle_report
     from jobs import validate
     from jobs.base import spark_session
-    from jobs.run import UPDATE, StepRecord, print_progress, run_continuously
+    from jobs.run import UPDATE, StepRecord, run_with_metrics
     from sitefarm.server import SiteFarm
     from sitefarm.sites import FarmSpec
 
@@ -174,8 +174,8 @@ def run_demo(conf: Config, root: str) -> int:
         print(f"demo: farm of {conf.demo.hosts} hosts on 127.0.0.1:{farm.port}; crawling into {root} until nothing "
               f"is due (a segment every {conf.cycle.interval_s:g}s)", flush=True)
         spark = spark_session(conf, app_name="crawl-demo")
-        status, _ = run_continuously(spark, conf, root, [print_progress, keep_merged], str(seeds), daemon=True,
-                                     run_for_s=None, until_idle=True)
+        status = run_with_metrics(spark, conf, root, [keep_merged], str(seeds), daemon=True, run_for_s=None,
+                                  until_idle=True)
     finally:
         farm.stop()
     print(f"demo: crawl data in {os.path.abspath(root)} (farm log: {farm_dir / 'requests.jsonl'})", flush=True)

@@ -509,17 +509,24 @@ def metrics_observer(conf: Config, metrics: RunMetrics) -> StepObserver:
     return observe
 
 
-def run_command(spark: SparkSession, conf: Config, root: str, seeds: str | None, daemon: bool,
-                run_for_s: float | None, until_idle: bool) -> int:
-    """`crawl run`: the driver, with its fetch daemon child unless --no-daemon, and its `/metrics` endpoint when
-    `cycle.metrics_port` is set."""
+def run_with_metrics(spark: SparkSession, conf: Config, root: str, observers: list[StepObserver], seeds: str | None,
+                     daemon: bool, run_for_s: float | None, until_idle: bool) -> int:
+    """The driver (run_continuously) with its progress lines, `observers`, and its `/metrics` endpoint when
+    `cycle.metrics_port` is set: what `crawl run` and `crawl demo` run. Returns the exit status."""
     from jobs.run_metrics import RunMetrics
 
     metrics = RunMetrics.from_config(conf)
     if metrics.port:
         log.info("run: metrics on http://%s:%s/metrics", conf.cycle.metrics_host, metrics.port)
     try:
-        observers = [print_progress, metrics_observer(conf, metrics)]
+        observers = [print_progress, *observers, metrics_observer(conf, metrics)]
         return run_continuously(spark, conf, root, observers, seeds, daemon, run_for_s, until_idle)[0]
     finally:
         metrics.close()
+
+
+def run_command(spark: SparkSession, conf: Config, root: str, seeds: str | None, daemon: bool,
+                run_for_s: float | None, until_idle: bool) -> int:
+    """`crawl run`: the driver, with its fetch daemon child unless --no-daemon, and its `/metrics` endpoint when
+    `cycle.metrics_port` is set."""
+    return run_with_metrics(spark, conf, root, [], seeds, daemon, run_for_s, until_idle)

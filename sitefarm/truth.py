@@ -9,11 +9,20 @@ from crawler.robots import RobotsPolicy
 from crawler.urls import canonicalize, host_key
 from sitefarm.fresh import article_path
 from sitefarm.resources import Resource
-from sitefarm.sites import PROBE_PATH, Sites
+from sitefarm.sites import PROBE_PATH, FarmSpec, Sites
 
 
 class FarmTruth(Sites):
     """What a correct crawl of the farm's sites fetches, never requests, and finds in sitemaps."""
+
+    @classmethod
+    def served_at(cls, spec: FarmSpec, port: int) -> FarmTruth:
+        """The truth about a farm of `spec` that another process serves on `port` (`crawl demo`'s, say): the same
+        sites, built for that port, with no server here."""
+        truth = cls(spec)
+        truth.port = port
+        truth._build_sites()
+        return truth
 
     # ---- ground truth ----------------------------------------------------------------------------------
 

@@ -13,13 +13,12 @@ such thread, and after it the generated corpus's dedup runs), the crash tests' r
 the shared crawl is done (`tests/support/crash.py`, in a third such thread, the kills in child processes), validate's
 runs over its two small crawls (`tests/support/validate_crawls.py`, in a fourth), and,
 niced as the suite's slack, the Airflow cycle on a standalone cluster (`tests/support/airflow.py`), the S3 cycle
-(`tests/support/s3_cycle.py`), the demo command (`tests/support/demo.py`) and `crawl run`'s clean and interrupted
-crawls (`tests/support/run_crawls.py`), all four in child processes. In the
-Spark lane the readers of each come after tests that read none of it, in the order the work is done (`READ_LATE`),
-so each has the lane's earlier time to finish: the readers of the shared crawl (done about a third of the way
-through the lane) and of the dedup crawl halfway through the other tests, the rest at the end. The lane's end is its
-costliest part: once the background work is done, the in-process tests alone keep one core busy, so what runs there
-should be short.
+(`tests/support/s3_cycle.py`) and `crawl run`'s clean and interrupted crawls (`tests/support/run_crawls.py`: the
+clean one is `crawl demo`, the README's main command), all three in child processes. In the Spark lane the readers
+of each come after tests that read none of it, in the order the work is done (`READ_LATE`), so each has the lane's
+earlier time to finish: the readers of the shared crawl (done about a third of the way through the lane) and of the
+dedup crawl halfway through the other tests, the rest at the end. The lane's end is its costliest part: once the
+background work is done, the in-process tests alone keep one core busy, so what runs there should be short.
 """
 
 from __future__ import annotations
@@ -48,7 +47,7 @@ SPARK_LANE, LIGHT_LANE = "spark", "light"
 # rank of its readers in the Spark lane: after tests that read nothing in the background (READ_MIDWAY), and after the
 # readers of work that is done sooner (the crash kills wait for the shared crawl; the niced work takes the slack).
 READ_LATE = {"dedup_crawl": 1, "shared_crawl": 1, "crash_kills": 2, "dedup_corpus": 2, "airflow_cycle": 3,
-             "s3_cycle": 3, "validate_runs": 3, "run_crawls": 3, "demo_run": 4}
+             "s3_cycle": 3, "validate_runs": 3, "run_crawls": 3}
 BACKGROUND_WORK = tuple(READ_LATE)
 # The readers of this rank go halfway through the tests that read nothing in the background, not after them all.
 READ_MIDWAY = 1
@@ -237,22 +236,9 @@ def crash_kills(spark, crash_kills_started, _crash_parts):
 
 
 @pytest.fixture(scope="session")
-def demo_run_started(class_archive, tmp_path_factory):
-    """`crawl demo` in a child process of its own (niced), in a background thread (`tests/support/demo.py`)."""
-    from tests.support.demo import run_demo_command
-
-    yield from _in_background("demo", run_demo_command, tmp_path_factory.mktemp("demo-run"))
-
-
-@pytest.fixture(scope="session")
-def demo_run(demo_run_started):
-    return demo_run_started.result()
-
-
-@pytest.fixture(scope="session")
 def run_crawls_started(class_archive, tmp_path_factory):
-    """`crawl run`'s two crawls, clean and interrupted, in child processes (niced), in a background thread
-    (`tests/support/run_crawls.py`)."""
+    """`crawl run`'s two crawls in child processes (niced), in a background thread (`tests/support/run_crawls.py`):
+    the clean one is `crawl demo`, as `make demo` runs it, and the interrupted one."""
     from tests.support.run_crawls import run_both
 
     yield from _in_background("crawl-run", run_both, tmp_path_factory.mktemp("run"))

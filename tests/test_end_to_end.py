@@ -106,9 +106,11 @@ def test_rerun_update_leaves_every_table_unchanged(spark, shared_crawl, tmp_path
         update.run(spark, shared_crawl.conf, str(root), shared_crawl.segment(CYCLES))
 
 
-def test_demo_command_end_to_end(demo_run):
+def test_demo_command_end_to_end(run_crawls):
     """`crawl demo` on a tiny farm, its command line run in a process of its own like `make demo`, in the background
-    (`tests/support/demo.py`): exit 0, the report on stdout and the machine-readable last line."""
+    (the clean crawl of `tests/support/run_crawls.py`, which `tests/test_run.py` also judges): exit 0, the report on
+    stdout and the machine-readable last line."""
+    demo_run = run_crawls[0].demo
     root, out = demo_run.root, demo_run.out
     assert demo_run.returncode == 0, out[-3000:] + demo_run.err[-3000:]
     last = out.strip().splitlines()[-1]

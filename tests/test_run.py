@@ -1,8 +1,8 @@
 """`crawl run`, the continuous driver, judged from what its crawls left (`tests/support/run_crawls.py`: a clean
-crawl to idle, and one on a farm of its own with the same pages killed with SIGKILL at three points, stopped with
-SIGTERM during a step and run to idle): both end with the same URLs and statuses, every reachable page fetched, no
-result, index event or link twice, every segment merged once, and no politeness violation in either farm's own
-log. The tables are read with delta-rs (no JVM here).
+crawl to idle, by `crawl demo`, and one on a farm of its own with the same pages killed with SIGKILL at three
+points, stopped with SIGTERM during a step and run to idle): both end with the same URLs and statuses, every
+reachable page fetched, no result, index event or link twice, every segment merged once, and no politeness violation
+in either farm's own log. The tables are read with delta-rs (no JVM here).
 """
 
 from __future__ import annotations
@@ -41,6 +41,7 @@ def test_sigterm_stops_the_driver_and_its_daemon_cleanly(run_crawls):
 
 def test_kill_9_at_any_step_loses_nothing_and_merges_nothing_twice(run_crawls):
     clean, killed = run_crawls
+    assert clean.demo.returncode == 0, clean.demo.out[-3000:] + clean.demo.err[-3000:]
     token = config_mod.load().crawl.robots_token
     summaries = {}
     for crawl in (clean, killed):

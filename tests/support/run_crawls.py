@@ -1,9 +1,11 @@
 """`crawl run`, the continuous driver, as a person or a supervisor runs it: its own process, its daemon child, a
 tiny loopback farm, a 2-second cadence; the crawls `tests/test_run.py` judges.
 
-One root is crawled without interruption to idle (the reference); another, on a farm of its own with the same
-pages, is killed (SIGKILL of the whole process group, or of the driver alone) when its progress lines say a parse
-has started, an update has started, and right after a dedup ended (between steps), restarted each time, then stopped
+The clean crawl, to idle with no interruption, is `crawl demo` (the README's main command, which runs this driver
+until idle on a farm it starts; `tests/test_end_to_end.py` judges its report): one crawl serves both, so the suite
+starts one JVM crawl fewer. Another root, on a farm of its own with the same pages, is crawled by `crawl run` and
+killed (SIGKILL of the whole process group, or of the driver alone) when its progress lines say a parse has
+started, an update has started, and right after a dedup ended (between steps), restarted each time, then stopped
 with SIGTERM during an update, then run to idle. The two crawls run at once, in the background of the session (a
 `conftest.py` BACKGROUND_WORK): they wait on cadences, lease expiries and JVM starts more than they compute, so in
 the Spark lane's own process they held the lane for over four minutes. They run niced like the suite's other slack
@@ -26,6 +28,7 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import IO
 
 import yaml
 
@@ -33,12 +36,13 @@ from crawler import config as config_mod
 from fetchd.ownership import LeaseStore
 from sitefarm.server import SiteFarm
 from sitefarm.sites import FarmSpec
+from sitefarm.truth import FarmTruth
 from tests.support.config import TEST_OVERRIDES, at_background_priority
 from tests.support.jvm import short_lived_jvm_env
 from tests.support.servers import free_port
 
 REPO = Path(__file__).resolve().parents[2]
-FARM = FarmSpec(hosts=3, pages_per_host=8, latency_s=0.0)
+FARM = FarmSpec(hosts=3, pages_per_host=8)  # what `crawl demo --set demo.hosts=3 --set demo.pages_per_host=8` serves
 DELAY_S = 0.05
 RUN_TIMEOUT_S = 900  # one start of the driver: a loaded machine's JVM start and steps
 MAX_DEPTH = 1
@@ -52,16 +56,15 @@ SIGTERM_AT = ("update", "started", 1.0)
 CHILDREN_GONE_S = 30  # after kill -9 of the driver alone: the daemon's stop on its parent's death, the JVM's exit
 
 
-def run_config(root: Path, farm: SiteFarm, metrics_port: int = 0) -> Path:
+def run_config(root: Path, farm: SiteFarm | None, metrics_port: int = 0) -> Path:
     """The test settings, the farm's hosts and a short cadence; tables readable by delta-rs; leases and the
-    writer lock short, so a restart after kill -9 does not wait a minute for what the killed driver held."""
+    writer lock short, so a restart after kill -9 does not wait a minute for what the killed driver held. With no
+    farm, for `crawl demo`, which sets the root, the farm's hosts and the delay itself (`jobs/demo.py`)."""
     overrides = {
         **{k: v for k, v in TEST_OVERRIDES.items() if k != "spark.driver_memory"},
         "spark.driver_memory": "1g",
-        "storage.root": str(root),
-        "fetch.static_hosts": farm.static_hosts(),
-        "scope.host_suffixes": ["farm.test"],
-        "politeness.min_delay_s": DELAY_S,
+        **({"storage.root": str(root), "fetch.static_hosts": farm.static_hosts(),
+            "scope.host_suffixes": ["farm.test"], "politeness.min_delay_s": DELAY_S} if farm else {}),
         "politeness.max_crawl_delay_s": 0.5,
         "cycle.interval_s": 2.0,
         "cycle.poll_s": 0.2,
@@ -88,17 +91,18 @@ def run_config(root: Path, farm: SiteFarm, metrics_port: int = 0) -> Path:
 
 @dataclass
 class Driver:
-    """One `crawl run` process in a session of its own, its stdout lines read as they come."""
+    """One `crawl run` (or `crawl demo`) process in a session of its own, its stdout lines read as they come (and
+    its stderr's with them, unless it goes to a file)."""
 
     process: subprocess.Popen
     lines: queue.Queue = field(default_factory=queue.Queue)
     seen: list[str] = field(default_factory=list)
 
     @classmethod
-    def start(cls, config: Path, *args: str) -> Driver:
-        argv = at_background_priority([sys.executable, "-m", "jobs.cli", "run", "--config", str(config), *args])
+    def start(cls, config: Path, *args: str, command: str = "run", stderr: IO[str] | None = None) -> Driver:
+        argv = at_background_priority([sys.executable, "-m", "jobs.cli", command, "--config", str(config), *args])
         process = subprocess.Popen(argv, cwd=REPO, env={**os.environ, **short_lived_jvm_env()},
-                                   stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                   stdout=subprocess.PIPE, stderr=stderr or subprocess.STDOUT, text=True,
                                    start_new_session=True)
         driver = cls(process)
         threading.Thread(target=driver._read, daemon=True).start()
@@ -138,11 +142,16 @@ class Driver:
         return code
 
     def _drain(self) -> None:
-        time.sleep(0.1)
-        while not self.lines.empty():
-            line = self.lines.get()
-            if line is not None:
-                self.seen.append(line)
+        """The lines still to read, up to the end of the output (the process has exited)."""
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            try:
+                line = self.lines.get(timeout=max(0.0, deadline - time.monotonic()))
+            except queue.Empty:
+                return
+            if line is None:
+                return
+            self.seen.append(line)
 
     def tail(self, n: int = 60) -> str:
         return "\n".join(self.seen[-n:])
@@ -159,13 +168,24 @@ class Driver:
 
 
 @dataclass
+class DemoRun:
+    """What `crawl demo` left: its root, exit status, stdout and stderr."""
+
+    root: Path
+    returncode: int
+    out: str
+    err: str
+
+
+@dataclass
 class Crawl:
     root: Path
-    farm: SiteFarm
+    farm: FarmTruth  # the farm's pages (a SiteFarm this process served, or the truth about the demo's)
     log_path: Path
     outputs: list[str] = field(default_factory=list)
     sigterm: dict = field(default_factory=dict)
     scrape: str = ""  # the driver's /metrics after its first merge
+    demo: DemoRun | None = None  # the clean crawl's: `crawl demo`'s own outcome
 
 
 @contextmanager
@@ -188,16 +208,26 @@ def _seeds(base: Path, farm: SiteFarm, name: str) -> Path:
 
 
 def clean_crawl(base: Path) -> Crawl:
-    with _crawl_on_own_farm(base, "clean") as crawl:
-        port = free_port()
-        driver = Driver.start(run_config(crawl.root, crawl.farm, port),
-                              "--seeds", str(_seeds(base, crawl.farm, "clean")), "--until-idle")
+    """`crawl demo` on a farm of FARM's pages (it starts its own) with the run settings, its metrics scraped after
+    its first merge; sitemap discovery is off as in the test settings, so it is two segments: the homes, then what
+    they link to."""
+    root, port = base / "clean", free_port()
+    config = run_config(root, None, port)
+    with (base / "clean-stderr.txt").open("w+", encoding="utf-8") as stderr:
+        driver = Driver.start(config, "--root", str(root), "--set", f"demo.hosts={FARM.hosts}",
+                              "--set", f"demo.pages_per_host={FARM.pages_per_host}",
+                              "--set", f"demo.min_delay_s={DELAY_S}", command="demo", stderr=stderr)
         driver.wait_for("update", "done")  # the first segment's: the second (what the homes link to) is to come
-        crawl.scrape = scrape_after_merge(port)
+        scrape = scrape_after_merge(port)
         code = driver.finish()
-        crawl.outputs.append(driver.tail(400))
-        assert code == 0, driver.tail()
-        return crawl
+        stderr.seek(0)
+        err = stderr.read()
+    out = "\n".join(driver.seen) + "\n"
+    farm_port = int(next(line for line in driver.seen if line.startswith("demo: farm of")).split(";")[0]
+                    .rsplit(":", 1)[1])
+    log_path = root / "sitefarm" / "requests.jsonl"
+    return Crawl(root, FarmTruth.served_at(FARM, farm_port), log_path, outputs=[out], scrape=scrape,
+                 demo=DemoRun(root, code, out, err))
 
 
 def scrape_after_merge(port: int, timeout_s: float = 60.0) -> str:
