@@ -16,9 +16,8 @@ niced as the suite's slack, the Airflow cycle on a standalone cluster (`tests/su
 (`tests/support/s3_cycle.py`) and `crawl run`'s clean and interrupted crawls (`tests/support/run_crawls.py`: the
 clean one is `crawl demo`, the README's main command), all three in child processes. In the Spark lane the readers
 of each come after tests that read none of it, in the order the work is done (`READ_LATE`), so each has the lane's
-earlier time to finish: the readers of the shared crawl (done about a third of the way through the lane) and of the
-dedup crawl halfway through the other tests, the rest at the end. The lane's end is its costliest part: once the
-background work is done, the in-process tests alone keep one core busy, so what runs there should be short.
+earlier time to finish. The lane's end is its costliest part: once the background work is done, the in-process
+tests alone keep one core busy, so what runs there should be short (the readers, not the lane's own heavy tests).
 """
 
 from __future__ import annotations
@@ -44,13 +43,11 @@ if getattr(sys.modules["__main__"], "__spec__", None) is None and not hasattr(sy
 
 SPARK_LANE, LIGHT_LANE = "spark", "light"
 # What starts in the background as soon as the session is up (`<name>_started`; a test reads `<name>`), with the
-# rank of its readers in the Spark lane: after tests that read nothing in the background (READ_MIDWAY), and after the
-# readers of work that is done sooner (the crash kills wait for the shared crawl; the niced work takes the slack).
+# rank of its readers in the Spark lane: after every test that reads nothing in the background, and after the readers
+# of work that is done sooner (the crash kills wait for the shared crawl; the niced work takes the slack).
 READ_LATE = {"dedup_crawl": 1, "shared_crawl": 1, "crash_kills": 2, "dedup_corpus": 2, "airflow_cycle": 3,
              "s3_cycle": 3, "validate_runs": 3, "run_crawls": 3}
 BACKGROUND_WORK = tuple(READ_LATE)
-# The readers of this rank go halfway through the tests that read nothing in the background, not after them all.
-READ_MIDWAY = 1
 # Fixtures that start Spark, in this process or a child.
 SPARK_FIXTURES = frozenset({"spark", "spark_session_only", *BACKGROUND_WORK})
 
@@ -73,14 +70,13 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
                       or item.get_closest_marker("spark") is not None)
         lanes[item] = SPARK_LANE if uses_spark else LIGHT_LANE
         item.add_marker(pytest.mark.xdist_group(lanes[item]))
-    # Readers of background work go after other tests (a stable sort keeps the order within each rank), so the
-    # work has the lane's earlier time to finish.
+    # Readers of background work go after all other tests (a stable sort keeps the order within each rank), so the
+    # work has the lane's earlier time to finish and the lane's own costliest tests run while it does: the lane's end
+    # is then its readers, short, instead of in-process tests alone on one core with the other idle.
     def rank(item: pytest.Item) -> int:
         return max((READ_LATE.get(name, 0) for name in getattr(item, "fixturenames", ())), default=0)
 
-    unranked = [item for item in items if rank(item) == 0 and lanes[item] == SPARK_LANE]
-    second_half = set(unranked[len(unranked) // 2:])
-    items.sort(key=lambda item: READ_MIDWAY + 0.5 if item in second_half else rank(item))
+    items.sort(key=rank)
     wanted = config.getoption("lane")
     if wanted:
         config.hook.pytest_deselected(items=[item for item in items if lanes[item] != wanted])
@@ -176,7 +172,7 @@ def dedup_crawl(spark, dedup_crawl_started):
 def dedup_corpus_started(spark_session_only, base_conf, new_tables_root, dedup_crawl_started, tmp_path_factory):
     """The generated corpus's dedup runs (`tests/support/dedup_crawl.py::run_generated_corpus`), in a background
     thread on a session of its own, once the small crawl's are done (one thread of dedup work at a time: the small
-    crawl's readers come midway through the lane)."""
+    crawl's readers come before its own)."""
     from tests.support.dedup_crawl import run_generated_corpus
 
     root = new_tables_root(tmp_path_factory.mktemp("dedup-corpus") / "root")
