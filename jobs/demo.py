@@ -1,9 +1,10 @@
 """`crawl demo`: a full local crawl of the bundled demo site farm, judged from the farm's own request log.
 
 Starts the farm on loopback, runs the continuous driver (`crawl run --until-idle`, with its fetch daemon child, and
-its `/metrics` when `cycle.metrics_port` is set) until nothing is due and no segment is open, stops everything it started, writes each merged segment's HTML report
-(`crawl report`), validates every table (`crawl validate`) and prints a short report. Exit status is non-zero on
-any politeness or robots violation or failed expectation, or when the driver did not stop cleanly.
+its `/metrics` when `cycle.metrics_port` is set) until nothing is due and no segment is open, stops everything it
+started, writes each merged segment's HTML report (`crawl report`), validates every table (`crawl validate`) and
+prints a short report. Exit status is non-zero on any politeness or robots violation or failed expectation, or when
+the driver did not stop cleanly.
 """
 
 from __future__ import annotations
