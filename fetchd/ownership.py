@@ -40,6 +40,7 @@ log = logging.getLogger("fetchd.ownership")
 # progress) or, for If-Match, was replaced or pruned (412, 404).
 _LOST_WRITE_CODES = frozenset({"PreconditionFailed", "ConditionalRequestConflict", "NoSuchKey", "412", "409", "404"})
 _KEEP_EPOCHS = 3  # older epoch files than the last few are removed when a bucket changes hands
+_LATEST_ATTEMPTS = 5  # listings of a bucket's epochs before a read of the highest that keeps missing is an error
 
 
 def leases_dir(root: str, bucket: int | None = None) -> str:
@@ -122,6 +123,14 @@ class LeaseStore:
             return LeaseRecord.from_json(json.load(fh))
 
     def latest(self, bucket: int) -> LeaseRecord | None:
+        """The record of the bucket's highest epoch, None if it has none. A file gone between the listing and the
+        read was pruned because later epochs came meanwhile (a reader paused that long): list again."""
+        for _ in range(_LATEST_ATTEMPTS - 1):
+            epochs = self._epochs(bucket)
+            try:
+                return self._read(bucket, epochs[-1]) if epochs else None
+            except FileNotFoundError:
+                continue
         epochs = self._epochs(bucket)
         return self._read(bucket, epochs[-1]) if epochs else None
 

@@ -17,7 +17,7 @@ niced as the suite's slack, the Airflow cycle on a standalone cluster (`tests/su
 clean one is `crawl demo`, the README's main command), all three in child processes. In the Spark lane the readers
 of each come after tests that read none of it, in the order the work is done (`READ_LATE`), so each has the lane's
 earlier time to finish. The lane's end is its costliest part: once the background work is done, the in-process
-tests alone keep one core busy, so what runs there should be short (the readers, not the lane's own heavy tests).
+tests alone keep one core busy.
 """
 
 from __future__ import annotations
@@ -71,8 +71,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         lanes[item] = SPARK_LANE if uses_spark else LIGHT_LANE
         item.add_marker(pytest.mark.xdist_group(lanes[item]))
     # Readers of background work go after all other tests (a stable sort keeps the order within each rank), so the
-    # work has the lane's earlier time to finish and the lane's own costliest tests run while it does: the lane's end
-    # is then its readers, short, instead of in-process tests alone on one core with the other idle.
+    # work has the lane's earlier time to finish (docs/measurements.md: it is done before the lane's other tests).
     def rank(item: pytest.Item) -> int:
         return max((READ_LATE.get(name, 0) for name in getattr(item, "fixturenames", ())), default=0)
 

@@ -271,6 +271,20 @@ def test_old_epochs_are_pruned(root):
     assert _epoch_files(root) == [f"epoch-{n:010d}.json" for n in (5, 6, 7)]
 
 
+def test_latest_lists_again_when_the_highest_epoch_it_listed_was_pruned_before_its_read(root, monkeypatch):
+    """A reader that listed epoch 1 as the highest and paused while later epochs came and pruned it reads the
+    highest epoch now, not a missing file (seen in a loaded suite run: FileNotFoundError)."""
+    conf = _short_conf(lease_ttl_s=30.0, renew_interval_s=5.0, fence_margin_s=5.0)
+    writer, reader = LeaseStore(conf, root, "writer"), LeaseStore(conf, root, "reader")
+    for _ in range(5):
+        writer.release(writer.try_acquire(BUCKET), time.time())
+    assert "epoch-0000000001.json" not in _epoch_files(root)
+    listings = iter([[1]])  # the paused reader's listing, then the real ones
+    real = reader._epochs
+    monkeypatch.setattr(reader, "_epochs", lambda bucket: next(listings, None) or real(bucket))
+    assert reader.latest(BUCKET) == writer.latest(BUCKET) and reader.latest(BUCKET).epoch == 5
+
+
 def test_stale_reader_cannot_revive_a_pruned_epoch(root, monkeypatch):
     """A daemon that read epoch 1 and then paused while epochs 2..5 came and went (epoch 2's file pruned) must
     not create epoch 2 again: the bucket belongs to the highest epoch."""
