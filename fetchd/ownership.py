@@ -250,8 +250,18 @@ class S3LeaseStore(LeaseStore):
         return sorted(e for e in map(epoch_of, names) if e is not None)
 
     def _read(self, bucket: int, epoch: int) -> LeaseRecord:
-        with s3_errors():
-            body = self.client.get_object(Bucket=self.s3_bucket, Key=self._key(bucket, epoch))["Body"].read()
+        """As the local store: FileNotFoundError when the epoch's object is gone (pruned since it was listed)."""
+        from botocore.exceptions import ClientError
+
+        key = self._key(bucket, epoch)
+        try:
+            with s3_errors():
+                body = self.client.get_object(Bucket=self.s3_bucket, Key=key)["Body"].read()
+        except OSError as exc:
+            cause = exc.__cause__
+            if isinstance(cause, ClientError) and cause.response["Error"]["Code"] in ("NoSuchKey", "404"):
+                raise FileNotFoundError(f"s3://{self.s3_bucket}/{key}") from cause
+            raise
         return LeaseRecord.from_json(json.loads(body))
 
     def _write(self, record: LeaseRecord, exclusive: bool) -> bool:

@@ -259,6 +259,21 @@ def test_takeover_after_expiry_fences_the_old_owner(s3, s3_root, tmp_path, base_
     assert not new.renew(taken) and taken.lost
 
 
+def test_latest_lists_again_when_the_highest_epoch_it_listed_was_pruned_before_its_read(s3, s3_root, tmp_path,
+                                                                                         base_conf, monkeypatch):
+    """The local store's race on S3: a reader that listed epoch 1 as the highest and paused while later epochs came
+    and pruned it reads the highest epoch now (the missing object is a 404, not an unreachable store)."""
+    conf = lease_conf(base_conf, s3, tmp_path)
+    writer, reader = lease_store(conf, s3_root, "writer"), lease_store(conf, s3_root, "reader")
+    for _ in range(5):
+        writer.release(writer.try_acquire(2), time.time())
+    assert 1 not in writer._epochs(2)
+    listings = iter([[1]])  # the paused reader's listing, then the real ones
+    real = reader._epochs
+    monkeypatch.setattr(reader, "_epochs", lambda bucket: next(listings, None) or real(bucket))
+    assert reader.latest(2) == writer.latest(2) and reader.latest(2).epoch == 5
+
+
 # ---- a daemon killed mid-bucket ------------------------------------------------------------------------
 
 
