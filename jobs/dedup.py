@@ -15,8 +15,9 @@ indexes with the segment's hashes and band keys only, and writes back the rows t
   rows of a band and a key shard meet in one `applyInPandas` call running `crawler.dedup.band_pairs` (the bucket
   cap and its counts included), which keeps the verified pairs with a segment page. A segment page takes the
   earliest cluster among the index rows it matched; pages of the segment that matched each other share the
-  earliest label among them, by min-label propagation in Spark (a round per hop of the longest chain of segment
-  pages; nothing is collected on the driver). A cluster whose representative left or changed its SimHash
+  earliest label among them: their groups are the connected components of their pairs, found in Spark in a number
+  of rounds that grows with the logarithm of a group's size (`connected_components`; nothing is collected on the
+  driver). A cluster whose representative left or changed its SimHash
   while it had members is retired: its members' rows fall back to themselves.
 * Marks on the segment's `pages` rows, priority (`urls.priority *= dedup.duplicate_priority_factor` when the
   verdict becomes "duplicate" against the URL's previous marks, kept in `dedup_hashes.marked_duplicate`; `/=` when
@@ -69,9 +70,9 @@ log = logging.getLogger("jobs.dedup")
 HASHES, BANDS = "dedup_hashes", "dedup_bands"
 # A page with no fetch time sorts after every fetched one (crawler.dedup does the same with None).
 _NO_TIME_US = int(np.iinfo(np.int64).max)
-# Min-label propagation stops after this many rounds with an error: a chain of that many segment pages, each
-# only near the next, is no template family but a sign that dedup.max_hamming is too wide for the corpus.
-MAX_PROPAGATION_ROUNDS = 64
+# Connected components stop after this many rounds with an error; the rounds grow as the logarithm of a
+# component's size (connected_components), so a billion pages in one group needs fewer than half of them.
+MAX_COMPONENT_ROUNDS = 64
 
 BUCKET_ROWS = ("url_id string, seen_us bigint, simhash bigint, band int, band_key bigint, label string, "
                "label_us bigint, is_new boolean")
@@ -88,7 +89,7 @@ class DedupResult:
     near_duplicates: int = 0      # this segment's pages in a near cluster represented by another page
     near_clusters: int = 0        # clusters (of two or more) the segment's near-clustered pages belong to
     pairs: int = 0                # verified pairs with a segment page, over all bands (a pair in two bands: 2)
-    rounds: int = 0               # label-propagation rounds over pairs of segment pages
+    rounds: int = 0               # connected-component rounds over pairs of segment pages
     capped_buckets: int = 0       # band buckets compared only within the max_bucket_size window
     skipped_comparisons: int = 0  # candidate pairs in those buckets never compared
     relabelled: int = 0           # index rows of other URLs given a new representative or cluster
@@ -100,7 +101,7 @@ class DedupResult:
     def summary(self) -> str:
         return (f"{self.examined} pages examined, {self.left} left the index: {self.exact_duplicates} exact and "
                 f"{self.near_duplicates} near duplicates; {self.near_clusters} near clusters from {self.pairs} "
-                f"pairs ({self.rounds} propagation rounds), {self.capped_buckets} capped buckets; "
+                f"pairs ({self.rounds} component rounds), {self.capped_buckets} capped buckets; "
                 f"{self.relabelled} index rows relabelled; {self.priority_lowered} priorities lowered, "
                 f"{self.priority_restored} restored; {self.commits} commits")
 
@@ -265,28 +266,55 @@ def near_labels(spark: SparkSession, conf: Config, bands: DataFrame, docs: DataF
     )
     mutual = linked.where(F.col("other_new")).select("node", "other").distinct().localCheckpoint()
     if totals["mutual"]:
-        labels = _propagate(labels, mutual, result)
+        labels = _spread_earliest(labels, mutual, result)
     return labels.select(F.col("node").alias("url_id"), F.col("label.id").alias("cluster"),
                          F.col("label.us").alias("cluster_us"), "kept"), new_rows
 
 
-def _propagate(labels: DataFrame, mutual: DataFrame, result: DedupResult) -> DataFrame:
-    """Min-label propagation over pairs of segment pages until no label changes: every page of a connected group
-    ends with the earliest label any of them holds."""
-    for rounds in range(1, MAX_PROPAGATION_ROUNDS + 1):
-        offered = mutual.join(labels.withColumnRenamed("node", "other").withColumnRenamed("label", "offer"), "other")
-        updated = (
-            labels.join(offered.groupBy("node").agg(F.min("offer").alias("offer")), "node", "left")
-            .select("node", "kept", F.when(F.col("offer") < F.col("label"), F.col("offer")).otherwise(F.col("label"))
-                    .alias("label"), (F.col("offer") < F.col("label")).alias("moved"))
-            .localCheckpoint()
-        )
-        result.rounds = rounds
-        if not updated.where("moved").limit(1).count():
-            return updated.drop("moved")
-        labels = updated.drop("moved")
-    raise RuntimeError(f"dedup: near-duplicate labels still moving after {MAX_PROPAGATION_ROUNDS} rounds; a chain "
-                       "that long means dedup.max_hamming is too wide for this corpus")
+def _spread_earliest(labels: DataFrame, mutual: DataFrame, result: DedupResult) -> DataFrame:
+    """Every page of a connected group of segment pages (pairs in `mutual`) takes the earliest label any of them
+    holds: the groups are found by `connected_components`, then each takes its least label."""
+    groups = connected_components(mutual.select(F.col("node").alias("a"), F.col("other").alias("b")), result)
+    grouped = labels.join(groups, "node", "left").withColumn("group", F.coalesce("group", "node"))
+    earliest = grouped.groupBy("group").agg(F.min("label").alias("earliest"))
+    return (grouped.join(earliest, "group").select("node", "kept", F.col("earliest").alias("label"))
+            .localCheckpoint())
+
+
+def connected_components(edges: DataFrame, result: DedupResult) -> DataFrame:
+    """(node, group) for every node of the undirected `edges` (columns a, b): group is the least node of its
+    connected component. The large-star / small-star alternation (Kiveris, Lattanzi, Mirrokni, Rastogi,
+    Vassilvitskii, "Connected Components in MapReduce and Beyond", SoCC 2014): each round turns every component
+    nearer to a star around its least node, and the rounds grow with the logarithm of a component's size, not its
+    diameter (a chain of n pages, which the bucket cap's window makes of a family of near-identical pages, took n
+    rounds of label propagation). It stops when the edges, each from a node to a lesser one, form stars: no node
+    both points and is pointed at. Pairs that form stars already (lone pairs) need no round."""
+    down = (edges.where(F.col("a") != F.col("b"))
+            .select(F.greatest("a", "b").alias("node"), F.least("a", "b").alias("to")).distinct().localCheckpoint())
+    for rounds in range(MAX_COMPONENT_ROUNDS + 1):
+        if not down.select(F.col("node").alias("to")).join(down.select("to"), "to", "left_semi").limit(1).count():
+            result.rounds = rounds
+            return down.withColumnRenamed("to", "group").unionByName(
+                down.select(F.col("to").alias("node"), F.col("to").alias("group")).distinct())
+        down = _small_star(_large_star(down)).localCheckpoint()
+    raise RuntimeError(f"dedup: near-duplicate groups not formed after {MAX_COMPONENT_ROUNDS} rounds")
+
+
+def _large_star(down: DataFrame) -> DataFrame:
+    """Each node's greater neighbours are linked to the least of its neighbourhood (itself included)."""
+    both = down.unionByName(down.select(F.col("to").alias("node"), F.col("node").alias("to")))
+    least = F.least(F.min("to").over(Window.partitionBy("node")), F.col("node"))
+    return both.withColumn("least", least).where(F.col("to") > F.col("node")).select(
+        F.col("to").alias("node"), F.col("least").alias("to")).distinct()
+
+
+def _small_star(down: DataFrame) -> DataFrame:
+    """Each node and its lesser neighbours are linked to the least of them (every edge points down already)."""
+    least = F.min("to").over(Window.partitionBy("node"))
+    linked = down.withColumn("least", least)
+    return linked.select(F.col("to").alias("node"), "least").unionByName(
+        linked.select("node", "least")).where(F.col("node") != F.col("least")).select(
+        "node", F.col("least").alias("to")).distinct()
 
 
 def run(spark: SparkSession, conf: Config, root: str, segment_id: str) -> DedupResult:

@@ -160,3 +160,25 @@ def test_incremental_marks_equal_the_full_recompute_on_a_generated_corpus(dedup_
     final = full_recompute_marks(corpus)
     assert sum(d is not None for d, _ in final.values()) >= 10
     assert sum(c is not None and c != u for u, (_, c) in final.items()) >= 10
+
+
+@pytest.mark.parametrize("shape", ["chain", "random"])
+def test_connected_components_in_rounds_that_grow_with_the_log_of_the_size(spark, shape):
+    """The segment pages' groups: every node ends in its component's least node, as the union-find rule says, and a
+    chain of 200 pages (the bucket cap's window makes one of a near-identical family) takes a handful of rounds."""
+    from jobs.dedup import DedupResult, connected_components
+
+    generator = np.random.default_rng(7)
+    names = [f"u{value:05d}" for value in generator.permutation(100_000)[:200]]  # ids in no order along the chain
+    if shape == "chain":
+        left, right = np.arange(199), np.arange(1, 200)
+    else:  # a sparse random graph: several components, some single pairs, some loops
+        left, right = generator.integers(0, 200, 180), generator.integers(0, 200, 180)
+    rows = [(names[a], names[b]) for a, b in zip(left.tolist(), right.tolist(), strict=True)]
+    result = DedupResult("seg")
+    groups = dict(connected_components(spark.createDataFrame(rows, "a string, b string"), result).collect())
+
+    expected = rules.cluster_representatives(200, left, right, np.argsort(np.argsort(names)))
+    in_pairs = {node for a, b in zip(left.tolist(), right.tolist(), strict=True) if a != b for node in (a, b)}
+    assert groups == {names[node]: names[expected[node]] for node in sorted(in_pairs)}
+    assert 1 <= result.rounds <= 2 * int(np.ceil(np.log2(200)))
