@@ -177,16 +177,18 @@ def test_a_waiting_command_gets_the_lock_once_the_holder_lets_go(files):
 
 
 def test_the_holder_renews_the_lock_while_it_runs_and_releases_it_after(base_conf, tmp_path):
-    """ttl 0.5 s held for 1.5 s: without the renewal thread a second comer would take it over."""
+    """ttl 3 s held for 7 s: without the renewal thread a second comer would take it over. (With a ttl of 0.5 s,
+    a renewal thread held up by ~0.2 s on a busy machine let the fence pass: a real clock only gives lower bounds.
+    The rule's exact boundaries are checked on the virtual clock above.)"""
     root = str(tmp_path / "root")
-    conf = base_conf.with_overrides({"writer_lock.ttl_s": 0.5, "writer_lock.wait_s": 0.0,
+    conf = base_conf.with_overrides({"writer_lock.ttl_s": 3.0, "writer_lock.wait_s": 0.0,
                                      "ownership.takeover_grace_s": 0.0})
     with writer_lock(conf, root, "generate") as held:
-        deadline = time.monotonic() + 1.5
+        deadline = time.monotonic() + 7.0
         while time.monotonic() < deadline:
             with pytest.raises(CrawlBusy, match="`crawl generate`"), writer_lock(conf, root, "inject"):
                 pass
-            time.sleep(0.1)
+            time.sleep(0.5)
         held.check("the last commit")
     assert LockFiles(root).read(held.record.epoch).released
     with writer_lock(conf, root, "inject") as after:
