@@ -4,7 +4,8 @@ cost grows with the corpus the segment is merged into.
 Run on demand, never as a test:
 
     .venv/bin/python -m bench.cycle [--pages 100k] [--known-urls 1M,10M] [--exact 0.2] [--near 0.1]
-                                    [--hosts 200] [--cycles 1] [--root /tmp/cyclecrawl-bench-cycle] [--keep]
+                                    [--new-link-share 1] [--hosts 200] [--cycles 1]
+                                    [--root /tmp/cyclecrawl-bench-cycle] [--keep]
     .venv/bin/python -m bench.cycle --pages 20 --known-urls 2000 --cycles 4   # a small segment's fixed costs
 
 For each corpus size (--known-urls): `hosts` and `urls` are built synthetically (bench.frontier: every URL due,
@@ -14,8 +15,10 @@ current document: a unique content hash and a random SimHash, band rows by crawl
 (bench.parse.PageMaker: realistic pages of 5-60 KB with 20-80 links of every form) through fetchd.warc.WarcFile,
 one WARC file and one fetched-results Parquet file per bucket. A share --exact of the pages repeats an earlier
 page of the segment byte for byte, a share --near repeats one with one paragraph changed (a few words: a near
-duplicate at small Hamming distance). Timed, each on the same SparkSession: parse, dedup, update, and generate of
-the next segment.
+duplicate at small Hamming distance). A share 1 - --new-link-share of a page's links point to URLs the crawl
+knows (drawn from `urls`; 0.1 is a mature crawl, where most links lead to pages it has seen), the others are new
+(the default: every link new, discovery's worst case). Timed, each on the same SparkSession: parse, dedup,
+update, and generate of the next segment.
 
 With --cycles N the cycle repeats N times on the same SparkSession, as the continuous driver runs it: each
 cycle's segment is the one the previous cycle's generate leased, fetched (written) untimed, then parsed, deduplicated,
@@ -39,6 +42,7 @@ import os
 import shutil
 import threading
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from functools import partial
@@ -66,6 +70,7 @@ TARGET_CORPUS_GROWTH = 1.3
 TARGET_SMALL_SEGMENT_S = 25.0  # the four steps of a cycle on a small segment, wall seconds
 SMALL_SEGMENT_PAGES = 100
 STEPS = ("parse", "dedup", "update", "generate")
+KNOWN_LINK_POOL = 200_000  # known URLs the pages' links to known URLs are drawn from (--new-link-share)
 
 
 def size(text: str) -> int:
@@ -253,10 +258,18 @@ def near_copy(body: bytes, rng: np.random.Generator) -> bytes:
     return body[: start + 3] + b"updated notice " + body[start + 3:]
 
 
+def known_links(spark: SparkSession, root: str, count: int, seed: int) -> list[str]:
+    """About `count` URLs of `urls` drawn at random: the links of a page that point to URLs the crawl knows."""
+    rows = spark.read.format("delta").load(tables.table_path(root, "urls"))
+    share = min(1.0, 1.2 * count / max(1, rows.count()))
+    return [row["url"] for row in rows.select("url").sample(fraction=share, seed=seed).limit(count).collect()]
+
+
 def write_segment(spark: SparkSession, root: str, segment_id: str, maker: PageMaker, exact: float, near: float,
-                  now: datetime, seed: int) -> tuple[int, int, int]:
-    """The leased fetch list's URLs fetched: WARC + fetched results per bucket, as fetchd writes them.
-    Returns (pages, exact copies, near copies)."""
+                  now: datetime, seed: int, known: Sequence[str] = (), new_share: float = 1.0) -> tuple[int, int, int]:
+    """The leased fetch list's URLs fetched: WARC + fetched results per bucket, as fetchd writes them; a page's
+    links are known URLs (of `known`) with probability 1 - `new_share`. Returns (pages, exact copies, near
+    copies)."""
     leased = spark.read.parquet(layout.fetchlist_dir(root, segment_id)).select(
         F.col("bucket").cast("int").alias("bucket"), "url_id", "state_version", "url", "host_key").collect()
     hosts = sorted({row["host_key"] for row in leased})
@@ -281,7 +294,7 @@ def write_segment(spark: SparkSession, root: str, segment_id: str, maker: PageMa
                 body = near_copy(bodies[int(rng.integers(0, len(bodies)))], rng)
                 copies["near"] += 1
             else:
-                body = maker.page(row["url"], row["host_key"], hosts)
+                body = maker.page(row["url"], row["host_key"], hosts, known, new_share)
                 bodies.append(body)
             date = now.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
             request_id, response_id = new_record_id(), new_record_id()
@@ -324,11 +337,12 @@ def run_corpus(spark: SparkSession, conf: config_mod.Config, root: str, known: i
     hosts = build_hosts(spark, root, args.hosts, conf.crawl.buckets, now)
     build_urls(spark, root, known, hosts, args.hosts, 1.0, conf.revisit.default_interval_s, now)
     build_dedup_index(spark, root, conf.dedup.max_hamming, now)
+    known_urls = known_links(spark, root, KNOWN_LINK_POOL, args.seed) if args.new_link_share < 1 else []
     segment_id = "seg-bench-cycle"
     leased = generate.run(spark, conf, root, segment_id, now=now)
     progress(f"{known:,} known URLs: leased {leased.url_count:,}; writing the fetched segment (not timed)")
     figures.pages, exact, near = write_segment(spark, root, segment_id, maker, args.exact, args.near,
-                                               now + timedelta(minutes=5), args.seed)
+                                               now + timedelta(minutes=5), args.seed, known_urls, args.new_link_share)
     progress(f"{known:,} known URLs: {figures.pages:,} pages, {exact:,} exact and {near:,} near copies")
     for cycle in range(1, args.cycles + 1):
         later = now + timedelta(hours=2 * cycle)
@@ -336,7 +350,7 @@ def run_corpus(spark: SparkSession, conf: config_mod.Config, root: str, known: i
         if cycle > 1:
             progress(f"cycle {cycle}: writing the fetched segment {segment_id} (not timed)")
             write_segment(spark, root, segment_id, maker, args.exact, args.near, later - timedelta(hours=1),
-                          args.seed + cycle)
+                          args.seed + cycle, known_urls, args.new_link_share)
         steps = {}
         for name, action in (
             ("parse", partial(parse.run, spark, conf, root, segment_id)),
@@ -416,6 +430,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--known-urls", default="1M,10M", help="comma-separated corpus sizes, smallest first")
     parser.add_argument("--exact", type=float, default=0.2, help="share of pages repeating an earlier page")
     parser.add_argument("--near", type=float, default=0.1, help="share of pages that are near copies")
+    parser.add_argument("--new-link-share", type=float, default=1.0,
+                        help="share of a page's links drawn as new URLs; the rest point to known URLs (0.1: a mature "
+                             "crawl; 1: every link new)")
     parser.add_argument("--hosts", type=int, default=200, help="distinct hosts")
     parser.add_argument("--seed", type=int, default=16)
     parser.add_argument("--cycles", type=int, default=1, help="cycles per corpus on one SparkSession")
@@ -435,6 +452,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         parser.error("--pages must be positive and every --known-urls size at least --pages")
     if args.cycles < 1:
         parser.error("--cycles must be at least 1")
+    if not 0 <= args.new_link_share <= 1:
+        parser.error("--new-link-share is a share between 0 and 1")
     if not (args.exact >= 0 and args.near >= 0 and args.exact + args.near < 1):
         parser.error("--exact and --near are shares whose sum is below 1")
     return args
@@ -465,7 +484,8 @@ def main(argv: list[str] | None = None) -> None:
     finally:
         spark.stop()
     print(f"\nBatch-side benchmark: {args.pages:,} pages per segment ({args.exact:.0%} exact, {args.near:.0%} near "
-          f"copies), {args.hosts} hosts, {conf.crawl.buckets} buckets, {args.master}")
+          f"copies, {args.new_link_share:.0%} of links new), {args.hosts} hosts, {conf.crawl.buckets} buckets, "
+          f"{args.master}")
     report(all_figures)
     print(f"\nTotal benchmark time {time.monotonic() - started:.0f}s")
 

@@ -43,6 +43,7 @@ import shutil
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from urllib.parse import urljoin
@@ -94,7 +95,12 @@ class PageMaker:
         end = self.corpus.rfind(" ", start, start + size)
         return self.corpus[start:end]
 
-    def link(self, host: str, hosts: list[str]) -> str:
+    def link(self, host: str, hosts: list[str], known: Sequence[str] = (), new_share: float = 1.0) -> str:
+        """One href: with probability 1 - `new_share` a URL of `known` (one the crawl has seen), else one of ten
+        forms (relative, absolute, protocol-relative, query, fragment, mailto, javascript...) with a random number:
+        almost always a URL the crawl has never seen."""
+        if known and self.rng.random() >= new_share:
+            return known[int(self.rng.integers(0, len(known)))]
         n = int(self.rng.integers(0, 100_000))
         other = hosts[int(self.rng.integers(0, len(hosts)))]
         form = int(self.rng.integers(0, 10))
@@ -111,9 +117,10 @@ class PageMaker:
             f"{host}/a%20b/{n}?utm_source=feed&amp;id={n}",
         ][form]
 
-    def page(self, url: str, host: str, hosts: list[str]) -> bytes:
+    def page(self, url: str, host: str, hosts: list[str], known: Sequence[str] = (), new_share: float = 1.0) -> bytes:
+        """A page of 5-60 KB with 20-80 links (`link`)."""
         target = int(math.exp(self.rng.uniform(math.log(MIN_PAGE_BYTES), math.log(MAX_PAGE_BYTES))))
-        links = [self.link(host, hosts) for _ in range(int(self.rng.integers(20, 81)))]
+        links = [self.link(host, hosts, known, new_share) for _ in range(int(self.rng.integers(20, 81)))]
         nav, inline, footer = links[:8], links[8:-6], links[-6:]
         title = self.paragraph(60)
         parts = [

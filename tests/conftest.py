@@ -116,8 +116,12 @@ def _after(first: Future, work: Callable[..., Any], *args: Any) -> Any:
 def spark_session_only(base_conf):
     """The suite's one SparkSession (`spark` is the same, with the background work started)."""
     from jobs.base import spark_session
+    from tests.support.config import SESSION_JAVA_OPTIONS
 
-    session = spark_session(base_conf, app_name="cyclecrawl-tests")
+    options = f"{base_conf.spark.conf['spark.driver.extraJavaOptions']} {SESSION_JAVA_OPTIONS}"
+    session_conf = base_conf.with_overrides({"spark.conf": {**base_conf.spark.conf,
+                                                            "spark.driver.extraJavaOptions": options}})
+    session = spark_session(session_conf, app_name="cyclecrawl-tests")
     yield session
     session.stop()
 
