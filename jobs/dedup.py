@@ -287,12 +287,16 @@ def connected_components(edges: DataFrame, result: DedupResult) -> DataFrame:
     Vassilvitskii, "Connected Components in MapReduce and Beyond", SoCC 2014): each round turns every component
     nearer to a star around its least node, and the rounds grow with the logarithm of a component's size, not its
     diameter (a chain of n pages, which the bucket cap's window makes of a family of near-identical pages, took n
-    rounds of label propagation). It stops when the edges, each from a node to a lesser one, form stars: no node
-    both points and is pointed at. Pairs that form stars already (lone pairs) need no round."""
+    rounds of label propagation). It stops when the edges, each from a node to a lesser one, form stars: every
+    node points at one node at most, and no node both points and is pointed at. Pairs that form stars already (lone
+    pairs) need no round."""
     down = (edges.where(F.col("a") != F.col("b"))
             .select(F.greatest("a", "b").alias("node"), F.least("a", "b").alias("to")).distinct().localCheckpoint())
     for rounds in range(MAX_COMPONENT_ROUNDS + 1):
-        if not down.select(F.col("node").alias("to")).join(down.select("to"), "to", "left_semi").limit(1).count():
+        pointing = down.groupBy("node").agg(F.count("*").alias("targets"))
+        not_star = pointing.where("targets > 1").select("node").unionByName(
+            pointing.join(down.select(F.col("to").alias("node")), "node", "left_semi").select("node"))
+        if not not_star.limit(1).count():
             result.rounds = rounds
             return down.withColumnRenamed("to", "group").unionByName(
                 down.select(F.col("to").alias("node"), F.col("to").alias("group")).distinct())

@@ -162,7 +162,7 @@ def test_incremental_marks_equal_the_full_recompute_on_a_generated_corpus(dedup_
     assert sum(c is not None and c != u for u, (_, c) in final.items()) >= 10
 
 
-@pytest.mark.parametrize("shape", ["chain", "random"])
+@pytest.mark.parametrize("shape", ["chain", "random", "two below one"])
 def test_connected_components_in_rounds_that_grow_with_the_log_of_the_size(spark, shape):
     """The segment pages' groups: every node ends in its component's least node, as the union-find rule says, and a
     chain of 200 pages (the bucket cap's window makes one of a near-identical family) takes a handful of rounds."""
@@ -172,11 +172,17 @@ def test_connected_components_in_rounds_that_grow_with_the_log_of_the_size(spark
     names = [f"u{value:05d}" for value in generator.permutation(100_000)[:200]]  # ids in no order along the chain
     if shape == "chain":
         left, right = np.arange(199), np.arange(1, 200)
-    else:  # a sparse random graph: several components, some single pairs, some loops
+    elif shape == "random":  # a sparse random graph: several components, some single pairs, some loops
         left, right = generator.integers(0, 200, 180), generator.integers(0, 200, 180)
+    else:  # pages each matched with two lesser ones that match nothing else: no star, though no page is pointed at
+        # and points both (a group the first form of the stopping rule split in two)
+        order = np.argsort(names)
+        left, right = order[[2, 2, 5, 5]], order[[0, 1, 3, 4]]
     rows = [(names[a], names[b]) for a, b in zip(left.tolist(), right.tolist(), strict=True)]
     result = DedupResult("seg")
-    groups = dict(connected_components(spark.createDataFrame(rows, "a string, b string"), result).collect())
+    found = connected_components(spark.createDataFrame(rows, "a string, b string"), result).collect()
+    groups = dict(found)
+    assert len(groups) == len(found)  # one group per node
 
     expected = rules.cluster_representatives(200, left, right, np.argsort(np.argsort(names)))
     in_pairs = {node for a, b in zip(left.tolist(), right.tolist(), strict=True) if a != b for node in (a, b)}
