@@ -141,6 +141,8 @@ class BucketRun:
             await coro
         except OSError as exc:
             self._storage_failed(exc)
+        except Fenced:
+            pass  # the lease lapsed before the request went out: the loop sees it, stops and releases the gates
 
     def _start(self, coro: Any) -> None:
         task = asyncio.create_task(self._guarded(coro))
@@ -236,10 +238,10 @@ class BucketRun:
         is stopping (or the segment was closed) they get `ownership.shutdown_grace_s` and are then cancelled
         (their URLs stay unreported)."""
         grace_ends = self.clock.monotonic() + self.conf.ownership.shutdown_grace_s
-        while self.tasks:
+        while self.tasks or self.lease.fenced():
             over = (self.lease.fenced() or self.storage_error is not None
                     or (self.stop_signal.is_set() and self.clock.monotonic() >= grace_ends))
-            if over:
+            if over:  # fenced: also the gates of requests that stopped on the fence before they were sent
                 for task in self.tasks:
                     task.cancel()
                 await asyncio.gather(*list(self.tasks), return_exceptions=True)
@@ -292,8 +294,8 @@ class BucketRun:
         """Prepare a host (`fetchd.hostprep`), then tell the scheduler, whatever happened."""
         try:
             await self.preparer.prepare(host)
-        except OSError:
-            raise  # writing failed (name lookups are handled inside): the bucket pauses for its storage
+        except (OSError, Fenced):
+            raise  # writing failed (name lookups are handled inside), or the lease lapsed: the bucket run stops
         except Exception:  # never leave a host half-prepared: its URLs would never be reported
             log.exception("preparing %s failed; its URLs are deferred", host.host_key)
             host.policy = RobotsPolicy.disallow_all()

@@ -73,13 +73,19 @@ class Exchange:
         if not gate.paused and gate.opens_at() > now:
             self.metrics.politeness_wait(gate.opens_at() - now)
 
+    def unless_fenced(self) -> None:
+        """Raise Fenced once the bucket's lease is lost: asked before a gate is taken and again just before a request
+        is sent, since a task can wait in between (for a global slot, or frozen with its process) while the lease
+        lapses and the bucket's next owner starts on the host."""
+        if self.fenced():
+            raise Fenced(f"bucket {self.out.bucket:05d}: lease lost, no new request")
+
     async def _take_gate(self, gate: HostGate, stoppable: bool) -> bool:
         """Wait (sleeping, never spinning) until the gate opens, then take it. False if the host is paused first,
         or, when `stoppable`, the bucket run stops first."""
         self.count_politeness_wait(gate)
         while not gate.paused and not (stoppable and self.should_stop()):
-            if self.fenced():
-                raise Fenced(f"bucket {self.out.bucket:05d}: lease lost, no new request")
+            self.unless_fenced()
             now = self.clock.monotonic()
             if gate.can_start(now):
                 gate.started(now)
@@ -94,6 +100,7 @@ class Exchange:
         if not await self._take_gate(gate, stoppable=False):  # a paused host's robots.txt: unreachable this time
             return FetchResponse(url=url, started_at=self.clock.wall(), error="host paused")
         async with self.slots:
+            self.unless_fenced()
             response = await self.transport.get(url, None, max_bytes)
         self.request_finished(gate, response, host_size_class)
         return response
@@ -154,6 +161,7 @@ class Exchange:
         """One page request (the caller holds the gate and a slot); an unexpected library error becomes a failed
         response, so the URL is still reported and the gate released. A sitemap is read whatever its media type
         (gzip files are served as application/x-gzip and the like) up to `sitemaps.max_fetch_bytes`."""
+        self.unless_fenced()
         try:
             if sitemap:
                 return await self.transport.get(url, headers, self.conf.sitemaps.max_fetch_bytes)

@@ -682,3 +682,35 @@ def test_rows_are_published_within_results_publish_s_of_their_fetch_exactly_on_t
     files = sorted(fetched.glob("*.parquet"))
     assert [[row["url"] for row in pq.read_table(f).to_pylist()] for f in files] == \
         [[f"http://edge.test{p}"] for p in paths]
+
+
+def test_a_request_whose_lease_lapsed_while_it_waited_is_never_sent(edge, base_conf, root, monkeypatch):
+    """A page whose task was handed out under epoch 1 and whose lease lapsed before the request went out (a wait for
+    a global slot, or the process frozen: here, the moment it is handed out) is not sent; the next epoch fetches it.
+    Judged from the server's log: one request for the page."""
+    from fetchd.exchange import Exchange
+    from fetchd.ownership import Lease
+
+    conf = edge_conf(base_conf, **{"ownership.lease_ttl_s": 1.0, "ownership.renew_interval_s": 0.25,
+                                   "ownership.fence_margin_s": 0.25, "ownership.takeover_grace_s": 0.0})
+    fetchlist = write_fetchlist(root, SEGMENT, [{"url": edge.url("edge.test", "/a")}], conf.crawl.buckets)
+    [bucket] = fetchlist
+    lapsed: list[int] = []  # epochs whose lease lapsed while their request waited
+    real_first_request, real_fenced = Exchange.first_request, Lease.fenced
+
+    async def lapse_then_request(self, item):
+        if not lapsed:
+            lapsed.append(1)
+        return await real_first_request(self, item)
+
+    monkeypatch.setattr(Exchange, "first_request", lapse_then_request)
+    monkeypatch.setattr(Lease, "fenced", lambda self, now_mono=None: self.record.epoch in lapsed
+                        or real_fenced(self, now_mono))
+    assert fetch_segment(conf, root, SEGMENT)["buckets"] == [] and lapsed == [1]  # stopped, nothing sent
+    assert [r["path"] for r in edge.requests("edge.test")] == ["/robots.txt"] and not read_results(root, SEGMENT)
+    time.sleep(1.2)  # epoch 1 expires: the next run takes the bucket over
+    assert fetch_segment(conf, root, SEGMENT)["buckets"] == [bucket]
+    assert [r["path"] for r in edge.requests("edge.test") if r["path"] == "/a"] == ["/a"]
+    [row] = read_results(root, SEGMENT)
+    assert row["outcome"] == "success"
+    assert LeaseStore(conf, root, "observer").latest(bucket).epoch == 2

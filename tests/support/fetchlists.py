@@ -17,8 +17,9 @@ from crawler.bucketing import Bucketing
 def write_fetchlist(root: str, segment_id: str, items: list[dict], buckets: int,
                     bucketing: Bucketing | None = None) -> dict[int, list[dict]]:
     """Fetch-list Parquet per bucket, as generate writes it (sorted by host then rank), bucketed by host name (or
-    by `bucketing`). Items: url, etag, last_modified, delay_s and max_concurrency (the host's limits: none unless
-    given), last_fetch_at."""
+    by `bucketing`), and published as generate publishes it: under `_GENERATING.json` until every file is written,
+    so a daemon already polling the root never reads a bucket's folder before its file. Items: url, etag,
+    last_modified, delay_s and max_concurrency (the host's limits: none unless given), last_fetch_at."""
     bucket_of = (bucketing or Bucketing(buckets)).bucket
     by_bucket: dict[int, list[dict]] = {}
     ranks: Counter[str] = Counter()
@@ -34,12 +35,16 @@ def write_fetchlist(root: str, segment_id: str, items: list[dict], buckets: int,
             "last_fetch_at": item.get("last_fetch_at"),
         }
         by_bucket.setdefault(bucket_of(key), []).append(row)
+    marker = Path(layout.generating_marker(root, segment_id))
+    marker.parent.mkdir(parents=True, exist_ok=True)
+    marker.write_text("{}")
     for bucket, rows in by_bucket.items():
         folder = layout.fetchlist_dir(root, segment_id, bucket)
         os.makedirs(folder, exist_ok=True)
         rows.sort(key=lambda r: (r["host_key"], r["rank"]))
         pq.write_table(pa.Table.from_pylist(rows, schema=records.FETCHLIST), os.path.join(folder, "part-00000.parquet"))
         Path(folder, "_SUCCESS").touch()  # Spark's marker must be ignored
+    marker.unlink()
     return by_bucket
 
 
