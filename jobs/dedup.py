@@ -330,8 +330,11 @@ def run(spark: SparkSession, conf: Config, root: str, segment_id: str) -> DedupR
     # Adaptive query execution re-plans each of this job's many small joins against cached and broadcast inputs:
     # on a test segment it took 34 s of the run's 41, 10 s with it off (the plans are static, the inputs segment-sized).
     # Every MERGE source is a localCheckpoint (SOURCE_HELD).
-    # Its work follows the segment's pages and the band index it scans for their candidates.
-    rows = segment_rows(conf, layout.fetched_dir(root, segment_id)) + table_rows(spark, root, BANDS)
+    # Its work follows the segment's pages and the band index it scans for their candidates (not counted when the
+    # segment alone is over the small-input threshold: the count would not change the plan).
+    rows = segment_rows(conf, layout.fetched_dir(root, segment_id))
+    if rows <= conf.spark.small_input_rows:
+        rows += table_rows(spark, root, BANDS)
     with (step(f"dedup {segment_id}"), session_settings(spark, {**NOT_ADAPTIVE, **SOURCE_HELD}),
           sized_to_input(spark, conf, rows)):
         # Every table is read once, filtered to what the segment touches, and checkpointed: later plans hold no
