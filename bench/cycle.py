@@ -63,7 +63,7 @@ from crawler.status import FetchOutcome
 from delta_tables import tables
 from fetchd.warc import WARC_SUFFIX, WarcFile, http_request_headers, http_response_headers, new_record_id
 from jobs import dedup, generate, parse, update
-from jobs.base import spark_session
+from jobs.base import spark_session, table_rows
 
 TARGET_CPU_MS_PER_PAGE = 5.0
 TARGET_CORPUS_GROWTH = 1.3
@@ -261,7 +261,7 @@ def near_copy(body: bytes, rng: np.random.Generator) -> bytes:
 def known_links(spark: SparkSession, root: str, count: int, seed: int) -> list[str]:
     """About `count` URLs of `urls` drawn at random: the links of a page that point to URLs the crawl knows."""
     rows = spark.read.format("delta").load(tables.table_path(root, "urls"))
-    share = min(1.0, 1.2 * count / max(1, rows.count()))
+    share = min(1.0, 1.2 * count / max(1, table_rows(spark, root, "urls")))
     return [row["url"] for row in rows.select("url").sample(fraction=share, seed=seed).limit(count).collect()]
 
 

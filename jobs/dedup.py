@@ -276,9 +276,8 @@ def _spread_earliest(labels: DataFrame, mutual: DataFrame, result: DedupResult) 
     holds: the groups are found by `connected_components`, then each takes its least label."""
     groups = connected_components(mutual.select(F.col("node").alias("a"), F.col("other").alias("b")), result)
     grouped = labels.join(groups, "node", "left").withColumn("group", F.coalesce("group", "node"))
-    earliest = grouped.groupBy("group").agg(F.min("label").alias("earliest"))
-    return (grouped.join(earliest, "group").select("node", "kept", F.col("earliest").alias("label"))
-            .localCheckpoint())
+    earliest = F.min("label").over(Window.partitionBy("group"))
+    return grouped.select("node", "kept", earliest.alias("label")).localCheckpoint()
 
 
 def connected_components(edges: DataFrame, result: DedupResult) -> DataFrame:
@@ -293,15 +292,21 @@ def connected_components(edges: DataFrame, result: DedupResult) -> DataFrame:
     down = (edges.where(F.col("a") != F.col("b"))
             .select(F.greatest("a", "b").alias("node"), F.least("a", "b").alias("to")).distinct().localCheckpoint())
     for rounds in range(MAX_COMPONENT_ROUNDS + 1):
-        pointing = down.groupBy("node").agg(F.count("*").alias("targets"))
-        not_star = pointing.where("targets > 1").select("node").unionByName(
-            pointing.join(down.select(F.col("to").alias("node")), "node", "left_semi").select("node"))
-        if not not_star.limit(1).count():
+        if not _not_star_nodes(down).limit(1).count():
             result.rounds = rounds
             return down.withColumnRenamed("to", "group").unionByName(
                 down.select(F.col("to").alias("node"), F.col("to").alias("group")).distinct())
         down = _small_star(_large_star(down)).localCheckpoint()
     raise RuntimeError(f"dedup: near-duplicate groups not formed after {MAX_COMPONENT_ROUNDS} rounds")
+
+
+def _not_star_nodes(down: DataFrame) -> DataFrame:
+    """The nodes that keep the edges from forming stars: those pointing at more than one node, and those that both
+    point and are pointed at (one aggregation over both ends of every edge)."""
+    ends = down.select("node", F.lit(1).alias("points"), F.lit(False).alias("pointed_at")).unionByName(
+        down.select(F.col("to").alias("node"), F.lit(0).alias("points"), F.lit(True).alias("pointed_at")))
+    degrees = ends.groupBy("node").agg(F.sum("points").alias("points"), F.max("pointed_at").alias("pointed_at"))
+    return degrees.where((F.col("points") > 1) | ((F.col("points") > 0) & F.col("pointed_at"))).select("node")
 
 
 def _large_star(down: DataFrame) -> DataFrame:
