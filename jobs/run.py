@@ -11,7 +11,9 @@ parse cannot wait behind the previous segment's update. The main lane runs gener
 once when no segment is open and one was merged since the last generate (the segments the driver is merging are
 named to generate's backpressure, `crawler.frontier.backpressure`, which then does not take them for stalled, but
 counts them), then merges the oldest parsed segment (dedup, update, and index
-with `index.enabled`), one step at a time, oldest segment first. Both lanes write `pages` and `segments`: each such
+with `index.enabled`), one step at a time, oldest segment first, with at most one generate between two merge steps
+(a generate slower than the interval starves neither the merges nor the idle check of --until-idle); a generate that
+found nothing due looks again a whole interval after it ended. Both lanes write `pages` and `segments`: each such
 commit takes its table's turn (`jobs.base.table_turn`), so the lanes' commits never conflict. When generate is
 refused (exit 75's reasons: too many open segments, the writer lock held elsewhere) the driver waits for the next
 tick.
@@ -187,11 +189,14 @@ class Driver:
                     return status if status >= 0 else 1
                 self._hear_from_parse_lane()
                 self._look_at_fetches()
-                if self._generate_if_due() or self._merge_one_step():
-                    continue
                 if until_idle and self.nothing_due and not self.open and not self.regenerate:
                     log.info("run: nothing due and no segment open: idle")
                     break
+                # At most one generate, then one merge step: a generate slower than the interval (a tick already
+                # due when it ends) must not starve the merges, nor the idle check above.
+                generated = self._generate_if_due()
+                if self._merge_one_step() or generated:
+                    continue
                 # A tick already due here is held back by backpressure: look again after a poll.
                 until_tick = self.next_tick - time.monotonic()
                 poll = self.conf.cycle.poll_s if until_tick <= 0 else min(self.conf.cycle.poll_s, until_tick)
@@ -287,7 +292,11 @@ class Driver:
         if self.regenerate:
             self.regenerate.pop(0)
         self.nothing_due = result.empty
-        if not result.empty:
+        if result.empty:
+            # Nothing was due: look again a whole interval after this generate ended, not back to back when it took
+            # longer than the interval (a merge that lands wakes it at once, as above).
+            self.next_tick = max(self.next_tick, time.monotonic() + self.conf.cycle.interval_s)
+        else:
             segment = OpenSegment(result.segment_id, merge_steps(self.conf))
             segment.report.steps[GENERATE], segment.report.seconds[GENERATE] = result, record.seconds
             self._open(segment)

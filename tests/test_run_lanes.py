@@ -208,3 +208,25 @@ def test_with_no_segment_open_a_merge_is_followed_by_generate_at_once(monkeypatc
     first, second = steps.times["generate"]  # seg-1, then the one that found nothing due: idle
     update_ended = steps.times["update"][0]
     assert first < update_ended < second < update_ended + 5.0
+
+
+class SlowGenerate(OneSegment):
+    """OneSegment whose generate takes six intervals: the tick is always due again when it ends."""
+
+    def generate(self, *args: Any) -> Generated:
+        time.sleep(0.3)
+        return super().generate(*args)
+
+
+def test_a_generate_slower_than_the_interval_starves_neither_the_merges_nor_the_idle_check(monkeypatch):
+    """Generates back to back would hold the main lane (its merge steps never ran, and --until-idle never saw the
+    idle state) for as long as each took longer than the interval."""
+    steps = stand_in(monkeypatch, SlowGenerate())
+    started = time.monotonic()
+    crawl_until_idle(steps, interval_s=0.05)
+    assert steps.times["dedup"] and steps.times["update"]
+    assert time.monotonic() - started < WAIT_S  # idle, not stopped at the run's end (for_s)
+    # seg-1, an empty one or two while its parse runs in the other lane (more on a loaded machine), the one after
+    # its merge: idle. Back to back, it would be one every 0.3 s until the run's end.
+    assert 2 <= len(steps.times["generate"]) <= 5
+    assert steps.times["generate"][-1] > steps.times["update"][0]
