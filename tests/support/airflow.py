@@ -28,6 +28,7 @@ from tests.support.jvm import short_lived_jvm_env
 REPO = Path(__file__).resolve().parents[2]
 DAGS = REPO / "airflow_dags"
 BIN = Path(sys.executable).parent
+CYCLE_TIMEOUT_S = 1800  # the DAG run, each step a spark-submit, all niced: on a slow day it ran past 20 minutes
 
 
 def airflow_env(home: Path) -> dict[str, str]:
@@ -122,7 +123,7 @@ def run_cycle_through_airflow(base_conf: Config, cluster: Cluster, base: Path) -
                     "spark_master": cluster.master_url, "segment_max_urls": 1000, "fetch_mode": "daemons",
                     "fetch_deadline_minutes": 10, "maintain": "never"}
         found = run_airflow_script({**env, "SPARK_LOCAL_IP": "127.0.0.1"}, base, RUN_CYCLE, str(DAGS),
-                                   json.dumps(run_conf), timeout=1200, background=True)
+                                   json.dumps(run_conf), timeout=CYCLE_TIMEOUT_S, background=True)
     finally:
         if daemon is not None:
             daemon.send_signal(signal.SIGTERM)
