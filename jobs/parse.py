@@ -15,7 +15,6 @@ from dataclasses import dataclass
 from typing import Any, BinaryIO
 
 import pyarrow as pa
-from pyspark.errors import AnalysisException
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.pandas.types import from_arrow_schema
@@ -34,6 +33,7 @@ from jobs.base import (
     SOURCE_HELD,
     arrow_batches,
     insert_if_absent,
+    read_segment_files,
     segment_rows,
     session_settings,
     sized_to_input,
@@ -169,23 +169,6 @@ def parsed_pages(
             handle.close()
 
 
-def read_fetched(spark: SparkSession, root: str, segment_id: str) -> DataFrame | None:
-    """The segment's fetched-results rows (all buckets), or None when the segment has none yet."""
-    path = layout.fetched_dir(root, segment_id)
-    try:
-        # recursiveFileLookup: bucket=NNNNN folders must not become a second `bucket` column.
-        return (
-            spark.read.schema(from_arrow_schema(FETCHED))
-            .option("recursiveFileLookup", "true")
-            .option("pathGlobFilter", "*.parquet")
-            .parquet(path)
-        )
-    except AnalysisException as exc:
-        if "PATH_NOT_FOUND" in str(exc) or "Path does not exist" in str(exc):
-            return None
-        raise
-
-
 def _parse(fetched: DataFrame, root: str, segment_id: str, conf: Config) -> DataFrame:
     # A result written twice (a daemon re-run) gives one pages row per (url_id, state_version): the result that
     # update completes the URL with (crawler.leases), read only when it is a success with a WARC record.
@@ -274,7 +257,7 @@ def run(spark: SparkSession, conf: Config, root: str, segment_id: str) -> ParseR
     layout.check_segment_id(segment_id)
     root = layout.normalize_root(root)
     tables.ensure_tables(spark, root)
-    fetched = read_fetched(spark, root, segment_id)
+    fetched = read_segment_files(spark, layout.fetched_dir(root, segment_id), FETCHED)
     if fetched is None:
         return ParseResult(records=0, pages=0, links=0, errors=0, pages_inserted=0)
     rows = segment_rows(conf, layout.fetched_dir(root, segment_id))
