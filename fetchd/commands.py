@@ -150,8 +150,9 @@ def fetch_share(conf: Config, root: str, segment_id: str, buckets: list[int],
 
 
 def _claim(daemon: Daemon, work: dict[int, list[str]]) -> None:
-    """Release owned buckets with nothing left to fetch; take free ones with work, up to
+    """Forget lost leases; release owned buckets with nothing left to fetch; take free ones with work, up to
     `ownership.max_buckets_per_daemon`, so a fleet of daemons shares the buckets."""
+    daemon.owned.drop_lost()
     for bucket in [b for b in daemon.owned.leases if b not in work]:
         daemon.owned.release(bucket)
     limit = daemon.conf.ownership.max_buckets_per_daemon or len(work)

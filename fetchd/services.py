@@ -105,6 +105,14 @@ class OwnedBuckets:
         self.leases[bucket] = lease
         return True
 
+    def drop_lost(self) -> None:
+        """Forget the leases that are fenced (lost, or not renewed in time): only a new epoch owns such a bucket again.
+        Kept, a lost lease looked owned to the look for work, whose fetch of it ended at once, over and over, until
+        a renewal round dropped it."""
+        for bucket, lease in list(self.leases.items()):
+            if lease.fenced():
+                self.leases.pop(bucket)
+
     def release(self, bucket: int) -> None:
         lease = self.leases.pop(bucket, None)
         if lease is not None:

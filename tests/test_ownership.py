@@ -465,3 +465,21 @@ def test_threads_of_one_daemon_do_not_break_exclusivity(root):
     for thread in threads:
         thread.join(10)
     assert wins == [1]
+
+
+def test_a_daemon_forgets_a_lost_lease_and_keeps_a_live_one(root):
+    """`OwnedBuckets.drop_lost` (the first thing a look for work does): a lease past its fence deadline is no
+    longer owned (the look for work fetched it again and again, each fetch ending at once); a live one is."""
+    from fetchd.services import OwnedBuckets
+
+    conf, clock = _short_conf(), VirtualClock()
+    store = LeaseStore(conf, root, "a", clock)
+    owned = OwnedBuckets(store, bucketing=None, gates=None, clock=clock)
+    assert owned.acquire(BUCKET) and owned.acquire(BUCKET + 1)
+    lost, started = owned.leases[BUCKET], clock.wall()
+    _at_wall(clock, started + RENEW)
+    assert store.renew(owned.leases[BUCKET + 1])  # only this one: the other is not renewed in time
+    _at_wall(clock, started + TTL - MARGIN)
+    assert lost.fenced() and not owned.leases[BUCKET + 1].fenced()
+    owned.drop_lost()
+    assert list(owned.leases) == [BUCKET + 1]
