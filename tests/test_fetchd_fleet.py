@@ -180,7 +180,7 @@ def test_three_daemons_share_buckets_survive_a_freeze_and_a_kill_and_stay_polite
         assert ((first_by == "a" and first["start"] <= frozen_at) or (first_by == "b" and first["start"] <= killed_at)
                 or urls.bucket_of(f"http://{key[0]}", BUCKETS) in lost[first_by]), (key, made, lost)
         assert abs(published[key] - second["start"]) < abs(published[key] - first["start"]), (key, made)
-    print(f"\nrepeated page requests (results lost with the frozen or the killed daemon): {len(repeated)}")
+    print(f"\nrepeated page requests (results lost with the frozen, the killed or a fenced daemon): {len(repeated)}")
     hosts_of = {b: {h for h in farm.host_keys() if urls.bucket_of(h, BUCKETS) == b} for b in range(BUCKETS)}
 
     # The woken daemon was fenced: nothing from a to the buckets it lost after it woke, until it may have
