@@ -242,6 +242,8 @@ _RULES: dict[str, tuple[Any, str]] = {
     "maintain.vacuum_retention_hours": (_non_negative, "must be >= 0"),
     "maintain.target_file_mb": (_positive, "must be > 0"),
     "maintain.vacuum_listing_tasks": (_non_negative, "must be >= 0"),
+    "maintain.urls_files_per_bucket": (_positive, "must be > 0"),
+    "maintain.urls_min_file_mb": (_non_negative, "must be >= 0"),
     "validate.unexpected_examples": (lambda v: 1 <= v <= 100, "must be between 1 and 100"),
     "validate.future_slack_s": (_non_negative, "must be >= 0"),
     "demo.hosts": (lambda v: 1 <= v <= 10000, "must be between 1 and 10000"),

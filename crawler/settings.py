@@ -241,6 +241,8 @@ class MaintainSettings:
     vacuum_retention_hours: float
     target_file_mb: int
     vacuum_listing_tasks: int
+    urls_files_per_bucket: int
+    urls_min_file_mb: float
 
 @dataclass(frozen=True)
 class ValidateSettings:

@@ -5,14 +5,14 @@ file count. OPTIMIZE works per partition: `urls`/`hosts` stay bucketed and `fetc
 generate and update keep pruning by partition. Every table but `urls` gets plain bin-packing compaction, which only
 rewrites the small files, so a second run costs next to nothing.
 
-`urls` is clustered by its due time instead (OPTIMIZE ZORDER BY next_fetch_at, one column: each bucket's rows
-sorted by it and cut into about URLS_FILES_PER_BUCKET files), so each file covers a narrow slice of due times and
+`urls` is clustered by its due time instead (OPTIMIZE ZORDER BY next_fetch_at, one column: each bucket's rows sorted
+by it and cut into about maintain.urls_files_per_bucket files), so each file covers a narrow slice of due times and
 generate, whose filter `next_fetch_at <= now` Delta checks against every file's min/max statistics, reads only the
 files that can hold due URLs (docs/architecture.md, "Table layout and why"). The clustering does not decay where it
 matters: a cycle moves the rows it leases and completes out of their files (deletion vectors), into the few files
-that cycle writes, and a clustered file whose slice has not come due yet is still skipped. It costs a rewrite of
-the whole table each run, which is why maintain runs on a slower schedule than the cycle, and it is done one
-bucket at a time under the crawl's writer lock (cluster_by_bucket).
+that cycle writes, and a clustered file whose slice has not come due yet is still skipped. It costs a rewrite of the
+whole table each run, which is why maintain runs on a slower schedule than the cycle, and it is done one bucket at a
+time under the crawl's writer lock (cluster_by_bucket).
 
 Before compaction, `hosts.known_urls` is recounted from `urls` (one scan): update keeps it by increments
 and inject by recounting its seeds' hosts, so this recount only repairs drift (e.g. rows written by hand). Hosts
@@ -46,12 +46,9 @@ RETENTION_CHECK_CONF = "spark.databricks.delta.retentionDurationCheck.enabled"
 LISTING_PARALLELISM_CONF = "spark.sql.sources.parallelPartitionDiscovery.parallelism"
 VACUUM_LOGGING_CONF = "spark.databricks.delta.vacuum.logging.enabled"
 MAX_FILE_SIZE_CONF = "spark.databricks.delta.optimize.maxFileSize"
-# `urls` is clustered by due time (module docstring). Generate reads the files whose slice of due times has begun,
-# so a bucket cut into n files costs it about 1/n of the table beyond the due rows themselves; files of less than
-# a megabyte would make every other reader of `urls` (update's MERGE) pay per file instead.
+# `urls` is clustered by due time (module docstring), each bucket cut into maintain.urls_files_per_bucket files of at
+# least maintain.urls_min_file_mb.
 CLUSTERED_BY = {"urls": "next_fetch_at"}
-URLS_FILES_PER_BUCKET = 32
-CLUSTERED_MIN_FILE_BYTES = 1024 * 1024
 BUCKET_FOLDER = re.compile(r"/bucket=(\d+)/")  # a Delta partition folder of `bucket` in a data file's path
 
 
@@ -142,10 +139,11 @@ def _vacuum_removed(delta_table, after_version: int) -> int:
     return sum(int((row["operationMetrics"] or {}).get("numDeletedFiles", 0)) for row in rows)
 
 
-def clustered_file_bytes(table_bytes: int, partitions: int) -> int:
+def clustered_file_bytes(conf: Config, table_bytes: int, partitions: int) -> int:
     """The file size a clustering OPTIMIZE aims at: each partition's share of the table cut into
-    URLS_FILES_PER_BUCKET files, none under CLUSTERED_MIN_FILE_BYTES."""
-    return max(CLUSTERED_MIN_FILE_BYTES, table_bytes // (max(partitions, 1) * URLS_FILES_PER_BUCKET))
+    maintain.urls_files_per_bucket files, none under maintain.urls_min_file_mb (at least a byte)."""
+    floor = max(1, int(conf.maintain.urls_min_file_mb * 1024 * 1024))
+    return max(floor, table_bytes // (max(partitions, 1) * conf.maintain.urls_files_per_bucket))
 
 
 def stored_buckets(delta_table) -> list[int]:
@@ -162,7 +160,7 @@ def cluster_by_bucket(spark: SparkSession, conf: Config, root: str, delta_table,
     would fail whichever commits second; one bucket at a time, a cycle waits for seconds, not the whole table."""
     removed = written = 0
     buckets = stored_buckets(delta_table)
-    with session_settings(spark, {MAX_FILE_SIZE_CONF: str(clustered_file_bytes(table_bytes, len(buckets)))}):
+    with session_settings(spark, {MAX_FILE_SIZE_CONF: str(clustered_file_bytes(conf, table_bytes, len(buckets)))}):
         for bucket in buckets:
             with writer_lock(conf, root, "maintain"):
                 metrics = (delta_table.optimize().where(f"bucket = {bucket}").executeZOrderBy(column)

@@ -257,10 +257,11 @@ def run(spark: SparkSession, conf: Config, root: str, segment_id: str) -> ParseR
     layout.check_segment_id(segment_id)
     root = layout.normalize_root(root)
     tables.ensure_tables(spark, root)
-    fetched = read_segment_files(spark, layout.fetched_dir(root, segment_id), FETCHED)
+    fetched_dir = layout.fetched_dir(root, segment_id)
+    fetched = read_segment_files(spark, fetched_dir, FETCHED)
     if fetched is None:
         return ParseResult(records=0, pages=0, links=0, errors=0, pages_inserted=0)
-    rows = segment_rows(conf, layout.fetched_dir(root, segment_id))
+    rows = segment_rows(conf, fetched_dir)
     with step(f"parse {segment_id}"), session_settings(spark, _PARSE_SETTINGS), sized_to_input(spark, conf, rows):
         parsed = _parse(fetched, root, segment_id, conf).persist()
         try:

@@ -151,19 +151,28 @@ def test_bad_retention_is_a_config_error_naming_the_key(base_conf, value):
     assert info.value.key == "maintain.vacuum_retention_hours"
 
 
-def test_bad_target_file_size_is_a_config_error(base_conf):
+@pytest.mark.parametrize(("key", "value"), [("maintain.target_file_mb", 0), ("maintain.urls_files_per_bucket", 0),
+                                          ("maintain.urls_min_file_mb", -1), ("maintain.urls_files_per_bucket", "x")])
+def test_bad_file_sizes_are_a_config_error_naming_the_key(base_conf, key, value):
     with pytest.raises(ConfigError) as info:
-        base_conf.with_overrides({"maintain.target_file_mb": 0})
-    assert info.value.key == "maintain.target_file_mb"
+        base_conf.with_overrides({key: value})
+    assert info.value.key == key
 
 
-def test_urls_clustered_by_due_time_so_generate_skips_the_files_not_due_yet(spark, base_conf, tables_root,
-                                                                            monkeypatch):
+def test_clustered_files_are_a_bucket_cut_into_the_configured_count_above_the_floor(base_conf):
+    mb = 1024 * 1024
+    assert maintain.clustered_file_bytes(base_conf, 4 * 32 * 10 * mb, 4) == 10 * mb  # 32 files a bucket of 4
+    assert maintain.clustered_file_bytes(base_conf, 4 * 32 * mb // 2, 4) == mb  # never under the 1 MB floor
+    finer = base_conf.with_overrides({"maintain.urls_files_per_bucket": 8, "maintain.urls_min_file_mb": 0})
+    assert maintain.clustered_file_bytes(finer, 80, 1) == 10 and maintain.clustered_file_bytes(finer, 0, 0) == 1
+
+
+def test_urls_clustered_by_due_time_so_generate_skips_the_files_not_due_yet(spark, base_conf, tables_root):
     """maintain cuts each bucket of `urls` into files of disjoint slices of next_fetch_at (contents unchanged);
     then a generate opens only the files whose slice has begun (the others are deleted from storage here, so
     reading one would fail it)."""
-    monkeypatch.setattr(maintain, "URLS_FILES_PER_BUCKET", 4)  # a handful of rows: small files, several a bucket
-    monkeypatch.setattr(maintain, "CLUSTERED_MIN_FILE_BYTES", 1)
+    # A handful of rows: small files, several a bucket.
+    conf = base_conf.with_overrides({"maintain.urls_files_per_bucket": 4, "maintain.urls_min_file_mb": 0})
     now, buckets = WHEN, base_conf.crawl.buckets
     rows = []
     for host in ("http://a.test", "http://b.test"):  # one append: each bucket's one file spans every due time
@@ -172,7 +181,7 @@ def test_urls_clustered_by_due_time_so_generate_skips_the_files_not_due_yet(spar
     append_rows(spark, tables_root, "urls", rows, now)
     before = table_rows(spark, tables_root, "urls")
 
-    figures = maintain.run(spark, base_conf, tables_root, tables=["urls"], vacuum=False).tables[0]
+    figures = maintain.run(spark, conf, tables_root, tables=["urls"], vacuum=False).tables[0]
 
     assert table_rows(spark, tables_root, "urls") == before
     slices = (table_df(spark, tables_root, "urls").groupBy("bucket", "_metadata.file_path")
