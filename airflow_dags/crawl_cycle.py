@@ -16,48 +16,32 @@ from __future__ import annotations
 
 import logging
 import os
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from typing import Any
 
 from airflow.providers.standard.operators.bash import BashOperator
 from airflow.sdk import DAG, BaseSensorOperator, Param, PokeReturnValue, task
 from airflow.sdk.exceptions import AirflowFailException, AirflowSensorTimeout
+from cyclecrawl_dags import CONFIG_ARGS, CRAWL_ENV, DEFAULT_ARGS, EXIT_TRY_LATER, SUBMIT, crawl_params
 
 log = logging.getLogger(__name__)
 
 SCHEDULE = os.environ.get("CYCLECRAWL_SCHEDULE", "@hourly")
-RETRIES = int(os.environ.get("CYCLECRAWL_RETRIES", "3"))
 POKE_INTERVAL_S = float(os.environ.get("CYCLECRAWL_POKE_INTERVAL_S", "60"))
 MAINTAIN_HOUR_UTC = int(os.environ.get("CYCLECRAWL_MAINTAIN_HOUR", "3"))
 FETCH_MODES = ("daemons", "task")
 EXIT_TIMEOUT = 124  # what coreutils `timeout` exits with when the deadline killed the command
-EXIT_TRY_LATER = 75  # crawler.errors.EXIT_TRY_LATER (this file imports no crawl module when it is parsed)
 NO_SEEDS = 99  # the inject task's own exit when the run has no seeds file: BashOperator's default skip code
 
-# Every step: retried with exponential backoff (1, 2, 4 ... min, at most 30 min apart); each Spark step is
-# idempotent (Delta MERGE, segment-keyed overwrites), so a retry after a lost executor or a flaky cluster
-# submission redoes only that step.
-DEFAULT_ARGS = {
-    "owner": "cyclecrawl",
-    "retries": RETRIES,
-    "retry_delay": timedelta(minutes=1),
-    "retry_exponential_backoff": 2.0,
-    "max_retry_delay": timedelta(minutes=30),
-}
-
-# Values every command line needs, handed to bash as environment variables (no shell quoting of paths).
+# Values the cycle's command lines need beyond the crawl's (cyclecrawl_dags.CRAWL_ENV).
 STEP_ENV = {
-    "CRAWL_ROOT": "{{ params.root or '' }}",
-    "CRAWL_CONFIG": "{{ params.config or '' }}",
-    "SPARK_MASTER": "{{ params.spark_master or '' }}",
+    **CRAWL_ENV,
     "SEGMENT": "{{ segment_id(dag_run) }}",
     "SEEDS": "{{ params.seeds or '' }}",
     "SEGMENT_MAX_URLS": "{{ params.segment_max_urls if params.segment_max_urls is not none else '' }}",
     "FETCH_DEADLINE_S": "{{ (params.fetch_deadline_minutes * 60) | int }}",
     "VALIDATION_OUT": "{{ params.validation_out or '' }}",
 }
-CONFIG_ARGS = '${CRAWL_ROOT:+--root "$CRAWL_ROOT"} ${CRAWL_CONFIG:+--config "$CRAWL_CONFIG"}'
-SUBMIT = 'crawl-submit ${SPARK_MASTER:+--master "$SPARK_MASTER"} --'
 
 
 def segment_id(dag_run: Any) -> str:
@@ -145,14 +129,9 @@ with DAG(
     user_defined_macros={"segment_id": segment_id},
     tags=["cyclecrawl"],
     params={
-        "config": Param(os.environ.get("CYCLECRAWL_CONFIG", ""), type="string",
-                        description="YAML config file (absolute path) for every crawl command; empty = defaults"),
-        "root": Param(os.environ.get("CYCLECRAWL_ROOT", ""), type="string",
-                      description="storage root (local folder or s3://...); empty = storage.root of the config"),
+        **crawl_params("YAML config file (absolute path) for every crawl command; empty = defaults"),
         "segment_max_urls": Param(None, type=["null", "integer"], minimum=1,
                                   description="generate.segment_max_urls for this run; empty = the config's"),
-        "spark_master": Param(os.environ.get("CYCLECRAWL_SPARK_MASTER", ""), type="string",
-                              description="Spark master URL for crawl-submit; empty = spark.master of the config"),
         "seeds": Param("", type="string", description="seeds file to inject first (absolute path); empty = none"),
         "fetch_mode": Param(os.environ.get("CYCLECRAWL_FETCH_MODE", "daemons"), enum=list(FETCH_MODES),
                             description="daemons: wait for the long-running fetch daemons; "

@@ -27,21 +27,17 @@ from datetime import UTC, datetime, timedelta
 
 from airflow.providers.standard.operators.bash import BashOperator
 from airflow.sdk import DAG, Param
+from cyclecrawl_dags import CONFIG_ARGS, CRAWL_ENV, DEFAULT_ARGS, EXIT_TRY_LATER, SUBMIT, crawl_params
 
 SCHEDULE = os.environ.get("CYCLECRAWL_RUN_SCHEDULE", "@hourly")
 RUN_MINUTES = float(os.environ.get("CYCLECRAWL_RUN_MINUTES", "55"))
 STOP_MARGIN_MINUTES = 4  # the step in progress and the daemon child's stop, after --for
-EXIT_TRY_LATER = 75  # crawler.errors.EXIT_TRY_LATER (this file imports no crawl module when it is parsed)
 
 STEP_ENV = {
-    "CRAWL_ROOT": "{{ params.root or '' }}",
-    "CRAWL_CONFIG": "{{ params.config or '' }}",
-    "SPARK_MASTER": "{{ params.spark_master or '' }}",
+    **CRAWL_ENV,
     "RUN_SECONDS": "{{ (params.run_minutes * 60) | int }}",
     "NO_DAEMON": "{{ '' if params.daemons else '--no-daemon' }}",
 }
-CONFIG_ARGS = '${CRAWL_ROOT:+--root "$CRAWL_ROOT"} ${CRAWL_CONFIG:+--config "$CRAWL_CONFIG"}'
-SUBMIT = 'crawl-submit ${SPARK_MASTER:+--master "$SPARK_MASTER"} --'
 
 with DAG(
     dag_id="crawl_continuous",
@@ -50,16 +46,10 @@ with DAG(
     start_date=datetime(2025, 1, 1, tzinfo=UTC),
     catchup=False,
     max_active_runs=1,  # one driver per root
-    default_args={"owner": "cyclecrawl", "retries": int(os.environ.get("CYCLECRAWL_RETRIES", "3")),
-                  "retry_delay": timedelta(minutes=1)},
+    default_args=DEFAULT_ARGS,
     tags=["cyclecrawl"],
     params={
-        "config": Param(os.environ.get("CYCLECRAWL_CONFIG", ""), type="string",
-                        description="YAML config file (absolute path); empty = defaults"),
-        "root": Param(os.environ.get("CYCLECRAWL_ROOT", ""), type="string",
-                      description="storage root (local folder or s3://...); empty = storage.root of the config"),
-        "spark_master": Param(os.environ.get("CYCLECRAWL_SPARK_MASTER", ""), type="string",
-                              description="Spark master URL for crawl-submit; empty = spark.master of the config"),
+        **crawl_params(),
         "run_minutes": Param(RUN_MINUTES, type="number", exclusiveMinimum=0, maximum=RUN_MINUTES,
                              description="the driver stops itself (as on SIGTERM) after this long (at most "
                                          "CYCLECRAWL_RUN_MINUTES, which the task's execution_timeout follows)"),

@@ -81,11 +81,13 @@ def airflow_env(tmp_path_factory) -> dict[str, str]:
     return airflow.airflow_env(tmp_path_factory.mktemp("airflow_home"))
 
 
+# The DAG folder loaded as Airflow 3's DAG processor and task runner load a bundle: the folder on sys.path, so the
+# DAG files import what they share (airflow_dags/cyclecrawl_dags.py).
 LOAD_DAG = """
-    import json, sys
-    from airflow.dag_processing.dagbag import DagBag
+    import json, pathlib, sys
+    from airflow.dag_processing.dagbag import BundleDagBag
 
-    bag = DagBag(dag_folder=sys.argv[1])
+    bag = BundleDagBag(dag_folder=sys.argv[1], bundle_path=pathlib.Path(sys.argv[1]))
     dag = bag.dags.get("crawl_cycle")
     """
 
@@ -125,10 +127,10 @@ def test_the_continuous_dag_runs_crawl_run_for_less_than_its_timeout_one_run_at_
     """`crawl_continuous` (airflow_dags/crawl_run.py): one task, `crawl run --for` the run's minutes (with or without
     its own daemon), stopped by its execution_timeout only past them, exit 75 a skip, one run at a time."""
     found = run_airflow_script(airflow_env, tmp_path, """
-    import json, sys
-    from airflow.dag_processing.dagbag import DagBag
+    import json, pathlib, sys
+    from airflow.dag_processing.dagbag import BundleDagBag
 
-    bag = DagBag(dag_folder=sys.argv[1])
+    bag = BundleDagBag(dag_folder=sys.argv[1], bundle_path=pathlib.Path(sys.argv[1]))
     dag = bag.dags["crawl_continuous"]
     (task,) = dag.tasks
     print(json.dumps({"errors": {str(k): str(v) for k, v in bag.import_errors.items()}, "task": task.task_id,
@@ -191,12 +193,12 @@ def test_sensor_returns_nothing_for_a_finished_segment_and_does_not_close_it(air
 
 
 DECISIONS = """
-    import json, sys
+    import json, pathlib, sys
     from datetime import datetime, timezone
     from types import SimpleNamespace
-    from airflow.dag_processing.dagbag import DagBag
+    from airflow.dag_processing.dagbag import BundleDagBag
 
-    dag = DagBag(dag_folder=sys.argv[1]).dags["crawl_cycle"]
+    dag = BundleDagBag(dag_folder=sys.argv[1], bundle_path=pathlib.Path(sys.argv[1])).dags["crawl_cycle"]
     choose_fetch = dag.task_dict["fetch"].python_callable
     maintenance_due = dag.task_dict["maintenance_due"].python_callable
 
@@ -230,13 +232,14 @@ def test_dag_decisions_fetch_mode_nothing_due_and_maintenance_hour(airflow_env, 
 
 
 FRONTIER = """
-    import json, sys
+    import json, pathlib, sys
     from datetime import datetime, timezone
     from types import SimpleNamespace
-    from airflow.dag_processing.dagbag import DagBag
+    from airflow.dag_processing.dagbag import BundleDagBag
     from airflow.exceptions import AirflowFailException
 
-    frontier = DagBag(dag_folder=sys.argv[1]).dags["crawl_cycle"].task_dict["frontier"].python_callable
+    dag = BundleDagBag(dag_folder=sys.argv[1], bundle_path=pathlib.Path(sys.argv[1])).dags["crawl_cycle"]
+    frontier = dag.task_dict["frontier"].python_callable
     found = {}
     for hour, limit in ((4, 0), (4, 3), (4, 1), (5, 0)):
         params = {"root": sys.argv[2], "config": "", "alert_oldest_due_hours": limit}
@@ -274,13 +277,14 @@ def test_frontier_task_reads_the_segments_figures_without_spark_and_alerts_past_
 
 
 SERVICE_LEVELS = """
-    import json, sys
+    import json, pathlib, sys
     from datetime import datetime, timezone
     from types import SimpleNamespace
-    from airflow.dag_processing.dagbag import DagBag
+    from airflow.dag_processing.dagbag import BundleDagBag
     from airflow.exceptions import AirflowFailException
 
-    task = DagBag(dag_folder=sys.argv[1]).dags["crawl_cycle"].task_dict["service_levels"]
+    dag = BundleDagBag(dag_folder=sys.argv[1], bundle_path=pathlib.Path(sys.argv[1])).dags["crawl_cycle"]
+    task = dag.task_dict["service_levels"]
     found = {"downstream": sorted(task.downstream_task_ids), "upstream": sorted(task.upstream_task_ids)}
     for hour in (4, 5, 6):
         params = {"root": sys.argv[2], "config": ""}
@@ -325,11 +329,11 @@ def test_service_levels_task_alerts_when_a_segment_missed_a_level(airflow_env, t
 
 
 STEP_EXITS = """
-    import json, os, sys
-    from airflow.dag_processing.dagbag import DagBag
+    import json, os, pathlib, sys
+    from airflow.dag_processing.dagbag import BundleDagBag
     from airflow.exceptions import AirflowException, AirflowSkipException
 
-    tasks = DagBag(dag_folder=sys.argv[1]).dags["crawl_cycle"].task_dict
+    tasks = BundleDagBag(dag_folder=sys.argv[1], bundle_path=pathlib.Path(sys.argv[1])).dags["crawl_cycle"].task_dict
     found = {}
     for task_id in sys.argv[2:]:
         for status in ("75", "1", "0"):

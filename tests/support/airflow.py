@@ -62,12 +62,12 @@ def run_airflow_script(env: dict[str, str], folder: Path, script: str, *args: st
 
 
 RUN_CYCLE = """
-    import json, sys
-    from airflow.dag_processing.dagbag import DagBag
+    import json, pathlib, sys
+    from airflow.dag_processing.dagbag import BundleDagBag
     sys.path.insert(0, sys.argv[1])
     from crawl_cycle import segment_id
 
-    dag = DagBag(dag_folder=sys.argv[1]).dags["crawl_cycle"]
+    dag = BundleDagBag(dag_folder=sys.argv[1], bundle_path=pathlib.Path(sys.argv[1])).dags["crawl_cycle"]
     run = dag.test(run_conf=json.loads(sys.argv[2]))
     print(json.dumps({"state": str(run.state), "segment": segment_id(run),
                       "tasks": {ti.task_id: str(ti.state) for ti in run.get_task_instances()}}))
