@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -62,6 +63,7 @@ def child_env(s3: S3Server) -> dict[str, str]:
     env.update(short_lived_jvm_env())
     env.update(s3.client_env())
     env["NO_PROXY"] = env["no_proxy"] = "127.0.0.1,localhost"
+    env["PYTHONUNBUFFERED"] = "1"  # a child killed by a signal still leaves what its commands printed
     return env
 
 
@@ -72,8 +74,29 @@ def run_crawl_commands(commands: list[list[str]], config_file: Path, env: dict[s
     script.write_text(CRAWL_COMMANDS)
     done = subprocess.run(at_background_priority([sys.executable, script, argvs]), cwd=REPO, env=env,
                           capture_output=True, text=True, timeout=1500)
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-6000:]
+    log = config_file.with_name("crawl_commands.stderr")
+    log.write_text(done.stderr)
+    python_side = without_jvm_log(done.stderr)[-6000:]
+    assert done.returncode == 0, (f"exit {done.returncode} (negative: killed by that signal); stdout:\n"
+                                  f"{done.stdout[-3000:]}\nstderr less the JVM log ({log} has all):\n{python_side}")
     return done.stdout
+
+
+JVM_LOG_LINE = re.compile(r"\d\d/\d\d/\d\d \d\d:\d\d:\d\d [A-Z]+ ")
+JVM_TRACE_LINE = re.compile(r"\t|Caused by: |[\w.$]+(Exception|Error)\b")
+
+
+def without_jvm_log(stderr: str) -> str:
+    """stderr without the JVM's log lines and their stack traces: what Python printed (a command's error line, a
+    traceback), which the JVM's shutdown noise after a failed command would otherwise push out of the message."""
+    kept, in_jvm_entry = [], False
+    for line in stderr.splitlines():
+        if JVM_LOG_LINE.match(line):
+            in_jvm_entry = True
+        elif not (in_jvm_entry and JVM_TRACE_LINE.match(line)):
+            in_jvm_entry = False
+            kept.append(line)
+    return "\n".join(kept)
 
 
 def run_s3_cycle(base_conf: Config, s3: S3Server, base: Path) -> S3Cycle:
