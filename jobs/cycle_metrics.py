@@ -17,8 +17,8 @@ A row is an idempotent Delta append (writer options txnAppId = cycle_metrics:<se
 re-run of a step writes nothing, keeps the first run's figures and changes no table, and a first run costs one
 commit, no MERGE. Every figure is a small aggregate; generate's due figures are one more pass over the due URLs
 generate read (and cached) for its selection, aggregated per host so the hot domains come from the same pass;
-generate's lease level one aggregate over the eligible due high-priority URLs (select_due ranks them again from the
-cached due URLs: the fetch list is cut from the same ranking); update's read one segment's index events, links and
+generate's lease level one aggregate over the eligible due high-priority URLs, read from the ranking select_due
+cached (the fetch list is cut from the same ranking), and what the segment took from its counts per bucket; update's read one segment's index events, links and
 fetches, and the `links` log commits since parse.
 """
 
@@ -36,7 +36,14 @@ from pyspark.sql import functions as F
 from crawler import layout
 from crawler.config import Config
 from crawler.politeness import PolitenessRules
-from crawler.service_levels import LeaseOutcome, lag_s_sql, lease_outcome_sql, percentile_sql, share_within
+from crawler.service_levels import (
+    LeaseOutcome,
+    is_high_priority_sql,
+    lag_s_sql,
+    lease_outcome_sql,
+    percentile_sql,
+    share_within,
+)
 from crawler.status import IndexEventKind, MetricsStep
 from delta_tables import tables
 from jobs.base import SMALL_INPUT, pinned_table, session_settings
@@ -51,24 +58,25 @@ def hosts_by_state(spark: SparkSession, conf: Config, root: str, now: datetime) 
 
 
 def generate_figures(spark: SparkSession, conf: Config, root: str, segment_id: str, now: datetime, due: DataFrame,
-                     selected: DataFrame, eligible_high: DataFrame, unmerged: int) -> dict[str, Any]:
+                     selected: DataFrame, per_bucket: list, eligible_high: DataFrame,
+                     unmerged: int) -> dict[str, Any]:
     """Generate's row: the `due` backlog (generate.due_urls, at the pinned `urls` version), what `selected` (the
-    fetch list) took, the `unmerged` other segments generate found open, and the lease level over `eligible_high`
-    (lease_level)."""
-    high = float(conf.generate.high_priority)
+    fetch list, counted per bucket in `per_bucket`: url_count, high_priority_count) took, the `unmerged` other
+    segments generate found open, and the lease level over `eligible_high` (lease_level)."""
     # One pass over the due URLs: per host, then the totals and the hot domains from those (few) rows.
     per_host = due.groupBy("host_key").agg(
         F.count("*").alias("due_urls"),
         F.min("next_fetch_at").alias("oldest"),
-        F.count(F.when(F.col("priority") >= high, 1)).alias("due_high_priority"),
+        F.count(F.when(F.expr(is_high_priority_sql("priority", conf.generate.high_priority)), 1))
+        .alias("due_high_priority"),
     ).localCheckpoint()
     backlog = per_host.agg(
         F.coalesce(F.sum("due_urls"), F.lit(0)).alias("due_urls"),
         F.min("oldest").alias("oldest"),
         F.coalesce(F.sum("due_high_priority"), F.lit(0)).alias("due_high_priority"),
     ).first()
-    taken = selected.agg(F.count("*").alias("leased"),
-                         F.count(F.when(F.col("priority") >= high, 1)).alias("high")).first()
+    leased = sum(row["url_count"] for row in per_bucket)
+    leased_high = sum(row["high_priority_count"] for row in per_bucket)
     oldest = backlog["oldest"]
     return {
         "segment_id": segment_id,
@@ -77,8 +85,8 @@ def generate_figures(spark: SparkSession, conf: Config, root: str, segment_id: s
         "due_urls": backlog["due_urls"],
         "oldest_due_age_s": None if oldest is None else max(0.0, (now - _aware(oldest, now)).total_seconds()),
         "due_high_priority": backlog["due_high_priority"],
-        "high_priority_not_leased": max(0, backlog["due_high_priority"] - taken["high"]),
-        "leased_urls": taken["leased"],
+        "high_priority_not_leased": max(0, backlog["due_high_priority"] - leased_high),
+        "leased_urls": leased,
         "unmerged_segments": unmerged,
         "hot_domains": hot_domains(spark, root, per_host, selected, int(conf.generate.hot_domains)),
         **lease_level(conf, now, selected, eligible_high),

@@ -130,8 +130,9 @@ def due_urls(spark: SparkSession, root: str, segment_id: str, now: datetime) -> 
 
 
 def select_due(spark: SparkSession, conf: Config, root: str, segment_id: str, now: datetime,
-               refresh_share: float, due: DataFrame) -> tuple[DataFrame, DataFrame]:
-    """From the `due` URLs (due_urls): the due high-priority URLs that were eligible
+               refresh_share: float, due: DataFrame) -> tuple[DataFrame, DataFrame, DataFrame]:
+    """From the `due` URLs (due_urls): the due URLs generate may take, ranked per host and cached (the caller
+    unpersists it), from which both others are read; the due high-priority URLs that were eligible
     (crawler.service_levels.is_eligible: a host without a row is ok), taken or not, with when each fell due (url_id,
     due_at): what cycle_metrics measures the lease level on; and the fetch-list rows of this segment (FETCHLIST
     columns + bucket int + old_state_version + the host's registered domain), set-based."""
@@ -173,7 +174,8 @@ def select_due(spark: SparkSession, conf: Config, root: str, segment_id: str, no
                                               conf.generate.age_boost_per_day)))
         .withColumn("rank", F.row_number().over(
             Window.partitionBy("host_key").orderBy(F.expr(host_order_sql("score", "url_id")))))
-    )
+    ).persist()  # read twice: the fetch list's rows and the lease level's eligible ones (joined and ranked once)
+    candidates = ranked
     eligible_high = ranked.where(
         F.expr(is_eligible_sql("coalesce(h_state, 'ok')", "rank - 1", "host_cap"))
         & F.expr(is_high_priority_sql("priority", conf.generate.high_priority))
@@ -196,7 +198,7 @@ def select_due(spark: SparkSession, conf: Config, root: str, segment_id: str, no
     budget = conf.generate.segment_max_urls
     chosen = (within_budget(ranked, budget, refresh_share) if conf.generate.budget_split
               else ranked.orderBy(segment_order()).limit(budget))
-    return eligible_high, chosen.select(
+    return candidates, eligible_high, chosen.select(
         F.lit(segment_id).alias("segment_id"),
         "url_id",
         "url",
@@ -361,24 +363,38 @@ def _generate(spark: SparkSession, conf: Config, root: str, segment_id: str, now
 def _select_and_lease(spark: SparkSession, conf: Config, root: str, segment_id: str, now: datetime, lock: HeldLock,
                       due: DataFrame, own_states: set[str], open_ids: list[str],
                       result: GenerateResult) -> GenerateResult:
-    storage = Storage.from_conf(conf)
     with step(f"generate {segment_id}: select"):
         # At most segment_max_urls rows, read three times (counts, fetch list, lease): select once.
         share = RefreshShare.from_config(conf)
         if conf.generate.budget_split:
             result.refresh_share = share.current(*cycle_metrics.update_signals(spark, root)) if share.adaptive \
                 else share.share
-        eligible_high, selected = select_due(spark, conf, root, segment_id, now, result.refresh_share, due)
+        ranked, eligible_high, selected = select_due(spark, conf, root, segment_id, now, result.refresh_share, due)
         selected = selected.persist()
         per_bucket = (
             selected.groupBy("bucket")
             .agg(F.count("*").alias("url_count"), F.countDistinct("host_key").alias("host_count"),
-                 F.count("last_fetch_at").alias("refresh_count"))
+                 F.count("last_fetch_at").alias("refresh_count"),
+                 F.count(F.when(F.expr(is_high_priority_sql("priority", conf.generate.high_priority)), 1))
+                 .alias("high_priority_count"))
             .orderBy("bucket")
             .collect()
         )
-    if not per_bucket:
+    try:
+        return _write_and_lease(spark, conf, root, segment_id, now, lock, due, eligible_high, selected, per_bucket,
+                                own_states, open_ids, result)
+    finally:
         selected.unpersist()
+        ranked.unpersist()
+
+
+def _write_and_lease(spark: SparkSession, conf: Config, root: str, segment_id: str, now: datetime, lock: HeldLock,
+                     due: DataFrame, eligible_high: DataFrame, selected: DataFrame, per_bucket: list,
+                     own_states: set[str], open_ids: list[str], result: GenerateResult) -> GenerateResult:
+    """Publish the selection (`selected`, counted in `per_bucket`) as the segment's fetch list, its frontier figures
+    and its leases, then its `segments` rows."""
+    storage = Storage.from_conf(conf)
+    if not per_bucket:
         log.info("generate %s: nothing due at %s; no segment written", segment_id, now.isoformat())
         return result
     # A re-run finds its first run's fetch list published (the same rows: the selection of a segment is
@@ -391,8 +407,8 @@ def _select_and_lease(spark: SparkSession, conf: Config, root: str, segment_id: 
                     {"segment_id": segment_id, "generate": holder(lock.record)}).encode("utf-8"))
                 write_fetchlist(selected, layout.fetchlist_dir(root, segment_id))
         with step(f"generate {segment_id}: frontier figures"):
-            figures = cycle_metrics.generate_figures(spark, conf, root, segment_id, now, due, selected, eligible_high,
-                                                     len(open_ids))
+            figures = cycle_metrics.generate_figures(spark, conf, root, segment_id, now, due, selected, per_bucket,
+                                                     eligible_high, len(open_ids))
         with step(f"generate {segment_id}: lease"):
             lock.check(f"leasing segment {segment_id}")
             leased = lease(spark, root, selected, segment_id, now, conf.generate.lease_seconds)
@@ -400,8 +416,6 @@ def _select_and_lease(spark: SparkSession, conf: Config, root: str, segment_id: 
         if not published:  # nothing leased (the lease is one commit): nothing of the segment may stay
             storage.delete_folder(layout.segment_dir(root, segment_id))
         raise
-    finally:
-        selected.unpersist()
     storage.delete_file(layout.generating_marker(root, segment_id))  # published: its leases are committed
     if not own_states:  # a re-run finds the rows its first run wrote (all buckets in one commit)
         record_segment(spark, root, segment_id, per_bucket, now)
