@@ -18,8 +18,8 @@ re-run of a step writes nothing, keeps the first run's figures and changes no ta
 commit, no MERGE. Every figure is a small aggregate; generate's due figures are one more pass over the due URLs
 generate read (and cached) for its selection, aggregated per host so the hot domains come from the same pass;
 generate's lease level one aggregate over the eligible due high-priority URLs, read from the ranking select_due
-cached (the fetch list is cut from the same ranking), and what the segment took from its counts per bucket; update's read one segment's index events, links and
-fetches, and the `links` log commits since parse.
+cached (the fetch list is cut from the same ranking), and what the segment took from its counts per bucket;
+update's read one segment's index events, links and fetches, and the `links` log commits since parse.
 """
 
 from __future__ import annotations
