@@ -472,8 +472,8 @@ def assert_loopback_only(spark, root: str, static_hosts: dict[str, str]) -> tupl
 
 def bench_config(args: argparse.Namespace, root: str, static_hosts: dict[str, str]) -> config_mod.Config:
     """The engine's configuration for the run: loopback only, the farm's and the synthetic hosts in scope,
-    segments planned for one cycle, pages revisited after `--revisit-s` at the soonest (the fresh hosts change
-    every minute; unchanged pages back off by revisit.unchanged_factor)."""
+    segments planned for one cycle, pages and sitemaps revisited after `--revisit-s` at the soonest (the fresh
+    hosts change every minute; unchanged pages back off by revisit.unchanged_factor)."""
     conf = config_mod.load(None, args.settings)
     interval = args.interval_s or conf.cycle.interval_s
     return conf.with_overrides({
@@ -485,6 +485,7 @@ def bench_config(args: argparse.Namespace, root: str, static_hosts: dict[str, st
         "politeness.min_delay_s": args.min_delay_s,
         "revisit.default_interval_s": args.revisit_s,
         "revisit.min_interval_s": args.revisit_s,
+        "revisit.sitemap_min_interval_s": args.revisit_s,
         "cycle.interval_s": interval,
         "generate.segment_seconds": max(1, round(interval)),
         "spark.master": args.master,
@@ -658,7 +659,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--farm-pages", type=int, default=40, help="pages per ordinary farm site")
     parser.add_argument("--fresh-hosts", type=int, default=4, help="farm hosts that list a new article every minute")
     parser.add_argument("--min-delay-s", type=float, default=1.0, help="politeness.min_delay_s")
-    parser.add_argument("--revisit-s", type=int, default=60, help="revisit.default_interval_s and min_interval_s")
+    parser.add_argument("--revisit-s", type=int, default=60,
+                        help="revisit.default_interval_s, min_interval_s and sitemap_min_interval_s")
     parser.add_argument("--interval-s", type=float, default=0.0, help="cycle.interval_s (0: the configured one)")
     parser.add_argument("--root", default="/tmp/cyclecrawl-bench-freshness", help="scratch root, wiped first")
     parser.add_argument("--keep", action="store_true", help="keep the root after the run")

@@ -222,6 +222,8 @@ _RULES: dict[str, tuple[Any, str]] = {
     "revisit.failed_interval_s": (_positive, "must be > 0"),
     "revisit.gone_interval_s": (_positive, "must be > 0"),
     "revisit.robots_denied_interval_s": (_positive, "must be > 0"),
+    "revisit.sitemap_min_interval_s": (_positive, "must be > 0"),
+    "revisit.sitemap_max_interval_s": (_positive, "must be > 0"),
     "parse.max_outlinks": (_positive, "must be > 0"),
     "parse.max_html_bytes": (_positive, "must be > 0"),
     "parse.simhash_shingle": (_positive, "must be > 0"),
@@ -360,6 +362,8 @@ def _check(defaults: Mapping[str, Any], data: Mapping[str, Any], prefix: str = "
             raise ConfigError(f"fetch.static_hosts.{host}", f"must be an IP address, got {ip!r}") from None
     if prefix == "" and data["revisit"]["min_interval_s"] > data["revisit"]["max_interval_s"]:
         raise ConfigError("revisit.min_interval_s", "must not exceed revisit.max_interval_s")
+    if prefix == "" and data["revisit"]["sitemap_min_interval_s"] > data["revisit"]["sitemap_max_interval_s"]:
+        raise ConfigError("revisit.sitemap_min_interval_s", "must not exceed revisit.sitemap_max_interval_s")
     if prefix == "" and data["generate"]["refresh_share_min"] > data["generate"]["refresh_share_max"]:
         raise ConfigError("generate.refresh_share_min", "must not exceed generate.refresh_share_max")
     if prefix == "":

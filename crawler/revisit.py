@@ -6,6 +6,9 @@ update job calls it for every completed URL, so the rule is written once. Pure: 
 * success: first content -> default interval; changed -> interval * changed_factor; unchanged ->
   interval * unchanged_factor; clamped to [min_interval_s, max_interval_s].
 * 304: status not_modified, interval * unchanged_factor (clamped).
+* A sitemap (the row has a sitemap origin) adapts the same way between its own clamps,
+  [sitemap_min_interval_s, sitemap_max_interval_s], and starts at the lower one: a sitemap is where a site lists
+  what it published, so one that keeps changing is re-read within minutes, not after the days a page waits.
 * 3xx: status redirect, default interval (the target is a URL of its own).
 * 404/410: tombstone `gone`, revisited after gone_interval_s. Other 4xx (but 429): `excluded`, failed_interval_s.
 * 5xx, 429, network error: transient. The n-th failure in a row retries after retry_base_s * 2^(n-1) with
@@ -33,6 +36,7 @@ class PreviousState:
     fetch_interval_s: int
     failure_count: int
     content_hash: str | None       # hash of the last content seen (None: never had content)
+    is_sitemap: bool = False       # the row has a sitemap origin: a sitemap file, read for its entries
 
 
 @dataclass(frozen=True)
@@ -55,13 +59,17 @@ class RevisitPolicy:
     failed_interval_s: int
     gone_interval_s: int
     robots_denied_interval_s: int
+    sitemap_min_interval_s: int
+    sitemap_max_interval_s: int
 
     @classmethod
     def from_config(cls, conf: Settings) -> RevisitPolicy:
         return cls(**{name: getattr(conf.revisit, name) for name in cls.__dataclass_fields__})
 
-    def clamp(self, seconds: float) -> int:
-        return int(min(max(seconds, self.min_interval_s), self.max_interval_s))
+    def clamp(self, seconds: float, sitemap: bool = False) -> int:
+        lower, upper = ((self.sitemap_min_interval_s, self.sitemap_max_interval_s) if sitemap
+                        else (self.min_interval_s, self.max_interval_s))
+        return int(min(max(seconds, lower), upper))
 
     def decide(
         self,
@@ -79,18 +87,19 @@ class RevisitPolicy:
         def after(status: str, stored_interval: int, wait_s: float, failures: int = 0) -> Decision:
             return Decision(status, int(stored_interval), fetched_at + timedelta(seconds=wait_s), failures)
 
+        sitemap = previous.is_sitemap
         if outcome == FetchOutcome.SUCCESS:
             if previous.content_hash is None:
-                new_interval = self.default_interval_s
+                new_interval = self.sitemap_min_interval_s if sitemap else self.default_interval_s
             elif new_content_hash is None:
-                new_interval = self.clamp(interval)
+                new_interval = self.clamp(interval, sitemap)
             elif new_content_hash != previous.content_hash:
-                new_interval = self.clamp(interval * self.changed_factor)
+                new_interval = self.clamp(interval * self.changed_factor, sitemap)
             else:
-                new_interval = self.clamp(interval * self.unchanged_factor)
+                new_interval = self.clamp(interval * self.unchanged_factor, sitemap)
             return after(UrlStatus.FETCHED.value, new_interval, new_interval)
         if outcome == FetchOutcome.NOT_MODIFIED:
-            new_interval = self.clamp(interval * self.unchanged_factor)
+            new_interval = self.clamp(interval * self.unchanged_factor, sitemap)
             return after(UrlStatus.NOT_MODIFIED.value, new_interval, new_interval)
         if outcome == FetchOutcome.REDIRECT:
             return after(UrlStatus.REDIRECT.value, self.default_interval_s, self.default_interval_s)

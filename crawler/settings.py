@@ -186,6 +186,8 @@ class RevisitSettings:
     failed_interval_s: int
     gone_interval_s: int
     robots_denied_interval_s: int
+    sitemap_min_interval_s: int
+    sitemap_max_interval_s: int
 
 @dataclass(frozen=True)
 class ParseSettings:

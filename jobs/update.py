@@ -98,13 +98,14 @@ def completion_udfs(policy: RevisitPolicy):
     @F.pandas_udf("status string, fetch_interval_s bigint, wait_us bigint, failure_count int")
     def decide(outcome: pd.Series, status_code: pd.Series, prev_status: pd.Series, prev_interval: pd.Series,
                prev_failures: pd.Series, prev_hash: pd.Series, new_hash: pd.Series,
-               robots_wait_us: pd.Series) -> pd.DataFrame:
+               robots_wait_us: pd.Series, is_sitemap: pd.Series) -> pd.DataFrame:
         decisions = [
             # Times relative to the fetch: fetched_at is EPOCH, the robots expiry is EPOCH + its distance from it.
-            policy.decide(o, code, PreviousState(status, interval, failures, old), EPOCH, new, from_micros(wait))
-            for o, code, status, interval, failures, old, new, wait in zip(
+            policy.decide(o, code, PreviousState(status, interval, failures, old, bool(sitemap)), EPOCH, new,
+                          from_micros(wait))
+            for o, code, status, interval, failures, old, new, wait, sitemap in zip(
                 _texts(outcome), _ints(status_code), _texts(prev_status), _ints(prev_interval), _ints(prev_failures),
-                _texts(prev_hash), _texts(new_hash), _ints(robots_wait_us), strict=True)
+                _texts(prev_hash), _texts(new_hash), _ints(robots_wait_us), is_sitemap, strict=True)
         ]
         return pd.DataFrame({
             "status": [d.status for d in decisions],
@@ -259,7 +260,7 @@ def completion_rows(live: DataFrame, decide) -> DataFrame:
     changed = has_new & ~F.col("prev_hash").eqNullSafe(F.col("new_hash"))
     robots_wait_us = F.unix_micros("robots_expires_at") - F.unix_micros("fetched_at")
     d = decide("outcome", "status_code", "prev_status", "prev_interval", "prev_failures", "prev_hash", "new_hash",
-               robots_wait_us)
+               robots_wait_us, F.col("sitemap_origin").isNotNull())
     return live.withColumn("d", d).select(
         "url_id", "url", F.col("state_version").alias("c_version"), F.col("u_bucket").alias("bucket"),
         F.col("d.status").alias("n_status"),

@@ -56,6 +56,8 @@ def test_defaults_file_is_valid_and_every_key_documented():
         ('generate.domain_daily_budgets={"x.com": -1}', "generate.domain_daily_budgets"),
         ('generate.domain_daily_budgets={"x[y].com": 1}', "generate.domain_daily_budgets"),
         ("revisit.min_interval_s=99999999", "revisit.min_interval_s"),
+        ("revisit.sitemap_min_interval_s=999999", "revisit.sitemap_min_interval_s"),
+        ("revisit.sitemap_max_interval_s=0", "revisit.sitemap_max_interval_s"),
         ("fetch.warc_compressor=lz4", "fetch.warc_compressor"),
         ("fetch.warc_gzip_level=6", "fetch.warc_gzip_level"),  # above isal's scale (0-3), the default compressor
         ("fetch.warc_gzip_level=-1", "fetch.warc_gzip_level"),

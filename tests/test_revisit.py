@@ -29,6 +29,24 @@ def test_from_config_reads_every_revisit_key(policy):
     assert policy.max_failures == 4
 
 
+def test_a_sitemap_is_reread_within_minutes_while_it_changes_and_backs_off_to_a_day_when_it_does_not(policy):
+    assert (policy.sitemap_min_interval_s, policy.sitemap_max_interval_s) == (900, DAY)
+    first = policy.decide("success", 200, PreviousState("unfetched", 604800, 0, None, is_sitemap=True), T0, "h1")
+    assert (first.status, first.fetch_interval_s, first.next_fetch_at) == ("fetched", 900, T0 + timedelta(minutes=15))
+    state, intervals = PreviousState("fetched", first.fetch_interval_s, 0, "h1", is_sitemap=True), []
+    for outcome, code, new_hash in [("success", 200, "h1"), ("not_modified", 304, None)] * 4:
+        d = policy.decide(outcome, code, state, T0, new_hash)
+        intervals.append(d.fetch_interval_s)
+        state = PreviousState(d.status, d.fetch_interval_s, 0, "h1", is_sitemap=True)
+    assert intervals == [1350, 2025, 3037, 4555, 6832, 10248, 15372, 23058]  # unchanged: x1.5 each time (whole s)
+    assert policy.decide("not_modified", 304, PreviousState("fetched", 20 * DAY, 0, "h1", True), T0).fetch_interval_s \
+        == DAY  # its upper clamp, not a page's 30 days (a row fetched before the sitemap was known as one: 1 day)
+    changed = policy.decide("success", 200, PreviousState("fetched", 1000, 0, "h1", True), T0, "h2")
+    assert changed.fetch_interval_s == 900  # halved, held at its lower clamp, far under a page's 1-day floor
+    page = policy.decide("success", 200, PreviousState("fetched", 1000, 0, "h1"), T0, "h2")
+    assert page.fetch_interval_s == DAY  # the same row as a page: a page's clamps
+
+
 def test_first_fetch_gets_default_interval(policy):
     d = policy.decide("success", 200, prev("unfetched", 604800, 0, None), T0, "h1")
     assert (d.status, d.fetch_interval_s, d.failure_count) == ("fetched", 604800, 0)

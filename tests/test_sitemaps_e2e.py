@@ -6,7 +6,7 @@ folded into `urls` by update with their first schedule. Judged from the farm's o
 from __future__ import annotations
 
 import contextlib
-from datetime import UTC
+from datetime import UTC, timedelta
 
 import pytest
 from pyspark.sql import functions as F
@@ -63,6 +63,10 @@ def test_sitemap_files_stored_with_their_origin(spark, crawled):
             assert row.sitemap_origin == f"robots 0 {host_key(url)}"
         elif via == "index":
             assert row.sitemap_origin == f"index 1 {host_key(url)}"
+    # Fetched once, each has a sitemap's first interval (crawler/revisit.py), not a page's.
+    fetched = [rows[url] for url in crawled["sitemap_urls"] if rows[url].status == "fetched"]
+    assert fetched and {r.fetch_interval_s for r in fetched} == {crawled["conf"].revisit.sitemap_min_interval_s}
+    assert all(r.next_fetch_at == r.last_fetch_at + timedelta(seconds=r.fetch_interval_s) for r in fetched)
     # A 404 probe is a sitemap that is gone, revisited rarely like any 404.
     missing = [r for u, r in rows.items() if u.endswith("/sitemap.xml") and u not in crawled["sitemap_urls"]]
     assert missing and all(r.status == "gone" and r.sitemap_origin == "probe 0" for r in missing)

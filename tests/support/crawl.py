@@ -132,6 +132,9 @@ def crawl_config(base_conf: Config, root: str, farm: SiteFarm) -> Config:
         "traps.max_known_urls_per_host": KNOWN_URL_CAP,
         "traps.max_new_urls_per_template_per_cycle": TEMPLATE_CAP,
         "generate.per_host_max_urls": PER_HOST_MAX_URLS,
+        # A sitemap is due again this long after its fetch (crawler/revisit.py): a day, so that none is fetched twice
+        # within the crawl however long a loaded machine makes its four cycles (the default, 15 minutes, could).
+        "revisit.sitemap_min_interval_s": 86400,
     })
 
 
