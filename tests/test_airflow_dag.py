@@ -81,13 +81,10 @@ def airflow_env(tmp_path_factory) -> dict[str, str]:
     return airflow.airflow_env(tmp_path_factory.mktemp("airflow_home"))
 
 
-# The DAG folder loaded as Airflow 3's DAG processor and task runner load a bundle: the folder on sys.path, so the
-# DAG files import what they share (airflow_dags/cyclecrawl_dags.py).
 LOAD_DAG = """
-    import json, pathlib, sys
-    from airflow.dag_processing.dagbag import BundleDagBag
+    import json, sys
 
-    bag = BundleDagBag(dag_folder=sys.argv[1], bundle_path=pathlib.Path(sys.argv[1]))
+    bag = dag_bag(sys.argv[1])
     dag = bag.dags.get("crawl_cycle")
     """
 
@@ -127,10 +124,9 @@ def test_the_continuous_dag_runs_crawl_run_for_less_than_its_timeout_one_run_at_
     """`crawl_continuous` (airflow_dags/crawl_run.py): one task, `crawl run --for` the run's minutes (with or without
     its own daemon), stopped by its execution_timeout only past them, exit 75 a skip, one run at a time."""
     found = run_airflow_script(airflow_env, tmp_path, """
-    import json, pathlib, sys
-    from airflow.dag_processing.dagbag import BundleDagBag
+    import json, sys
 
-    bag = BundleDagBag(dag_folder=sys.argv[1], bundle_path=pathlib.Path(sys.argv[1]))
+    bag = dag_bag(sys.argv[1])
     dag = bag.dags["crawl_continuous"]
     (task,) = dag.tasks
     print(json.dumps({"errors": {str(k): str(v) for k, v in bag.import_errors.items()}, "task": task.task_id,
@@ -193,12 +189,11 @@ def test_sensor_returns_nothing_for_a_finished_segment_and_does_not_close_it(air
 
 
 DECISIONS = """
-    import json, pathlib, sys
+    import json, sys
     from datetime import datetime, timezone
     from types import SimpleNamespace
-    from airflow.dag_processing.dagbag import BundleDagBag
 
-    dag = BundleDagBag(dag_folder=sys.argv[1], bundle_path=pathlib.Path(sys.argv[1])).dags["crawl_cycle"]
+    dag = dag_bag(sys.argv[1]).dags["crawl_cycle"]
     choose_fetch = dag.task_dict["fetch"].python_callable
     maintenance_due = dag.task_dict["maintenance_due"].python_callable
 
@@ -232,13 +227,12 @@ def test_dag_decisions_fetch_mode_nothing_due_and_maintenance_hour(airflow_env, 
 
 
 FRONTIER = """
-    import json, pathlib, sys
+    import json, sys
     from datetime import datetime, timezone
     from types import SimpleNamespace
-    from airflow.dag_processing.dagbag import BundleDagBag
     from airflow.exceptions import AirflowFailException
 
-    dag = BundleDagBag(dag_folder=sys.argv[1], bundle_path=pathlib.Path(sys.argv[1])).dags["crawl_cycle"]
+    dag = dag_bag(sys.argv[1]).dags["crawl_cycle"]
     frontier = dag.task_dict["frontier"].python_callable
     found = {}
     for hour, limit in ((4, 0), (4, 3), (4, 1), (5, 0)):
@@ -277,13 +271,12 @@ def test_frontier_task_reads_the_segments_figures_without_spark_and_alerts_past_
 
 
 SERVICE_LEVELS = """
-    import json, pathlib, sys
+    import json, sys
     from datetime import datetime, timezone
     from types import SimpleNamespace
-    from airflow.dag_processing.dagbag import BundleDagBag
     from airflow.exceptions import AirflowFailException
 
-    dag = BundleDagBag(dag_folder=sys.argv[1], bundle_path=pathlib.Path(sys.argv[1])).dags["crawl_cycle"]
+    dag = dag_bag(sys.argv[1]).dags["crawl_cycle"]
     task = dag.task_dict["service_levels"]
     found = {"downstream": sorted(task.downstream_task_ids), "upstream": sorted(task.upstream_task_ids)}
     for hour in (4, 5, 6):
@@ -329,11 +322,10 @@ def test_service_levels_task_alerts_when_a_segment_missed_a_level(airflow_env, t
 
 
 STEP_EXITS = """
-    import json, os, pathlib, sys
-    from airflow.dag_processing.dagbag import BundleDagBag
+    import json, os, sys
     from airflow.exceptions import AirflowException, AirflowSkipException
 
-    tasks = BundleDagBag(dag_folder=sys.argv[1], bundle_path=pathlib.Path(sys.argv[1])).dags["crawl_cycle"].task_dict
+    tasks = dag_bag(sys.argv[1]).dags["crawl_cycle"].task_dict
     found = {}
     for task_id in sys.argv[2:]:
         for status in ("75", "1", "0"):

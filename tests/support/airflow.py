@@ -48,12 +48,23 @@ def airflow_env(home: Path) -> dict[str, str]:
     }
 
 
+# What every script starts with: `dag_bag(folder)` loads the DAG folder as Airflow 3's DAG processor and task runner
+# load a bundle, the folder on sys.path, so the DAG files import what they share (airflow_dags/cyclecrawl_dags.py).
+SCRIPT_PRELUDE = """
+    import pathlib
+    from airflow.dag_processing.dagbag import BundleDagBag
+
+    def dag_bag(folder):
+        return BundleDagBag(dag_folder=folder, bundle_path=pathlib.Path(folder))
+    """
+
+
 def run_airflow_script(env: dict[str, str], folder: Path, script: str, *args: str, timeout: float = 120,
                        background: bool = False) -> dict:
     """Run `script` (which prints one JSON line last) with a real Airflow in a subprocess (niced when it is
-    `background` work: tests/support/config.py::BACKGROUND_NICE)."""
+    `background` work: tests/support/config.py::BACKGROUND_NICE), after SCRIPT_PRELUDE."""
     path = folder / "airflow_script.py"
-    path.write_text(textwrap.dedent(script))
+    path.write_text(textwrap.dedent(SCRIPT_PRELUDE) + textwrap.dedent(script))
     command = [sys.executable, str(path), *args]
     result = subprocess.run(at_background_priority(command) if background else command, env=env, cwd=folder,
                             capture_output=True, text=True, timeout=timeout)
@@ -62,12 +73,11 @@ def run_airflow_script(env: dict[str, str], folder: Path, script: str, *args: st
 
 
 RUN_CYCLE = """
-    import json, pathlib, sys
-    from airflow.dag_processing.dagbag import BundleDagBag
+    import json, sys
     sys.path.insert(0, sys.argv[1])
     from crawl_cycle import segment_id
 
-    dag = BundleDagBag(dag_folder=sys.argv[1], bundle_path=pathlib.Path(sys.argv[1])).dags["crawl_cycle"]
+    dag = dag_bag(sys.argv[1]).dags["crawl_cycle"]
     run = dag.test(run_conf=json.loads(sys.argv[2]))
     print(json.dumps({"state": str(run.state), "segment": segment_id(run),
                       "tasks": {ti.task_id: str(ti.state) for ti in run.get_task_instances()}}))
