@@ -30,7 +30,7 @@ from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import unquote
 
-from pyspark.sql import DataFrame, Row, SparkSession
+from pyspark.sql import Column, DataFrame, Row, SparkSession
 from pyspark.sql import functions as F
 
 from crawler import layout
@@ -57,6 +57,12 @@ def hosts_by_state(spark: SparkSession, conf: Config, root: str, now: datetime) 
     return {row["state"]: int(row["count"]) for row in rows}
 
 
+def high_priority_count(conf: Config) -> Column:
+    """The aggregate of the rows whose priority is high (crawler.service_levels): what the due backlog and the
+    segment's counts per bucket (generate) both count."""
+    return F.count(F.when(F.expr(is_high_priority_sql("priority", conf.generate.high_priority)), 1))
+
+
 def generate_figures(spark: SparkSession, conf: Config, root: str, segment_id: str, now: datetime, due: DataFrame,
                      selected: DataFrame, per_bucket: list, eligible_high: DataFrame,
                      unmerged: int) -> dict[str, Any]:
@@ -67,8 +73,7 @@ def generate_figures(spark: SparkSession, conf: Config, root: str, segment_id: s
     per_host = due.groupBy("host_key").agg(
         F.count("*").alias("due_urls"),
         F.min("next_fetch_at").alias("oldest"),
-        F.count(F.when(F.expr(is_high_priority_sql("priority", conf.generate.high_priority)), 1))
-        .alias("due_high_priority"),
+        high_priority_count(conf).alias("due_high_priority"),
     ).localCheckpoint()
     backlog = per_host.agg(
         F.coalesce(F.sum("due_urls"), F.lit(0)).alias("due_urls"),

@@ -175,30 +175,29 @@ def select_due(spark: SparkSession, conf: Config, root: str, segment_id: str, no
         .withColumn("rank", F.row_number().over(
             Window.partitionBy("host_key").orderBy(F.expr(host_order_sql("score", "url_id")))))
     ).persist()  # read twice: the fetch list's rows and the lease level's eligible ones (joined and ranked once)
-    candidates = ranked
     eligible_high = ranked.where(
         F.expr(is_eligible_sql("coalesce(h_state, 'ok')", "rank - 1", "host_cap"))
         & F.expr(is_high_priority_sql("priority", conf.generate.high_priority))
     ).select("url_id", F.expr(due_since_sql("next_fetch_at", "discovered_at")).alias("due_at"))
-    ranked = ranked.where(F.col("rank") <= F.col("host_cap"))
+    capped = ranked.where(F.col("rank") <= F.col("host_cap"))
     per_segment, per_day = DomainBudgets.per_segment(conf), DomainBudgets.per_day(conf)
     if per_segment.active or per_day.active:  # round-robin over a domain's hosts: every host's first URL first
         spent = "cast(0 as bigint)"
         if per_day.active:
-            ranked = ranked.join(spent_today(pinned_table(spark, root, "urls"), hosts, segment_id, now), "h_domain",
+            capped = capped.join(spent_today(pinned_table(spark, root, "urls"), hosts, segment_id, now), "h_domain",
                                  "left")
             spent = "coalesce(spent_today, 0L)"
-        ranked = (
-            ranked.withColumn("domain_cap", F.expr(domain_cap_sql(per_segment.cap_sql("h_domain"),
+        capped = (
+            capped.withColumn("domain_cap", F.expr(domain_cap_sql(per_segment.cap_sql("h_domain"),
                                                                   per_day.cap_sql("h_domain"), spent)))
             .withColumn("domain_rank", F.row_number().over(
                 Window.partitionBy("h_domain").orderBy(segment_order())))
             .where(F.col("domain_cap").isNull() | (F.col("domain_rank") <= F.col("domain_cap")))
         )
     budget = conf.generate.segment_max_urls
-    chosen = (within_budget(ranked, budget, refresh_share) if conf.generate.budget_split
-              else ranked.orderBy(segment_order()).limit(budget))
-    return candidates, eligible_high, chosen.select(
+    chosen = (within_budget(capped, budget, refresh_share) if conf.generate.budget_split
+              else capped.orderBy(segment_order()).limit(budget))
+    return ranked, eligible_high, chosen.select(
         F.lit(segment_id).alias("segment_id"),
         "url_id",
         "url",
@@ -375,8 +374,7 @@ def _select_and_lease(spark: SparkSession, conf: Config, root: str, segment_id: 
             selected.groupBy("bucket")
             .agg(F.count("*").alias("url_count"), F.countDistinct("host_key").alias("host_count"),
                  F.count("last_fetch_at").alias("refresh_count"),
-                 F.count(F.when(F.expr(is_high_priority_sql("priority", conf.generate.high_priority)), 1))
-                 .alias("high_priority_count"))
+                 cycle_metrics.high_priority_count(conf).alias("high_priority_count"))
             .orderBy("bucket")
             .collect()
         )
