@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import os
 import queue
+import re
 import signal
 import subprocess
 import sys
@@ -54,6 +55,13 @@ KILLS = (("parse", "started", 1.0, "group"), ("update", "started", 2.0, "driver"
 # is still to come whatever the timing (a parse may not be: the last segment can be parsed before that kill).
 SIGTERM_AT = ("update", "started", 1.0)
 CHILDREN_GONE_S = 30  # after kill -9 of the driver alone: the daemon's stop on its parent's death, the JVM's exit
+
+
+# A generate that found nothing due, line by line (its start, lock, selection, verdict and end), and what a JVM
+# prints as it starts (Ivy's resolution, log4j's notes).
+_IDLE_ROUND = re.compile(r"^run: generate - started$|for `crawl generate`$|: select: (started|done)|nothing due at "
+                         r"|^run: generate - [\d.]+s: 0 URLs ")
+_JVM_START = re.compile(r"^(\t|:: |Ivy |The jars |io\.delta#|Using Spark|Setting default|To adjust|\S+ \S+ WARN )")
 
 
 def run_config(root: Path, farm: SiteFarm | None, metrics_port: int = 0) -> Path:
@@ -123,13 +131,14 @@ class Driver:
                 break
             if line is None:
                 raise AssertionError(f"crawl run ended (exit {self.process.wait()}) before {step} {event}:\n"
-                                     + self.tail())
+                                     + self.story())
             self.seen.append(line)
             words = line.split()
             if words[:2] == ["run:", step] and (words[-1] == "started") == (event == "started"):
                 return line
         os.killpg(self.process.pid, signal.SIGKILL)
-        raise AssertionError(f"no {step} {event} within {RUN_TIMEOUT_S}s:\n" + self.tail())
+        self._drain()
+        raise AssertionError(f"no {step} {event} within {RUN_TIMEOUT_S}s:\n" + self.story())
 
     def finish(self) -> int:
         try:
@@ -137,7 +146,7 @@ class Driver:
         except subprocess.TimeoutExpired:
             os.killpg(self.process.pid, signal.SIGKILL)
             self._drain()
-            raise AssertionError(f"crawl run still running after {RUN_TIMEOUT_S}s:\n{self.tail()}") from None
+            raise AssertionError(f"crawl run still running after {RUN_TIMEOUT_S}s:\n{self.story()}") from None
         self._drain()
         return code
 
@@ -155,6 +164,16 @@ class Driver:
 
     def tail(self, n: int = 60) -> str:
         return "\n".join(self.seen[-n:])
+
+    def story(self, head: int = 40, tail: int = 100) -> str:
+        """What a failure message needs of this start's output: its first and last lines without the rounds of
+        generates that found nothing due (a stalled start repeats them for minutes and they pushed out what the
+        daemon and the steps said) and without the JVM's start-up lines."""
+        kept = [line for line in self.seen if not _IDLE_ROUND.search(line) and not _JVM_START.match(line)]
+        idle = sum(1 for line in self.seen if "nothing due at" in line)
+        lines = kept if len(kept) <= head + tail else [
+            *kept[:head], f"[... {len(kept) - head - tail} lines left out ...]", *kept[-tail:]]
+        return "\n".join([f"[{idle} generates that found nothing due left out]", *lines])
 
     def group_gone(self, timeout_s: float) -> bool:
         deadline = time.monotonic() + timeout_s
@@ -250,7 +269,8 @@ def interrupted_crawl(base: Path) -> Crawl:
         for step, event, after_s, whom in KILLS:
             driver = Driver.start(config, *seeds)
             seeds = []  # injected by the first start (inject is idempotent, but once is what a supervisor does)
-            driver.wait_for(step, event)
+            with _root_told(crawl.root):
+                driver.wait_for(step, event)
             time.sleep(after_s)
             if whom == "group":
                 os.killpg(driver.process.pid, signal.SIGKILL)
@@ -278,6 +298,30 @@ def interrupted_crawl(base: Path) -> Crawl:
         crawl.outputs.append(driver.tail(400))
         assert code == 0, driver.tail()
         return crawl
+
+
+@contextmanager
+def _root_told(root: Path) -> Iterator[None]:
+    """A start that did not reach its step: its failure message also lists what the root's folders hold (each
+    segment's markers and done buckets, each bucket's latest lease), which says whether a segment was waiting for
+    its fetch, and for which bucket and owner."""
+    try:
+        yield
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}\n--- the root's segments and leases ---\n{_root_listing(root)}") from None
+
+
+def _root_listing(root: Path) -> str:
+    lines = []
+    for segment in sorted((root / "segments").glob("seg-*")):
+        markers = sorted(p.name for p in segment.glob("_*.json"))
+        listed = sorted(p.name for p in (segment / "fetchlist").glob("bucket=*"))
+        done = sorted(p.parent.name for p in segment.glob("*/bucket=*/_DONE.json"))
+        lines.append(f"{segment.name}: markers {markers}, fetch lists {listed}, done {done}")
+    for bucket in sorted((root / "leases").glob("bucket=*")):
+        epochs = sorted(bucket.glob("epoch-*.json"))
+        lines.append(f"{bucket.name}: {epochs[-1].name} {epochs[-1].read_text()}" if epochs else f"{bucket.name}: -")
+    return "\n".join(lines) or "(nothing)"
 
 
 def run_both(base: Path) -> tuple[Crawl, Crawl]:
