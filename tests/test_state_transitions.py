@@ -1,5 +1,6 @@
 """The revisit policy and the index event kinds as one state-transition matrix, Nutch style: every previous URL
-status x fetch outcome x status code class, each cell checked against the table below, written by hand.
+status x fetch outcome x status code class, as a page and as a sitemap file, each cell checked against the tables
+below, written by hand.
 
 A URL's previous row is the typical row of its status (PREVIOUS); a result is a fetch outcome with a status code of
 one class, and for a 2xx what the page's content hash says (RESULTS). The (outcome, code class) pairs that are in no
@@ -218,18 +219,83 @@ excluded       deferred       excluded       30d       0      0         -
 """
 
 
+# A sitemap file's cells where they differ from a page's: what it read adapts between the sitemap clamps (15
+# minutes, a day), and its first content starts at the lower one; status, failures and every other cell are the
+# page's, and a sitemap file has no index event.
+SITEMAP_TRANSITIONS = """
+previous       result         interval  wait
+unfetched      200-same       15m       15m
+fetched        200-same       1d        1d
+not_modified   200-same       1d        1d
+redirect       200-same       15m       15m
+gone           200-same       1d        1d
+retry          200-same       1d        1d
+failed         200-same       1d        1d
+robots_denied  200-same       15m       15m
+excluded       200-same       15m       15m
+
+unfetched      200-new        15m       15m
+fetched        200-new        1d        1d
+not_modified   200-new        1d        1d
+redirect       200-new        15m       15m
+gone           200-new        1d        1d
+retry          200-new        1d        1d
+failed         200-new        1d        1d
+robots_denied  200-new        15m       15m
+excluded       200-new        15m       15m
+
+unfetched      200-duplicate  15m       15m
+fetched        200-duplicate  1d        1d
+not_modified   200-duplicate  1d        1d
+redirect       200-duplicate  15m       15m
+gone           200-duplicate  1d        1d
+retry          200-duplicate  1d        1d
+failed         200-duplicate  1d        1d
+robots_denied  200-duplicate  15m       15m
+excluded       200-duplicate  15m       15m
+
+unfetched      200-no-page    15m       15m
+fetched        200-no-page    1d        1d
+not_modified   200-no-page    1d        1d
+redirect       200-no-page    15m       15m
+gone           200-no-page    1d        1d
+retry          200-no-page    1d        1d
+failed         200-no-page    1d        1d
+robots_denied  200-no-page    15m       15m
+excluded       200-no-page    15m       15m
+
+unfetched      304            1d        1d
+fetched        304            1d        1d
+not_modified   304            1d        1d
+redirect       304            1d        1d
+gone           304            1d        1d
+retry          304            1d        1d
+failed         304            1d        1d
+robots_denied  304            1d        1d
+excluded       304            1d        1d
+"""
+
+
 def _duration(text: str) -> int:
-    return 0 if text == "0" else round(float(text[:-1]) * {"d": DAY, "h": HOUR}[text[-1]])
+    return 0 if text == "0" else round(float(text[:-1]) * {"d": DAY, "h": HOUR, "m": 60}[text[-1]])
 
 
 ROWS = [line.split() for line in TRANSITIONS.strip().splitlines()[1:] if line.strip()]
 EXPECTED = {(previous, result): (status, _duration(interval), _duration(wait), int(failures),
                                  None if event == "-" else event)
             for previous, result, status, interval, wait, failures, event in ROWS}
+SITEMAP_ROWS = [line.split() for line in SITEMAP_TRANSITIONS.strip().splitlines()[1:] if line.strip()]
+SITEMAP_EXPECTED = {**{cell: (status, interval, wait, failures, None)
+                       for cell, (status, interval, wait, failures, _) in EXPECTED.items()},
+                    **{(previous, result): (EXPECTED[(previous, result)][0], _duration(interval), _duration(wait),
+                                            EXPECTED[(previous, result)][3], None)
+                       for previous, result, interval, wait in SITEMAP_ROWS}}
 
 
 def test_the_table_has_one_cell_for_every_previous_status_and_result():
     assert len(EXPECTED) == len(ROWS), "a cell is in the table twice"
+    sitemap_cells = [(previous, result) for previous, result, _, _ in SITEMAP_ROWS]
+    assert len(set(sitemap_cells)) == len(sitemap_cells) and set(sitemap_cells) <= set(EXPECTED)
     assert set(EXPECTED) == {(s.value, r) for s in UrlStatus for r in RESULTS}
     assert set(PREVIOUS) == set(UrlStatus)
 
@@ -242,21 +308,23 @@ def test_the_results_are_every_outcome_and_status_code_class_the_daemon_writes()
 
 def test_every_transition():
     """Every previous status x outcome x status code class, as a page and as a sitemap file: the decision and the
-    event of the table (a sitemap file gets the same decision and never an event). Every wrong cell is listed."""
+    event of its table (a sitemap file's differs where SITEMAP_TRANSITIONS says, and it has no event). Every wrong
+    cell is listed."""
     wrong, checked = [], 0
     for status, outcome, code, sitemap in itertools.product(UrlStatus, FetchOutcome, STATUS_CODE_CLASSES,
                                                             (False, True)):
         interval, failures, content_hash = PREVIOUS[status]
         for name, (_, _, new_hash, duplicate_of) in _results_of(outcome, code).items():
             decision = POLICY.decide(outcome.value, code, PreviousState(status.value, interval, failures,
-                                                                        content_hash),
+                                                                        content_hash, is_sitemap=sitemap),
                                      FETCHED_AT, new_hash, ROBOTS_EXPIRES_AT)
             event = index_event_kind(outcome.value, code, content_hash, new_hash, duplicate_of,
                                      "robots http://a.test" if sitemap else None)
             got = (decision.status, int((decision.next_fetch_at - FETCHED_AT).total_seconds()),
                    decision.fetch_interval_s, decision.failure_count, event)
-            new_status, new_interval, wait, new_failures, new_event = EXPECTED[(status.value, name)]
-            expected = (new_status, wait, new_interval, new_failures, None if sitemap else new_event)
+            new_status, new_interval, wait, new_failures, new_event = (SITEMAP_EXPECTED if sitemap
+                                                                        else EXPECTED)[(status.value, name)]
+            expected = (new_status, wait, new_interval, new_failures, new_event)
             checked += 1
             if got != expected:
                 wrong.append(f"{status.value} + {name}{' (sitemap)' if sitemap else ''}: {got} != {expected}")
