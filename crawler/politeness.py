@@ -353,14 +353,15 @@ class HostGate:
         for shared in self.shared():
             shared.started(now)
 
-    def abandoned(self, now: float) -> None:
-        """Every request still counted in flight was cancelled (its bucket run stopped) and will never call
-        `finished`: release them all, holding the host for one delay from now, since the server may have seen
-        them. Only for a host none of whose requests is still running."""
-        if self.in_flight:
+    def abandoned(self, now: float, requests: int | None = None) -> None:
+        """Requests counted in flight were cancelled and will never call `finished`: release `requests` of them, or
+        all (a bucket run that stopped, none of whose requests is still running), holding the host for one delay
+        from now, since the server may have seen them."""
+        count = self.in_flight if requests is None else min(requests, self.in_flight)
+        if count:
             for shared in self.shared():
-                shared.released(self.in_flight, now)
-            self.in_flight = 0
+                shared.released(count, now)
+            self.in_flight -= count
             self.next_allowed_at = max(self.next_allowed_at, now + self.delay_s())
 
     def finished(self, now: float, status_code: int | None, retry_after_s: float | None, rng: random.Random,

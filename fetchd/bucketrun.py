@@ -257,7 +257,8 @@ class BucketRun:
         """Give back what cancelled requests held: a request cancelled in flight skips its gate's `finished`, and
         one cancelled before its task ran also skips its slot's release. Gates and slots outlive this run (the
         bucket's next run in this process uses them), so without this the host would stay closed and the daemon
-        one slot short. No request of this run is left, and a host belongs to one bucket, so its gate has none."""
+        one slot short. No request of this run is left, and a host belongs to one bucket, so its gate has none. A
+        robots.txt request on another bucket's host (a redirect) gives its own place back (`Exchange.gated_get`)."""
         now = self.clock.monotonic()
         for host in self.sched.hosts.values():
             host.gate.abandoned(now)

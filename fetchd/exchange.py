@@ -99,9 +99,15 @@ class Exchange:
         gate = self.gate_for(urls.host_key(url))
         if not await self._take_gate(gate, stoppable=False):  # a paused host's robots.txt: unreachable this time
             return FetchResponse(url=url, started_at=self.clock.wall(), error="host paused")
-        async with self.slots:
-            self.unless_fenced()
-            response = await self.transport.get(url, None, max_bytes)
+        try:
+            async with self.slots:
+                self.unless_fenced()
+                response = await self.transport.get(url, None, max_bytes)
+        except BaseException:
+            # Cancelled, or fenced before it was sent: it never ends on the gate. The gate may be another bucket's
+            # host (a robots.txt redirect), which the stopping bucket run does not release: give its place back here.
+            gate.abandoned(self.clock.monotonic(), requests=1)
+            raise
         self.request_finished(gate, response, host_size_class)
         return response
 

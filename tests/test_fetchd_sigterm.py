@@ -6,6 +6,7 @@ virtual clock; the real processes are only held to a generous bound on the test 
 
 from __future__ import annotations
 
+import asyncio
 import signal
 import subprocess
 import sys
@@ -17,7 +18,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from crawler import config, layout
+from crawler import config, layout, urls
+from fetchd.daemon import Daemon
+from fetchd.hostprep import thread_memory
 from fetchd.ownership import LeaseStore
 from fetchd.progress import pending_work
 from sitefarm.judge import politeness_violations
@@ -181,3 +184,51 @@ def test_a_stopped_daemon_starts_nothing_more_and_ends_within_the_grace_on_the_v
         assert not any(map(answered, in_flight))  # cut at the end of the grace
     published = {r["url"] for r in _left_cleanly(root, SEGMENT, pages)}
     assert published == {r.host + r.path for r in transport.log if r.path != "/robots.txt" and answered(r)}
+
+
+def test_a_robots_request_on_another_buckets_host_cut_by_a_stop_leaves_that_hosts_gate_open(base_conf, root):
+    """a.test's robots.txt redirects to b.test's (another bucket, free, so the daemon follows it); the daemon is
+    stopped while that request is in flight and its grace runs out. Gates outlive bucket runs (the thread's host
+    memory), so b.test's gate must not count the cancelled request: b.test's own bucket, run next in this process,
+    fetches its page instead of waiting for a gate that never opens while it renews its lease."""
+    a, b = "http://a.test", "http://b.test"
+    buckets = next(n for n in range(4, 64) if urls.bucket_of(a, n) != urls.bucket_of(b, n))
+    conf = base_conf.with_overrides({"crawl.buckets": buckets, "ownership.shutdown_grace_s": 1.0,
+                                     "politeness.min_delay_s": 0.1,
+                                     "fetch.static_hosts": {"a.test": "127.0.0.1", "b.test": "127.0.0.1"}})
+
+    def script(host: str, path: str, _earlier: int) -> virtual.Answer:
+        if (host, path) == (a, "/robots.txt"):
+            return virtual.Answer(301, 0.01, location=f"{b}/robots.txt")
+        if (host, path) == (b, "/robots.txt"):
+            return virtual.Answer(404, 30.0)  # still in flight when the stop's grace ends
+        return virtual.Answer(200, 0.01)
+
+    clock = virtual.VirtualClock()
+    transport = virtual.ScriptedTransport(script, clock)
+    [bucket_a] = write_fetchlist(root, "seg-1", [{"url": f"{a}/page"}], buckets)
+    [bucket_b] = write_fetchlist(root, "seg-2", [{"url": f"{b}/page"}], buckets)
+
+    async def fetch(segment_id: str, bucket: int, stop_at: float) -> list:
+        stop = threading.Event()
+        daemon = Daemon(conf, root, stop, clock=clock, transport=transport)
+        await daemon.open()
+        try:
+            assert daemon.owned.acquire(bucket)
+            run = asyncio.ensure_future(daemon.fetch_buckets(segment_id, [bucket]))
+            await virtual.wait_until(lambda: run.done() or clock.now >= stop_at, 0.1)
+            stop.set()  # as SIGTERM: requests in flight get the grace, then are cancelled
+            return await run
+        finally:
+            await daemon.close()
+
+    async def main() -> None:
+        await fetch("seg-1", bucket_a, stop_at=clock.now + 5.0)
+        assert [r.path for r in transport.log if r.host == b] == ["/robots.txt"]  # the hop was made, then cut
+        assert thread_memory().gates[b].in_flight == 0
+        start = clock.now
+        manifests = await fetch("seg-2", bucket_b, stop_at=start + 120.0)
+        assert [m["bucket"] for m in manifests] == [bucket_b]
+        assert [r.path for r in transport.log if r.host == b and r.start >= start] == ["/robots.txt", "/page"]
+
+    virtual.run_virtual(clock, main)

@@ -90,6 +90,17 @@ def test_abandoned_requests_release_the_gate_one_delay_from_now():
     assert gate.can_start(20.0)
 
 
+def test_one_abandoned_request_releases_only_its_own_place():
+    gate = _gate(max_concurrency=2)
+    gate.started(0.0)
+    gate.started(1.0)
+    gate.abandoned(2.0, requests=1)  # one cancelled; the other is still in flight and will call `finished`
+    assert gate.in_flight == 1
+    gate.abandoned(2.5, requests=3)  # never more than are counted
+    assert gate.in_flight == 0
+    assert not gate.can_start(3.4) and gate.can_start(3.5)  # one delay after the last release
+
+
 def test_gate_starts_are_spaced_even_with_more_concurrency():
     gate = _gate(max_concurrency=2)
     gate.started(0.0)
