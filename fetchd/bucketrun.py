@@ -292,17 +292,24 @@ class BucketRun:
     # --- host preparation and URL exchanges, as scheduler tasks -----------------------------------------
 
     async def _prepare(self, host: HostWork) -> None:
-        """Prepare a host (`fetchd.hostprep`), then tell the scheduler, whatever happened."""
+        """Prepare a host (`fetchd.hostprep`), then tell the scheduler, whatever happened, unless the stopping run
+        cancelled it: the host then stays unprepared, so its URLs stay unreported and the bucket unfinished for its
+        next run (told, the scheduler would report them `deferred` and the bucket would end done without them)."""
+        cancelled = False
         try:
             await self.preparer.prepare(host)
+        except asyncio.CancelledError:
+            cancelled = True
+            raise
         except (OSError, Fenced):
             raise  # writing failed (name lookups are handled inside), or the lease lapsed: the bucket run stops
         except Exception:  # never leave a host half-prepared: its URLs would never be reported
             log.exception("preparing %s failed; its URLs are deferred", host.host_key)
             host.policy = RobotsPolicy.disallow_all()
         finally:
-            self.sched.prepared(host)
-            self._after_request(host)
+            if not cancelled:
+                self.sched.prepared(host)
+                self._after_request(host)
 
     async def _fetch_url(self, host: HostWork, item: dict[str, Any]) -> None:
         """Fetch one fetch-list URL (gate already taken, global slot held) and its same-host redirects

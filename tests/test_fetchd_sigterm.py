@@ -186,6 +186,46 @@ def test_a_stopped_daemon_starts_nothing_more_and_ends_within_the_grace_on_the_v
     assert published == {r.host + r.path for r in transport.log if r.path != "/robots.txt" and answered(r)}
 
 
+async def _fetch_until(conf, root: str, clock: virtual.VirtualClock, transport: virtual.ScriptedTransport,
+                       segment_id: str, bucket: int, stop_at: float) -> list:
+    """One daemon's fetch of a bucket on the virtual clock, stopped as by SIGTERM at `stop_at` unless it ended
+    first (requests in flight get the grace, then are cancelled): the manifests of the buckets it finished."""
+    stop = threading.Event()
+    daemon = Daemon(conf, root, stop, clock=clock, transport=transport)
+    await daemon.open()
+    try:
+        assert daemon.owned.acquire(bucket)
+        run = asyncio.ensure_future(daemon.fetch_buckets(segment_id, [bucket]))
+        await virtual.wait_until(lambda: run.done() or clock.now >= stop_at, 0.1)
+        stop.set()
+        return await run
+    finally:
+        await daemon.close()
+
+
+def test_a_stop_that_cuts_a_robots_request_leaves_the_bucket_unfinished_for_its_next_run(base_conf, root):
+    """A stop whose grace ends while a host's robots.txt is in flight: the host's URLs are neither requested nor
+    reported (no `deferred` row, no `_DONE.json`), so the bucket's next run fetches them in this segment."""
+    site = "http://slow-robots.test"
+    conf = base_conf.with_overrides({"crawl.buckets": BUCKETS, "ownership.shutdown_grace_s": 1.0,
+                                     "politeness.min_delay_s": 0.1,
+                                     "fetch.static_hosts": {"slow-robots.test": "127.0.0.1"}})
+    clock = virtual.VirtualClock()
+    transport = virtual.ScriptedTransport(lambda host, path, _earlier: virtual.Answer(
+        404 if path == "/robots.txt" else 200, 30.0 if path == "/robots.txt" else 0.01), clock)
+    [bucket] = write_fetchlist(root, SEGMENT, [{"url": f"{site}/a"}, {"url": f"{site}/b"}], BUCKETS)
+
+    async def main() -> None:
+        assert await _fetch_until(conf, root, clock, transport, SEGMENT, bucket, stop_at=clock.now + 5.0) == []
+        assert [r["outcome"] for r in read_results(root, SEGMENT)] == []
+        assert pending_work(root) == {bucket: [SEGMENT]}
+        [manifest] = await _fetch_until(conf, root, clock, transport, SEGMENT, bucket, stop_at=clock.now + 300.0)
+        assert manifest["outcomes"] == {"success": 2}
+        assert [r.path for r in transport.log] == ["/robots.txt", "/robots.txt", "/a", "/b"]
+
+    virtual.run_virtual(clock, main)
+
+
 def test_a_robots_request_on_another_buckets_host_cut_by_a_stop_leaves_that_hosts_gate_open(base_conf, root):
     """a.test's robots.txt redirects to b.test's (another bucket, free, so the daemon follows it); the daemon is
     stopped while that request is in flight and its grace runs out. Gates outlive bucket runs (the thread's host
@@ -209,25 +249,12 @@ def test_a_robots_request_on_another_buckets_host_cut_by_a_stop_leaves_that_host
     [bucket_a] = write_fetchlist(root, "seg-1", [{"url": f"{a}/page"}], buckets)
     [bucket_b] = write_fetchlist(root, "seg-2", [{"url": f"{b}/page"}], buckets)
 
-    async def fetch(segment_id: str, bucket: int, stop_at: float) -> list:
-        stop = threading.Event()
-        daemon = Daemon(conf, root, stop, clock=clock, transport=transport)
-        await daemon.open()
-        try:
-            assert daemon.owned.acquire(bucket)
-            run = asyncio.ensure_future(daemon.fetch_buckets(segment_id, [bucket]))
-            await virtual.wait_until(lambda: run.done() or clock.now >= stop_at, 0.1)
-            stop.set()  # as SIGTERM: requests in flight get the grace, then are cancelled
-            return await run
-        finally:
-            await daemon.close()
-
     async def main() -> None:
-        await fetch("seg-1", bucket_a, stop_at=clock.now + 5.0)
+        assert await _fetch_until(conf, root, clock, transport, "seg-1", bucket_a, stop_at=clock.now + 5.0) == []
         assert [r.path for r in transport.log if r.host == b] == ["/robots.txt"]  # the hop was made, then cut
         assert thread_memory().gates[b].in_flight == 0
         start = clock.now
-        manifests = await fetch("seg-2", bucket_b, stop_at=start + 120.0)
+        manifests = await _fetch_until(conf, root, clock, transport, "seg-2", bucket_b, stop_at=start + 120.0)
         assert [m["bucket"] for m in manifests] == [bucket_b]
         assert [r.path for r in transport.log if r.host == b and r.start >= start] == ["/robots.txt", "/page"]
 
