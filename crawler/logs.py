@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import faulthandler
 import logging
+import signal
 import sys
 
 FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
@@ -10,8 +12,11 @@ QUIET = ("py4j", "urllib3", "botocore", "asyncio")
 
 
 def setup(verbose: bool = False) -> None:
-    """Progress lines on stderr (stdout stays for results); chatty libraries only from WARNING."""
+    """Progress lines on stderr (stdout stays for results); chatty libraries only from WARNING. SIGUSR1 prints
+    every thread's Python stack there too: what a command that seems stuck is doing, without stopping it."""
     logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO, format=FORMAT, datefmt="%H:%M:%S",
                         stream=sys.stderr)
     for name in QUIET:
         logging.getLogger(name).setLevel(logging.WARNING)
+    if hasattr(signal, "SIGUSR1"):  # `kill -USR1 <pid>`: every thread's stack on stderr, and the process goes on
+        faulthandler.register(signal.SIGUSR1, all_threads=True)

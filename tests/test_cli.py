@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import signal
 import subprocess
 import sys
+import time
+from pathlib import Path
 
 from jobs.cycle import CycleReport, describe
 from jobs.generate import GenerateResult
@@ -34,6 +37,35 @@ def test_missing_required_argument_is_a_usage_error():
     result = subprocess.run([sys.executable, "-m", "jobs.cli", "parse"], capture_output=True, text=True, timeout=60)
     assert result.returncode == 2
     assert "--segment" in result.stderr
+
+
+def _catches(pid: int, signum: int) -> bool:
+    """Whether the process has a handler for `signum` (Linux: the SigCgt mask in /proc)."""
+    status = Path(f"/proc/{pid}/status").read_text()
+    caught = int(next(line.split()[1] for line in status.splitlines() if line.startswith("SigCgt:")), 16)
+    return bool(caught & (1 << (signum - 1)))
+
+
+def test_sigusr1_prints_every_threads_stack_and_the_command_goes_on(tmp_path):
+    """A command that seems stuck says what it is doing: SIGUSR1 prints every thread's Python stack on stderr
+    (crawler.logs.setup) and the command goes on; here `fetchd serve` on a root with no work, stopped by SIGTERM."""
+    process = subprocess.Popen([sys.executable, "-m", "fetchd.cli", "serve", "--root", str(tmp_path / "root"),
+                                "--set", "fetch.processes=1"],
+                               stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 60
+        while not (_catches(process.pid, signal.SIGUSR1) and _catches(process.pid, signal.SIGTERM)):  # serving
+            assert process.poll() is None and time.monotonic() < deadline, "the handler was never installed"
+            time.sleep(0.1)
+        process.send_signal(signal.SIGUSR1)
+        time.sleep(1.0)
+        assert process.poll() is None  # still serving
+        process.send_signal(signal.SIGTERM)
+        _, err = process.communicate(timeout=60)
+    finally:
+        process.kill()
+    assert process.returncode == 0
+    assert "most recent call first" in err and "fetchd/commands.py" in err
 
 
 def test_cycle_report_reads_at_a_glance():

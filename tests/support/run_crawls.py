@@ -26,7 +26,7 @@ import time
 import urllib.request
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
@@ -61,6 +61,7 @@ CHILDREN_GONE_S = 30  # after kill -9 of the driver alone: the daemon's stop on 
 # prints as it starts (Ivy's resolution, log4j's notes).
 _IDLE_ROUND = re.compile(r"^run: generate - started$|for `crawl generate`$|: select: (started|done)|nothing due at "
                          r"|^run: generate - [\d.]+s: 0 URLs ")
+_DAEMON_STARTED = re.compile(r"run: fetch daemon started \(pid (\d+)\)")
 _JVM_START = re.compile(r"^(\t|:: |Ivy |The jars |io\.delta#|Using Spark|Setting default|To adjust|\S+ \S+ WARN )")
 
 
@@ -136,6 +137,7 @@ class Driver:
             words = line.split()
             if words[:2] == ["run:", step] and (words[-1] == "started") == (event == "started"):
                 return line
+        self.dump_stacks()
         os.killpg(self.process.pid, signal.SIGKILL)
         self._drain()
         raise AssertionError(f"no {step} {event} within {RUN_TIMEOUT_S}s:\n" + self.story())
@@ -162,10 +164,19 @@ class Driver:
                 return
             self.seen.append(line)
 
+    def dump_stacks(self) -> None:
+        """Have the driver and its daemon child print every thread's stack (SIGUSR1, `crawler.logs.setup`) into the
+        output, before a stalled start is killed."""
+        daemons = [int(m.group(1)) for line in self.seen if (m := _DAEMON_STARTED.search(line))]
+        for pid in [self.process.pid, *daemons[-1:]]:
+            with suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGUSR1)
+        time.sleep(2)
+
     def tail(self, n: int = 60) -> str:
         return "\n".join(self.seen[-n:])
 
-    def story(self, head: int = 40, tail: int = 100) -> str:
+    def story(self, head: int = 40, tail: int = 250) -> str:
         """What a failure message needs of this start's output: its first and last lines without the rounds of
         generates that found nothing due (a stalled start repeats them for minutes and they pushed out what the
         daemon and the steps said) and without the JVM's start-up lines."""
