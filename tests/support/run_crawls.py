@@ -274,14 +274,13 @@ def scrape_after_merge(port: int, timeout_s: float = 60.0) -> str:
 
 
 def interrupted_crawl(base: Path) -> Crawl:
-    with _crawl_on_own_farm(base, "killed") as crawl:
+    with _crawl_on_own_farm(base, "killed") as crawl, _root_told(crawl.root):
         config = run_config(crawl.root, crawl.farm)
         seeds = ["--seeds", str(_seeds(base, crawl.farm, "killed"))]
         for step, event, after_s, whom in KILLS:
             driver = Driver.start(config, *seeds)
             seeds = []  # injected by the first start (inject is idempotent, but once is what a supervisor does)
-            with _root_told(crawl.root):
-                driver.wait_for(step, event)
+            driver.wait_for(step, event)
             time.sleep(after_s)
             if whom == "group":
                 os.killpg(driver.process.pid, signal.SIGKILL)
@@ -307,15 +306,15 @@ def interrupted_crawl(base: Path) -> Crawl:
         driver = Driver.start(config, "--until-idle")
         code = driver.finish()
         crawl.outputs.append(driver.tail(400))
-        assert code == 0, driver.tail()
+        assert code == 0, driver.story()
         return crawl
 
 
 @contextmanager
 def _root_told(root: Path) -> Iterator[None]:
-    """A start that did not reach its step: its failure message also lists what the root's folders hold (each
-    segment's markers and done buckets, each bucket's latest lease), which says whether a segment was waiting for
-    its fetch, and for which bucket and owner."""
+    """A start that failed (did not reach its step, ran past its bound, ended badly): its message also lists what
+    the root's folders hold (each segment's markers and done buckets, each bucket's latest lease), which says
+    whether a segment was waiting for its fetch, and for which bucket and owner."""
     try:
         yield
     except AssertionError as exc:
