@@ -164,11 +164,14 @@ class Driver:
                 return
             self.seen.append(line)
 
+    def daemon_pids(self) -> list[int]:
+        """The pids of the daemon children this start said it started."""
+        return [int(m.group(1)) for line in self.seen if (m := _DAEMON_STARTED.search(line))]
+
     def dump_stacks(self) -> None:
         """Have the driver and its daemon child print every thread's stack (SIGUSR1, `crawler.logs.setup`) into the
         output, before a stalled start is killed."""
-        daemons = [int(m.group(1)) for line in self.seen if (m := _DAEMON_STARTED.search(line))]
-        for pid in [self.process.pid, *daemons[-1:]]:
+        for pid in [self.process.pid, *self.daemon_pids()[-1:]]:
             with suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGUSR1)
         time.sleep(2)
@@ -301,8 +304,13 @@ def interrupted_crawl(base: Path) -> Crawl:
         crawl.outputs.append(driver.tail(400))
         settings = config_mod.load(str(config))
         leases = LeaseStore(settings, str(crawl.root), owner="test")
+        # The buckets whose latest lease is this start's daemon's and was not released. Not any unreleased lease: an
+        # earlier start's daemon may have lost one to a late renewal on a loaded machine (fenced, so it was left as
+        # it was, as the lease rule says), and no later daemon took that bucket yet.
+        ours = set(driver.daemon_pids())
         crawl.sigterm["held"] = [b for b in range(settings.crawl.buckets)
-                                 if leases.latest(b) is not None and not leases.latest(b).released]
+                                 if (lease := leases.latest(b)) is not None and lease.pid in ours
+                                 and not lease.released]
         driver = Driver.start(config, "--until-idle")
         code = driver.finish()
         crawl.outputs.append(driver.tail(400))
