@@ -18,5 +18,7 @@ def setup(verbose: bool = False) -> None:
                         stream=sys.stderr)
     for name in QUIET:
         logging.getLogger(name).setLevel(logging.WARNING)
-    if hasattr(signal, "SIGUSR1"):  # `kill -USR1 <pid>`: every thread's stack on stderr, and the process goes on
-        faulthandler.register(signal.SIGUSR1, all_threads=True)
+    # `kill -USR1 <pid>`: every thread's stack on the process's own stderr (a descriptor: `sys.stderr` may be a
+    # replacement without one, as under a test's capture), and the process goes on.
+    if hasattr(signal, "SIGUSR1") and sys.__stderr__ is not None:
+        faulthandler.register(signal.SIGUSR1, file=sys.__stderr__, all_threads=True)
