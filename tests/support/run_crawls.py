@@ -34,7 +34,9 @@ from typing import IO
 import yaml
 
 from crawler import config as config_mod
-from fetchd.ownership import LeaseStore
+from crawler import layout
+from fetchd.ownership import LeaseStore, leases_dir
+from fetchd.storage import LocalStore
 from sitefarm.server import SiteFarm
 from sitefarm.sites import FarmSpec
 from sitefarm.truth import FarmTruth
@@ -321,7 +323,7 @@ def interrupted_crawl(base: Path) -> Crawl:
 @contextmanager
 def _root_told(root: Path) -> Iterator[None]:
     """A start that failed (did not reach its step, ran past its bound, ended badly): its message also lists what
-    the root's folders hold (each segment's markers and done buckets, each bucket's latest lease), which says
+    the root holds (each segment's state, listed and done buckets, each bucket's latest lease), which says
     whether a segment was waiting for its fetch, and for which bucket and owner."""
     try:
         yield
@@ -330,15 +332,17 @@ def _root_told(root: Path) -> Iterator[None]:
 
 
 def _root_listing(root: Path) -> str:
-    lines = []
-    for segment in sorted((root / "segments").glob("seg-*")):
-        markers = sorted(p.name for p in segment.glob("_*.json"))
-        listed = sorted(p.name for p in (segment / "fetchlist").glob("bucket=*"))
-        done = sorted(p.parent.name for p in segment.glob("*/bucket=*/_DONE.json"))
-        lines.append(f"{segment.name}: markers {markers}, fetch lists {listed}, done {done}")
-    for bucket in sorted((root / "leases").glob("bucket=*")):
-        epochs = sorted(bucket.glob("epoch-*.json"))
-        lines.append(f"{bucket.name}: {epochs[-1].name} {epochs[-1].read_text()}" if epochs else f"{bucket.name}: -")
+    """What the daemons see of the root, through their own store and lease store: each segment's state, listed and
+    done buckets, and each bucket's latest lease."""
+    store, leases = LocalStore(str(root)), LeaseStore(config_mod.load(), str(root), owner="test")
+    lines = [f"{segment}: generating {store.is_generating(segment)}, closed {store.is_closed(segment)}, fetch lists "
+             f"{store.fetchlist_buckets(segment)}, done "
+             f"{[b for b in store.fetchlist_buckets(segment) if store.is_done(segment, b)]}"
+             for segment in store.segments()]
+    folder = leases_dir(str(root))
+    names = os.listdir(folder) if os.path.isdir(folder) else []
+    buckets = sorted(b for b in map(layout.parse_bucket_dirname, names) if b is not None)
+    lines += [f"bucket {bucket}: {leases.latest(bucket)}" for bucket in buckets]
     return "\n".join(lines) or "(nothing)"
 
 
