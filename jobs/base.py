@@ -366,15 +366,10 @@ def insert_if_absent(spark: SparkSession, root: str, name: str, source: DataFram
     return merge_counts(metrics).get("num_inserted_rows", 0)
 
 
-def recount_known_urls(spark: SparkSession, root: str, only: DataFrame | None = None) -> int:
-    """Set `hosts.known_urls` to each host's row count in `urls` where they differ (only the hosts in `only`,
-    a DataFrame of host_key and bucket, when given); returns hosts corrected. An absolute count, so a re-run
-    after a crash repairs what an increment would have lost."""
+def recount_known_urls(spark: SparkSession, root: str) -> int:
+    """Set `hosts.known_urls` to each host's row count in `urls` where they differ; returns hosts corrected. An
+    absolute count, so a re-run after a crash repairs what an increment would have lost."""
     urls, hosts = pinned_table(spark, root, "urls"), pinned_table(spark, root, "hosts").select("host_key", "bucket")
-    if only is not None:
-        wanted = only.select("host_key", "bucket").distinct()
-        hosts = hosts.join(wanted, ["host_key", "bucket"])
-        urls = urls.join(wanted, ["host_key", "bucket"])
     counts = urls.groupBy("host_key", "bucket").agg(F.count("*").alias("n"))
     source = hosts.join(counts, ["host_key", "bucket"], "left").fillna(0, subset=["n"])
     metrics = (

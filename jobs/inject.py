@@ -25,7 +25,7 @@ from crawler.seeds import SeedEntry, is_skipped, read_seeds, split_lines
 from crawler.sitemaps import SITEMAP_FILE_PRIORITY, FoundVia, SitemapOrigin, probe_url
 from crawler.status import UrlSource, UrlStatus
 from delta_tables import tables
-from jobs.base import check_bucketing, insert_if_absent, recount_known_urls, step
+from jobs.base import check_bucketing, insert_if_absent, merge_into, pinned_table, step
 from jobs.writelock import holding_writer_lock
 
 log = logging.getLogger("jobs.inject")
@@ -46,12 +46,16 @@ class InjectResult:
                 f"{self.duplicates} duplicates, {self.rejected} rejected; {self.probes} sitemap probes added")
 
 
-def insert_hosts_if_absent(spark: SparkSession, root: str, host_rows: DataFrame, now: datetime) -> int:
-    """Insert-if-absent `hosts` rows (host_key, bucket, and its registered domain) with zero counters; returns rows
-    inserted."""
+def merge_seed_hosts(spark: SparkSession, root: str, host_rows: DataFrame, now: datetime) -> None:
+    """The seeds' hosts (`host_rows`: host_key, bucket, domain) into `hosts` in one MERGE: a new host gets a row with
+    zero counters and its registered domain, and every seed host's `known_urls` becomes its row count in `urls`
+    (read after the seeds' own MERGE): an absolute count, so a re-run after a crash repairs what it lost."""
     zero = F.lit(0).cast("bigint")
+    wanted = host_rows.select("host_key", "bucket", "domain").dropDuplicates(["host_key"])
+    counts = (pinned_table(spark, root, "urls").join(wanted.select("host_key", "bucket"), ["host_key", "bucket"])
+              .groupBy("host_key", "bucket").agg(F.count("*").alias("known_urls")))
     source = tables.conform(
-        host_rows.select("host_key", "bucket", "domain").dropDuplicates(["host_key"]).select(
+        wanted.join(counts, ["host_key", "bucket"], "left").select(
             "host_key",
             "bucket",
             "domain",
@@ -61,13 +65,19 @@ def insert_hosts_if_absent(spark: SparkSession, root: str, host_rows: DataFrame,
                                              "trap_sample", "discovery_segment", "failing_since")],
             F.lit(0).alias("backoff_level"),
             zero.alias("policy_version"),
-            *[zero.alias(c) for c in ("known_urls", "fetches", "status_2xx", "status_3xx", "status_4xx", "status_5xx",
+            F.coalesce(F.col("known_urls"), zero).alias("known_urls"),
+            *[zero.alias(c) for c in ("fetches", "status_2xx", "status_3xx", "status_4xx", "status_5xx",
                                       "status_429", "network_errors", "robots_denied")],
             F.lit(now).alias("updated_at"),
         ),
         "hosts",
     )
-    return insert_if_absent(spark, root, "hosts", source, "t.bucket = s.bucket AND t.host_key = s.host_key")
+    (
+        merge_into(spark, root, "hosts", source, "t.bucket = s.bucket AND t.host_key = s.host_key")
+        .whenMatchedUpdate(condition="t.known_urls <> s.known_urls", set={"known_urls": "s.known_urls"})
+        .whenNotMatchedInsertAll()
+        .execute()
+    )
 
 
 _URL_ROW = ("url_id string, url string, host_key string, bucket int, priority double, fetch_interval_s bigint, "
@@ -143,8 +153,7 @@ def run(spark: SparkSession, conf: Config, root: str, seeds_path: str) -> Inject
                 probes = spark.createDataFrame(_probe_rows(conf, entries), _URL_ROW)
                 result.probes = _merge_new_urls(spark, root, probes, now)
         with step("inject: merge hosts"):
-            insert_hosts_if_absent(spark, root, seeds, now)
-            recount_known_urls(spark, root, seeds)
+            merge_seed_hosts(spark, root, seeds, now)
     log.info("inject: %s: %s", seeds_path, result.summary())
     return result
 
