@@ -22,7 +22,7 @@ from crawler.clock import SYSTEM_CLOCK, Clock
 from crawler.config import Config
 from fetchd.daemon import Daemon, interruptible_sleep
 from fetchd.fetcher import Transport
-from fetchd.processes import process_conf, process_count, run_in_processes, shares
+from fetchd.processes import STOP_SIGNALS, process_conf, process_count, run_in_processes, shares
 from fetchd.progress import pending_buckets, pending_work
 from fetchd.storage import LocalStore, open_store
 
@@ -45,9 +45,11 @@ def _summary(segment_id: str, manifests: list[dict[str, Any]], skipped: list[int
 
 
 @contextlib.contextmanager
-def _stop_on_signals(stop: threading.Event) -> Iterator[list[int]]:
+def stop_on_signals(stop: threading.Event) -> Iterator[list[int]]:
     """While inside, SIGTERM and SIGINT set `stop` instead of killing the process (in the main thread only, the
-    one Python delivers signals to); yields the signals received, in order."""
+    one Python delivers signals to); yields the signals received, in order. A process of `fetch.processes` is born
+    with both blocked (`fetchd.processes.run_in_processes`): they are unblocked here, once handled, so a stop sent
+    while it started arrives now instead of killing it before its daemon could stop and report."""
     received: list[int] = []
     previous: dict[int, Any] = {}
 
@@ -56,8 +58,9 @@ def _stop_on_signals(stop: threading.Event) -> Iterator[list[int]]:
         stop.set()
 
     if threading.current_thread() is threading.main_thread():
-        for signum in (signal.SIGTERM, signal.SIGINT):
+        for signum in STOP_SIGNALS:
             previous[signum] = signal.signal(signum, handle)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
     try:
         yield received
     finally:
@@ -100,7 +103,7 @@ def fetch_segment(conf: Config, root: str, segment_id: str, buckets: list[int] |
     `ownership.shutdown_grace_s`, results are published, files closed, buckets released, no `_DONE.json` for
     an unfinished bucket; `stopped_by` then names the signal. A segment the root does not hold is UnknownSegment."""
     stop = threading.Event()
-    with _stop_on_signals(stop) as received:
+    with stop_on_signals(stop) as received:
         store = open_store(conf, layout.normalize_root(root))
         try:
             layout.require_segment(segment_id, store.root, store.segments())
@@ -144,7 +147,7 @@ def fetch_share(conf: Config, root: str, segment_id: str, buckets: list[int],
                 peers_dir: str | None) -> tuple[list[dict[str, Any]], list[int]]:
     """One process's share of a fetch (`fetch.processes`): its buckets, stopped by SIGTERM as `fetch_segment` is."""
     stop = threading.Event()
-    with _stop_on_signals(stop):
+    with stop_on_signals(stop):
         return asyncio.run(fetch_segment_async(conf, open_store(conf, root), segment_id, buckets, stop,
                                                peers_dir=peers_dir))
 
@@ -202,7 +205,7 @@ def serve(conf: Config, root: str, stop: threading.Event | None = None, peers_di
     recorded bucketing stops being its config's (`crawl rebucket`): looked at before buckets are taken and every
     `fetch.poll_interval_s` while they are fetched."""
     stop, root = stop or threading.Event(), layout.normalize_root(root)
-    with _stop_on_signals(stop):
+    with stop_on_signals(stop):
         count = process_count(conf)
         if count == 1:
             asyncio.run(serve_async(conf, root, stop, peers_dir=peers_dir))

@@ -9,7 +9,8 @@ pending buckets (round robin); `serve` runs the same loop in each, and each clai
 The first share runs in the calling process; the others in child processes started with `spawn` (a fresh
 interpreter: nothing of the caller's event loop or threads is copied). SIGTERM or SIGINT on the caller reaches
 every child (as SIGTERM), and each stops as a single daemon does: requests in flight get their grace, results are
-published, buckets released. The metrics endpoint (`fetch.metrics_port`) is the first process's: the others
+published, buckets released; a child still starting gets it once its daemon handles it (children are born with
+both signals blocked). The metrics endpoint (`fetch.metrics_port`) is the first process's: the others
 leave a snapshot in a folder of the command's every `PUBLISH_S`, and it serves them beside its own (each
 series labelled with its daemon). A caller killed outright takes its children with it (Linux's parent-death signal):
 kill -9 of the command stays kill -9 of every daemon it ran, whose buckets the next owner resumes.
@@ -36,6 +37,7 @@ from crawler.errors import EXIT_TRY_LATER, TryLater
 log = logging.getLogger(__name__)
 JOIN_POLL_S = 0.5
 PUBLISH_S = 1.0  # how often a process without the endpoint leaves its snapshot for the one with it
+STOP_SIGNALS = frozenset({signal.SIGTERM, signal.SIGINT})
 
 
 def process_count(conf: Config) -> int:
@@ -96,8 +98,14 @@ def run_in_processes(stop: threading.Event, first: Callable[[], Any], children: 
     verbose = logging.getLogger().isEnabledFor(logging.DEBUG)
     started = [context.Process(target=_child, args=(work, args, results, verbose, os.getpid()), name=f"fetchd-{n}")
                for n, (work, args) in enumerate(children, 1)]
-    for process in started:
-        process.start()
+    # Each child is born with the stop signals blocked (a signal mask outlives fork and exec): a stop forwarded while
+    # it starts waits until its work handles them (fetchd.commands.stop_on_signals) instead of killing it unreported.
+    unblocked = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+    try:
+        for process in started:
+            process.start()
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, unblocked)
     done = threading.Event()
 
     def forward_stop() -> None:

@@ -20,8 +20,8 @@ from pathlib import Path
 import yaml
 
 from crawler import urls
-from fetchd.commands import exit_status, fetch_segment, serve
-from fetchd.processes import shares
+from fetchd.commands import exit_status, fetch_segment, serve, stop_on_signals
+from fetchd.processes import run_in_processes, shares
 from fetchd.progress import pending_work
 from sitefarm.judge import politeness_violations
 from sitefarm.server import SiteFarm, read_request_log
@@ -146,3 +146,24 @@ def test_one_endpoint_serves_every_process_and_a_stop_ends_them_all(base_conf, r
     assert set(totals) == {"scraped", "scraped.1"} and all(totals.values())
     assert sum(totals.values()) == len(read_results(root, "seg-metrics"))
     assert not multiprocessing.active_children()
+
+
+def _stopped_in_its_work(start_after_s: float) -> tuple[bool, list[int]]:
+    """A child's work (module level, for `spawn`) that handles the stop signals only after `start_after_s`: as a
+    daemon process does once it is up."""
+    time.sleep(start_after_s)
+    stop = threading.Event()
+    with stop_on_signals(stop) as received:
+        stopped = stop.wait(60)
+    return stopped, list(received)
+
+
+def test_a_stop_forwarded_while_a_child_starts_reaches_its_work_instead_of_killing_it():
+    """The stop is set before the children start, so the forwarder sends SIGTERM as soon as each has a pid, long
+    before its work handles the signal: the child must still stop through its work and report, not die of the
+    signal's default action with nothing reported."""
+    stop = threading.Event()
+    stop.set()
+    mine, returned, failures = run_in_processes(stop, lambda: "first", [(_stopped_in_its_work, (1.0,))] * 2)
+    assert (mine, failures) == ("first", [])
+    assert returned == [(True, [signal.SIGTERM])] * 2
