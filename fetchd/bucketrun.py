@@ -157,7 +157,8 @@ class BucketRun:
             if isinstance(action, Prepare):
                 self._start(self._prepare(action.host))
             elif isinstance(action, Dispatch):
-                await self.slots.acquire()
+                if not await self._take_slot():
+                    return None  # told to stop while every slot was taken: nothing more is sent
                 self.slots_held += 1
                 item = self.sched.start(action.host)
                 if item is None:  # changed while waiting for a slot
@@ -167,6 +168,23 @@ class BucketRun:
             else:
                 return action
         return None
+
+    async def _take_slot(self) -> bool:
+        """A global request slot, or False once the run should stop: while every slot is taken, whether to stop is
+        looked at every STOP_POLL_S, so a stop never waits for another request to end (nor sends one after it)."""
+        if not self.slots.locked():
+            await self.slots.acquire()  # free now: taken without a wait
+            return True
+        taking = asyncio.ensure_future(self.slots.acquire())
+        try:
+            while not self.should_stop():
+                if (await asyncio.wait({taking}, timeout=STOP_POLL_S))[0]:
+                    return True
+        except BaseException:
+            _give_back(taking, self.slots)
+            raise
+        _give_back(taking, self.slots)
+        return False
 
     async def run(self) -> dict[str, Any] | None:
         """Fetch the bucket; its manifest when finished, else None (`storage_error` says if storage stopped it)."""
@@ -347,3 +365,12 @@ class BucketRun:
         self.out.after_result()
         self.outcomes[row["outcome"]] += 1
         self.daemon_outcomes[row["outcome"]] += 1
+
+
+def _give_back(taking: asyncio.Future, slots: asyncio.Semaphore) -> None:
+    """Undo a slot's acquisition that is no longer wanted: cancelled while it waits (the semaphore hands a slot
+    granted meanwhile to the next waiter), released if it was granted."""
+    if not taking.done():
+        taking.cancel()
+    elif not taking.cancelled() and taking.exception() is None:
+        slots.release()

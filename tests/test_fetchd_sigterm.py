@@ -259,3 +259,31 @@ def test_a_robots_request_on_another_buckets_host_cut_by_a_stop_leaves_that_host
         assert [r.path for r in transport.log if r.host == b and r.start >= start] == ["/robots.txt", "/page"]
 
     virtual.run_virtual(clock, main)
+
+
+def test_a_stop_while_waiting_for_a_request_slot_sends_nothing_more_and_cuts_the_slot_holder_at_its_grace(
+        base_conf, root):
+    """One request slot (fetch.concurrency 1), two hosts of one bucket with a 30 s page each: one page holds the
+    slot, the other host waits for it. A stop then must not wait for the slot: the bucket run stops dispatching at
+    once, the page in flight is cut at the end of its grace, and no request starts after the stop."""
+    grace_s = 1.0
+    hosts = ["http://a.test"] + [f"http://{n}.test" for n in range(64)]
+    a = hosts[0]
+    b = next(h for h in hosts[1:] if urls.bucket_of(h, BUCKETS) == urls.bucket_of(a, BUCKETS))
+    conf = base_conf.with_overrides({"crawl.buckets": BUCKETS, "fetch.concurrency": 1,
+                                     "ownership.shutdown_grace_s": grace_s, "politeness.min_delay_s": 0.1,
+                                     "fetch.static_hosts": {h.removeprefix("http://"): "127.0.0.1" for h in (a, b)}})
+    clock = virtual.VirtualClock()
+    transport = virtual.ScriptedTransport(lambda host, path, _earlier: virtual.Answer(
+        404 if path == "/robots.txt" else 200, 0.01 if path == "/robots.txt" else 30.0), clock)
+    [bucket] = write_fetchlist(root, SEGMENT, [{"url": f"{a}/page"}, {"url": f"{b}/page"}], BUCKETS)
+    stop_at = clock.now + 5.0
+
+    async def main() -> None:
+        assert await _fetch_until(conf, root, clock, transport, SEGMENT, bucket, stop_at=stop_at) == []
+        took = clock.now - stop_at
+        assert grace_s <= took <= STOP_POLL_S + grace_s + STOP_POLL_S
+        pages = [r for r in transport.log if r.path == "/page"]
+        assert len(pages) == 1 and max(r.start for r in transport.log) < stop_at
+
+    virtual.run_virtual(clock, main)
