@@ -168,10 +168,13 @@ each time); {_split(s, f)}
 
 * **Politeness** holds exactly: no request to a host starts sooner than its delay after the end of the previous
   one, whichever daemon sent either, through takeovers, freezes (fencing) and restarts.
-* **Freshness and the SLO** are bounded by politeness, not by the fleet: a host's high-priority URLs that fall
-  due faster than its delay allows (a giant host at 5 s between requests does at most about 115 requests per
-  ten-minute segment) wait their turn, and hosts backing off, dead or without a reachable robots.txt are left
-  out by generate on purpose. Tail hosts (every host but the giants) show the fleet's own lag.
+* **Freshness and the SLO** are bounded by politeness while the merges keep up with the cadence: a host's
+  high-priority URLs that fall due faster than its delay allows (a giant host at 5 s between requests does at most
+  about 115 requests in ten minutes) wait their turn, and hosts backing off, dead or without a reachable robots.txt
+  are left out by generate on purpose. Tail hosts (every host but the giants) show the fleet's own lag. When a
+  segment's merge takes longer than the cadence (segment starts refused, above), generate's backpressure stretches
+  the cadence, fewer URLs are leased than politeness allows, and the throughput, freshness and lease figures then
+  measure the batch side's cost per segment (MergeCost), not the fleet.
 * **Starvation**: on a host whose due URLs fit its per-host cap, every due URL is listed in the next segment, so
   the oldest due age stays within a segment plus a lease (URLs not finished in their segment come back when
   their lease expires). On a host over its cap (the giants) equal priorities go oldest first, and the age boost
