@@ -31,7 +31,9 @@ from tests.support.servers import ScriptedServer, slow_pages
 
 ADDRESS = "127.0.0.8"  # its own loopback address
 DOMAIN_NAMES = ["a.test", "x.a.test", "y.a.test"]  # one registered domain: one gate with `politeness.key: domain`
-OTHER_NAME = "solo.test"  # fetched before the rebucket, in a bucket none of the domain's hosts is in afterwards
+# Fetched before the rebucket, in a bucket none of the domain's hosts is in afterwards: a bucket depends on the host
+# key, whose port is the server's (a new one each run), so the first of these names whose bucket differs is taken.
+OTHER_NAMES = [f"solo{n}.test" for n in range(8)]
 PAGE_SECONDS = 0.1
 DELAY_S = 0.15
 POLL_S = 0.2
@@ -53,7 +55,7 @@ def _conf(base_conf, key: str, daemon_id: str):
         "politeness.min_delay_s": DELAY_S,
         "fetch.poll_interval_s": POLL_S,
         "fetch.daemon_id": daemon_id,
-        "fetch.static_hosts": {name: ADDRESS for name in [*DOMAIN_NAMES, OTHER_NAME]},
+        "fetch.static_hosts": {name: ADDRESS for name in [*DOMAIN_NAMES, *OTHER_NAMES]},
     })
 
 
@@ -112,9 +114,11 @@ def test_a_daemon_running_across_a_rebucket_to_domain_fetches_nothing_under_its_
     by_host, by_domain = Bucketing(BUCKETS, "host"), Bucketing(BUCKETS, "domain")
     old_conf, new_conf = _conf(base_conf, "host", "before"), _conf(base_conf, "domain", "after")
     record_bucketing(old_conf, root, by_host)
-    before = write_fetchlist(root, "seg-before", [{"url": server.url(OTHER_NAME, "/first")}], BUCKETS, by_host)
     after_urls = _domain_urls(server, 3)
     domain_bucket = by_domain.bucket(urls.host_key(after_urls[0]))
+    other = next(url for url in (server.url(name, "/first") for name in OTHER_NAMES)
+                 if by_host.bucket(urls.host_key(url)) != domain_bucket)
+    before = write_fetchlist(root, "seg-before", [{"url": other}], BUCKETS, by_host)
     assert set(before) != {domain_bucket}  # so a lease of the domain's bucket can only be taken for seg-after
 
     with _serving(old_conf, root) as serving:
