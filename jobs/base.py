@@ -366,15 +366,24 @@ def insert_if_absent(spark: SparkSession, root: str, name: str, source: DataFram
     return merge_counts(metrics).get("num_inserted_rows", 0)
 
 
+def known_url_counts(spark: SparkSession, root: str, hosts: DataFrame | None = None) -> DataFrame:
+    """(host_key, bucket, known_urls): each host's row count in `urls`, what `hosts.known_urls` holds (of the hosts in
+    `hosts`, a DataFrame of host_key and bucket, when given)."""
+    urls = pinned_table(spark, root, "urls")
+    if hosts is not None:
+        urls = urls.join(hosts.select("host_key", "bucket"), ["host_key", "bucket"])
+    return urls.groupBy("host_key", "bucket").agg(F.count("*").alias("known_urls"))
+
+
 def recount_known_urls(spark: SparkSession, root: str) -> int:
     """Set `hosts.known_urls` to each host's row count in `urls` where they differ; returns hosts corrected. An
     absolute count, so a re-run after a crash repairs what an increment would have lost."""
-    urls, hosts = pinned_table(spark, root, "urls"), pinned_table(spark, root, "hosts").select("host_key", "bucket")
-    counts = urls.groupBy("host_key", "bucket").agg(F.count("*").alias("n"))
-    source = hosts.join(counts, ["host_key", "bucket"], "left").fillna(0, subset=["n"])
+    hosts = pinned_table(spark, root, "hosts").select("host_key", "bucket")
+    source = hosts.join(known_url_counts(spark, root), ["host_key", "bucket"], "left").fillna(
+        0, subset=["known_urls"])
     metrics = (
         merge_into(spark, root, "hosts", source, "t.bucket = s.bucket AND t.host_key = s.host_key")
-        .whenMatchedUpdate(condition="t.known_urls <> s.n", set={"known_urls": "s.n"})
+        .whenMatchedUpdate(condition="t.known_urls <> s.known_urls", set={"known_urls": "s.known_urls"})
         .execute()
     )
     return merge_counts(metrics).get("num_updated_rows", 0)

@@ -25,7 +25,7 @@ from crawler.seeds import SeedEntry, is_skipped, read_seeds, split_lines
 from crawler.sitemaps import SITEMAP_FILE_PRIORITY, FoundVia, SitemapOrigin, probe_url
 from crawler.status import UrlSource, UrlStatus
 from delta_tables import tables
-from jobs.base import check_bucketing, insert_if_absent, merge_into, pinned_table, step
+from jobs.base import check_bucketing, insert_if_absent, known_url_counts, merge_into, step
 from jobs.writelock import holding_writer_lock
 
 log = logging.getLogger("jobs.inject")
@@ -52,10 +52,8 @@ def merge_seed_hosts(spark: SparkSession, root: str, host_rows: DataFrame, now: 
     (read after the seeds' own MERGE): an absolute count, so a re-run after a crash repairs what it lost."""
     zero = F.lit(0).cast("bigint")
     wanted = host_rows.select("host_key", "bucket", "domain").dropDuplicates(["host_key"])
-    counts = (pinned_table(spark, root, "urls").join(wanted.select("host_key", "bucket"), ["host_key", "bucket"])
-              .groupBy("host_key", "bucket").agg(F.count("*").alias("known_urls")))
     source = tables.conform(
-        wanted.join(counts, ["host_key", "bucket"], "left").select(
+        wanted.join(known_url_counts(spark, root, wanted), ["host_key", "bucket"], "left").select(
             "host_key",
             "bucket",
             "domain",

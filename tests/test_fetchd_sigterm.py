@@ -267,9 +267,9 @@ def test_a_stop_while_waiting_for_a_request_slot_sends_nothing_more_and_cuts_the
     slot, the other host waits for it. A stop then must not wait for the slot: the bucket run stops dispatching at
     once, the page in flight is cut at the end of its grace, and no request starts after the stop."""
     grace_s = 1.0
-    hosts = ["http://a.test"] + [f"http://{n}.test" for n in range(64)]
-    a = hosts[0]
-    b = next(h for h in hosts[1:] if urls.bucket_of(h, BUCKETS) == urls.bucket_of(a, BUCKETS))
+    a = "http://a.test"
+    b = next(h for h in (f"http://{n}.test" for n in range(64))
+             if urls.bucket_of(h, BUCKETS) == urls.bucket_of(a, BUCKETS))
     conf = base_conf.with_overrides({"crawl.buckets": BUCKETS, "fetch.concurrency": 1,
                                      "ownership.shutdown_grace_s": grace_s, "politeness.min_delay_s": 0.1,
                                      "fetch.static_hosts": {h.removeprefix("http://"): "127.0.0.1" for h in (a, b)}})
