@@ -3,8 +3,8 @@
 Layout (see docs/architecture.md): `urls` and `hosts` are partitioned by `bucket` so generate and update
 prune by bucket, and `crawl maintain` clusters each bucket of `urls` by `next_fetch_at` so generate reads only the
 files that can hold due URLs; `fetches` and `links` by `segment_id` (`records` by `warc_segment`) so a segment's
-rows are replaced or read alone; deletion vectors (the session default, `tables.deletion_vectors`) keep MERGE
-rewrites small. All timestamps are UTC.
+rows are replaced or read alone; deletion vectors (the session default, `tables.deletion_vectors`, off unless
+set) keep a fleet's MERGE rewrites small. All timestamps are UTC.
 """
 
 from __future__ import annotations

@@ -1,16 +1,17 @@
 """`crawl maintain`: compact small files (OPTIMIZE), delete unreferenced ones (VACUUM), report table figures.
 
-Every MERGE and append of a cycle adds small files (and deletion vectors); left alone, reads slow down with the
-file count. OPTIMIZE works per partition: `urls`/`hosts` stay bucketed and `fetches`/`links` stay per segment, so
-generate and update keep pruning by partition. Every table but `urls` gets plain bin-packing compaction, which only
-rewrites the small files, so a second run costs next to nothing.
+Every MERGE and append of a cycle adds small files (and, where tables have them, deletion vectors); left alone,
+reads slow down with the file count. OPTIMIZE works per partition: `urls`/`hosts` stay bucketed and
+`fetches`/`links` stay per segment, so generate and update keep pruning by partition. Every table but `urls` gets
+plain bin-packing compaction, which only rewrites the small files, so a second run costs next to nothing.
 
 `urls` is clustered by its due time instead (OPTIMIZE ZORDER BY next_fetch_at, one column: each bucket's rows sorted
 by it and cut into about maintain.urls_files_per_bucket files), so each file covers a narrow slice of due times and
 generate, whose filter `next_fetch_at <= now` Delta checks against every file's min/max statistics, reads only the
 files that can hold due URLs (docs/architecture.md, "Table layout and why"). The clustering does not decay where it
-matters: a cycle moves the rows it leases and completes out of their files (deletion vectors), into the few files
-that cycle writes, and a clustered file whose slice has not come due yet is still skipped. It costs a rewrite of the
+matters: a cycle's MERGEs rewrite the files they change rows of with the same rows (or, with deletion vectors, move
+the changed rows into the few files the cycle writes), and a clustered file whose slice has not come due yet is
+still skipped. It costs a rewrite of the
 whole table each run, which is why maintain runs on a slower schedule than the cycle, and it is done one bucket at a
 time under the crawl's writer lock (cluster_by_bucket).
 

@@ -232,10 +232,11 @@ def test_incremental_dedup_finds_no_duplicate_among_distinct_pages(spark, shared
     assert sorted(hashes["url_id"]) == sorted(current["url_id"])
 
 
-def test_with_deletion_vectors_off_an_independent_reader_opens_every_table(spark, shared_crawl, tmp_path):
-    """`tables.deletion_vectors: false`: tables created by `create_all` carry no deletionVectors reader feature, and
-    MERGEs and DELETEs into them write no vectors, so delta-rs reads every table, row for row as Spark counts. The
-    shared crawl's own tables (the default, on) are the ones it cannot read."""
+def test_an_independent_reader_opens_every_table_and_deletion_vectors_come_only_when_asked(spark, shared_crawl,
+                                                                                             tmp_path):
+    """`tables.deletion_vectors` (off by default): the shared crawl's tables carry no deletionVectors reader feature
+    and its MERGEs wrote no vectors, so delta-rs reads every table, row for row as Spark counts. Tables created with
+    it on carry the feature, and a DELETE or an UPDATE into them writes vectors that Spark applies."""
     from delta.tables import DeltaTable
     from deltalake import DeltaTable as RustTable
 
@@ -243,22 +244,29 @@ def test_with_deletion_vectors_off_an_independent_reader_opens_every_table(spark
     from jobs.base import session_settings
 
     crawled = str(shared_crawl.root)
-    assert "deletionVectors" in (RustTable(table_path(crawled, "urls")).protocol().reader_features or [])
-    root = str(tmp_path / "root")
-    with session_settings(spark, {"spark.databricks.delta.properties.defaults.enableDeletionVectors": "false"}):
-        create_all(spark, root)
-    for name in TABLES:
-        table_df(spark, crawled, name).write.format("delta").mode("append").save(table_path(root, name))
-    # Row-level changes that write deletion vectors where the feature is on.
-    DeltaTable.forPath(spark, table_path(root, "urls")).delete("status = 'unfetched'")
-    DeltaTable.forPath(spark, table_path(root, "hosts")).update("bucket = 0", {"robots_body": "NULL"})
-    counts = {name: table_df(spark, root, name).count() for name in TABLES}
+    assert not any("deletionVectors" in (RustTable(table_path(crawled, name)).protocol().reader_features or [])
+                   for name in TABLES)
+    assert not list(Path(crawled).rglob("deletion_vector_*.bin"))
+    counts = {name: table_df(spark, crawled, name).count() for name in TABLES}
     assert counts["urls"] and counts["pages"] and counts["links"]
-    assert not list(Path(root).rglob("deletion_vector_*.bin"))
     # One thread, as jobs/cycle_metrics.read_figures: a threaded scan can abort the interpreter at exit.
-    read = {name: RustTable(table_path(root, name)).to_pyarrow_dataset().to_table(use_threads=False).num_rows
+    read = {name: RustTable(table_path(crawled, name)).to_pyarrow_dataset().to_table(use_threads=False).num_rows
             for name in TABLES}
     assert read == counts
+
+    root = str(tmp_path / "root")
+    with session_settings(spark, {"spark.databricks.delta.properties.defaults.enableDeletionVectors": "true"}):
+        create_all(spark, root)
+    assert "deletionVectors" in (RustTable(table_path(root, "urls")).protocol().reader_features or [])
+    for name in ("urls", "hosts"):
+        table_df(spark, crawled, name).write.format("delta").mode("append").save(table_path(root, name))
+    kept = table_df(spark, crawled, "urls").where("status != 'unfetched'").count()
+    assert 0 < kept < counts["urls"]
+    DeltaTable.forPath(spark, table_path(root, "urls")).delete("status = 'unfetched'")
+    DeltaTable.forPath(spark, table_path(root, "hosts")).update("bucket = 0", {"robots_body": "NULL"})
+    assert list(Path(root).rglob("deletion_vector_*.bin"))
+    assert table_df(spark, root, "urls").count() == kept
+    assert table_df(spark, root, "hosts").count() == counts["hosts"]
 
 
 def test_the_cycle_indexes_its_segment_when_index_is_enabled(spark, shared_crawl):

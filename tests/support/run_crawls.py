@@ -68,9 +68,9 @@ _JVM_START = re.compile(r"^(\t|:: |Ivy |The jars |io\.delta#|Using Spark|Setting
 
 
 def run_config(root: Path, farm: SiteFarm | None, metrics_port: int = 0) -> Path:
-    """The test settings, the farm's hosts and a short cadence; tables readable by delta-rs; leases and the
-    writer lock short, so a restart after kill -9 does not wait a minute for what the killed driver held. With no
-    farm, for `crawl demo`, which sets the root, the farm's hosts and the delay itself (`jobs/demo.py`)."""
+    """The test settings, the farm's hosts and a short cadence; leases and the writer lock short, so a restart
+    after kill -9 does not wait a minute for what the killed driver held. With no farm, for `crawl demo`, which sets
+    the root, the farm's hosts and the delay itself (`jobs/demo.py`)."""
     overrides = {
         **{k: v for k, v in TEST_OVERRIDES.items() if k != "spark.driver_memory"},
         "spark.driver_memory": "1g",
@@ -86,7 +86,6 @@ def run_config(root: Path, farm: SiteFarm | None, metrics_port: int = 0) -> Path
         "ownership.takeover_grace_s": 0.5,
         "ownership.shutdown_grace_s": 2.0,
         "writer_lock.ttl_s": 4.0,
-        "tables.deletion_vectors": False,
         # Two segments (the homes, then what they link to): the kills and restarts cost JVM starts enough.
         "scope.max_depth": MAX_DEPTH,
         "cycle.metrics_port": metrics_port,
