@@ -385,15 +385,16 @@ def test_a_slow_recovery_does_not_hold_up_the_lease_heartbeat(edge, base_conf, r
     """Recovering a bucket's torn WARC (seconds for a large one; here a recovery that takes longer than the whole
     lease) runs off the event loop, so the heartbeat renews the lease meanwhile: the bucket is fetched under its
     first epoch, never fenced and taken again."""
-    conf = edge_conf(base_conf, **{"ownership.lease_ttl_s": 2.0, "ownership.renew_interval_s": 0.3,
-                                   "ownership.fence_margin_s": 0.8, "ownership.takeover_grace_s": 0.2})
+    # A renewal every 0.5 s with 3 s to land in before the fence: a loaded machine delays one by over a second.
+    conf = edge_conf(base_conf, **{"ownership.lease_ttl_s": 4.0, "ownership.renew_interval_s": 0.5,
+                                   "ownership.fence_margin_s": 1.0, "ownership.takeover_grace_s": 0.2})
     fetchlist = write_fetchlist(root, SEGMENT, [{"url": edge.url("edge.test", "/a")}], conf.crawl.buckets)
     [bucket] = fetchlist
     recoveries = []
 
     def slow_recovery(*args):
         recoveries.append(time.monotonic())
-        time.sleep(2.5)  # longer than lease_ttl_s: on the event loop, no renewal could happen in time
+        time.sleep(5.0)  # longer than lease_ttl_s: on the event loop, no renewal could happen in time
         return recover_bucket_output(*args)
 
     monkeypatch.setattr(fetchd_daemon, "recover_bucket_output", slow_recovery)
