@@ -11,9 +11,8 @@ generate, whose filter `next_fetch_at <= now` Delta checks against every file's 
 files that can hold due URLs (docs/architecture.md, "Table layout and why"). The clustering does not decay where it
 matters: a cycle's MERGEs rewrite the files they change rows of with the same rows (or, with deletion vectors, move
 the changed rows into the few files the cycle writes), and a clustered file whose slice has not come due yet is
-still skipped. It costs a rewrite of the
-whole table each run, which is why maintain runs on a slower schedule than the cycle, and it is done one bucket at a
-time under the crawl's writer lock (cluster_by_bucket).
+still skipped. It costs a rewrite of the whole table each run, which is why maintain runs on a slower schedule than
+the cycle, and it is done one bucket at a time under the crawl's writer lock (cluster_by_bucket).
 
 Before compaction, `hosts.known_urls` is recounted from `urls` (one scan): update keeps it by increments
 and inject by recounting its seeds' hosts, so this recount only repairs drift (e.g. rows written by hand). Hosts
