@@ -354,9 +354,17 @@ def _generate(spark: SparkSession, conf: Config, root: str, segment_id: str, now
     # The due URLs are read once, for the selection, its second look at the eligible ones, and the figures.
     due = due_urls(spark, root, segment_id, now).persist()
     try:
+        if due.isEmpty():  # an idle round (`crawl run` between merges): no selection planned or run
+            return _nothing_due(result, now)
         return _select_and_lease(spark, conf, root, segment_id, now, lock, due, own_states, open_ids, result)
     finally:
         due.unpersist()
+
+
+def _nothing_due(result: GenerateResult, now: datetime) -> GenerateResult:
+    """No URL to list (none due, or none the selection may take): no fetch list, lease or row is written."""
+    log.info("generate %s: nothing due at %s; no segment written", result.segment_id, now.isoformat())
+    return result
 
 
 def _select_and_lease(spark: SparkSession, conf: Config, root: str, segment_id: str, now: datetime, lock: HeldLock,
@@ -393,8 +401,7 @@ def _write_and_lease(spark: SparkSession, conf: Config, root: str, segment_id: s
     and its leases, then its `segments` rows."""
     storage = Storage.from_conf(conf)
     if not per_bucket:
-        log.info("generate %s: nothing due at %s; no segment written", segment_id, now.isoformat())
-        return result
+        return _nothing_due(result, now)
     # A re-run finds its first run's fetch list published (the same rows: the selection of a segment is
     # stable) and leaves it alone under the daemons that may be reading it.
     published = storage.exists(layout.fetchlist_dir(root, segment_id))
