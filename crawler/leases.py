@@ -4,6 +4,7 @@ generate, parse and update; tests/test_rule_twins.py holds the two equal).
 
 * **Due**: `next_fetch_at` has come and no other segment holds a live lease on the URL (`lease_segment` null,
   its `lease_expires_at` passed, or the lease is this segment's own: a re-run of generate hands the same rows out).
+  While its row does not change, a URL is due from `due_from` on: its next fetch, or its lease's expiry if later.
 * **Version**: a fetch list row carries `state_version + 1`, or the same version when this segment already holds
   the lease (a re-run), so a result names the one version it may complete.
 * **Current**: a result is current while its URL's row is still at the result's version; update completes the
@@ -37,6 +38,26 @@ def is_due_sql(now: str, segment_id: str) -> str:
     """`is_due` over the `urls` columns; `now` a SQL timestamp expression, `segment_id` a checked id."""
     return (f"(next_fetch_at <= {now} and (lease_segment is null or lease_expires_at < {now}"
             f" or lease_segment = '{segment_id}'))")
+
+
+def due_from(next_fetch_at: datetime | None, lease_segment: str | None,
+             lease_expires_at: datetime | None) -> datetime | None:
+    """From when the URL is due for a new segment as long as its row does not change: `is_due` holds for every `now`
+    after this moment (at it too, unless a lease expires then). None: not until its row changes (no next fetch, or
+    a lease without an expiry). What a generate that found nothing due reports as the next due moment."""
+    if next_fetch_at is None:
+        return None
+    if lease_segment is None:
+        return next_fetch_at
+    if lease_expires_at is None:
+        return None
+    return max(next_fetch_at, lease_expires_at)
+
+
+def due_from_sql() -> str:
+    """`due_from` over the `urls` columns."""
+    return ("(case when next_fetch_at is null then null when lease_segment is null then next_fetch_at"
+            " when lease_expires_at is null then null else greatest(next_fetch_at, lease_expires_at) end)")
 
 
 def leased_version(state_version: int, lease_segment: str | None, segment_id: str) -> int:

@@ -55,7 +55,7 @@ from crawler.frontier import (
     segment_order_sql,
     spends_the_day_sql,
 )
-from crawler.leases import is_due_sql, leased_version_sql
+from crawler.leases import due_from_sql, is_due_sql, leased_version_sql
 from crawler.politeness import PolitenessRules, is_backing_off_sql
 from crawler.robots import allowed_by_stored_rules, rules_in_force_sql
 from crawler.service_levels import due_since_sql, is_eligible_sql, is_high_priority_sql
@@ -78,6 +78,10 @@ class GenerateResult:
     buckets: list[int] = field(default_factory=list)
     refresh_count: int = 0     # URLs fetched before (revisits); the others were never fetched
     refresh_share: float = 0.0  # with generate.budget_split: the share revisits were given (frontier.RefreshShare)
+    # When nothing was due: the `urls` version read, and the first moment a URL comes due unless that version changes
+    # (crawler.leases.due_from; None: no URL comes due by time alone). What `crawl run` waits on between merges.
+    urls_version: int | None = None
+    next_due_at: datetime | None = None
 
     @property
     def empty(self) -> bool:
@@ -121,6 +125,15 @@ def within_budget(ranked: DataFrame, budget: int, share: float) -> DataFrame:
         .where(F.col("kind_index") <= F.when(F.col("is_refresh"), F.expr(refresh_quota))
                .otherwise(F.expr(discovery_quota)))
     )
+
+
+def next_due(spark: SparkSession, root: str) -> tuple[int, datetime | None]:
+    """(the current `urls` version, the first moment one of its URLs comes due: crawler.leases.due_from's minimum).
+    One aggregate over the whole table (a due time can be in any file), run only when nothing is due."""
+    version = tables.table_version(spark, root, "urls")
+    first = (spark.read.format("delta").option("versionAsOf", version).load(tables.table_path(root, "urls"))
+             .agg(F.min(F.expr(due_from_sql())).alias("due_from")).first()["due_from"])
+    return version, None if first is None else as_utc(first)
 
 
 def due_urls(spark: SparkSession, root: str, segment_id: str, now: datetime) -> DataFrame:
@@ -355,6 +368,7 @@ def _generate(spark: SparkSession, conf: Config, root: str, segment_id: str, now
     due = due_urls(spark, root, segment_id, now).persist()
     try:
         if due.isEmpty():  # an idle round (`crawl run` between merges): no selection planned or run
+            result.urls_version, result.next_due_at = next_due(spark, root)
             return _nothing_due(result, now)
         return _select_and_lease(spark, conf, root, segment_id, now, lock, due, own_states, open_ids, result)
     finally:
@@ -363,7 +377,8 @@ def _generate(spark: SparkSession, conf: Config, root: str, segment_id: str, now
 
 def _nothing_due(result: GenerateResult, now: datetime) -> GenerateResult:
     """No URL to list (none due, or none the selection may take): no fetch list, lease or row is written."""
-    log.info("generate %s: nothing due at %s; no segment written", result.segment_id, now.isoformat())
+    upcoming = "" if result.next_due_at is None else f" (the next URL comes due at {result.next_due_at.isoformat()})"
+    log.info("generate %s: nothing due at %s; no segment written%s", result.segment_id, now.isoformat(), upcoming)
     return result
 
 

@@ -13,7 +13,8 @@ named to generate's backpressure, `crawler.frontier.backpressure`, which then do
 counts them), then merges the oldest parsed segment (dedup, update, and index
 with `index.enabled`), one step at a time, oldest segment first, with at most one generate between two merge steps
 (a generate slower than the interval starves neither the merges nor the idle check of --until-idle); a generate that
-found nothing due looks again a whole interval after it ended. Both lanes write `pages` and `segments`: each such
+found nothing due looks again a whole interval after it ended, and only once `urls` has changed since or one of its
+URLs has come due (the version and moment that generate reported). Both lanes write `pages` and `segments`: each such
 commit takes its table's turn (`jobs.base.table_turn`), so the lanes' commits never conflict. When generate is
 refused (exit 75's reasons: too many open segments, the writer lock held elsewhere) the driver waits for the next
 tick.
@@ -137,6 +138,9 @@ class Driver:
         self.next_tick = 0.0
         self.nothing_due = False  # the last generate found nothing due, and nothing was merged since
         self.merged_since_generate = False  # a segment was merged since the last generate ran (whatever it found)
+        # After a generate found nothing due: the `urls` version it read and when its next URL comes due. Until one
+        # of the two moves, a generate would find nothing again, so the ticks leave it out.
+        self.quiet: tuple[int, datetime | None] | None = None
         self.merged = 0
 
     # -- start: what the tables and folders say is left -------------------------------------------------------
@@ -256,6 +260,7 @@ class Driver:
             del self.open[segment.segment_id]
             self.merged += 1
             self.nothing_due = False  # what it merged may be due at once
+            self.quiet = None
             self.merged_since_generate = True
             print(segment.report.render(self.merged), flush=True)
         return True
@@ -282,6 +287,8 @@ class Driver:
                         self.conf.generate.max_unmerged_segments, merging):
             return False  # tried as soon as a merge makes room, without waiting for a further tick
         self.next_tick = time.monotonic() + self.conf.cycle.interval_s
+        if self._still_quiet():
+            return False
         self.merged_since_generate = False
         segment_id, now = self.regenerate[0] if self.regenerate else (None, None)
         record = self._step(GENERATE, segment_id, generate.run, self.spark, self.plan, self.root, segment_id, now,
@@ -292,7 +299,10 @@ class Driver:
         if self.regenerate:
             self.regenerate.pop(0)
         self.nothing_due = result.empty
+        self.quiet = None
         if result.empty:
+            if result.urls_version is not None:
+                self.quiet = (result.urls_version, result.next_due_at)
             # Nothing was due: look again a whole interval after this generate ended, not back to back when it took
             # longer than the interval (a merge that lands wakes it at once, as above).
             self.next_tick = max(self.next_tick, time.monotonic() + self.conf.cycle.interval_s)
@@ -301,6 +311,17 @@ class Driver:
             segment.report.steps[GENERATE], segment.report.seconds[GENERATE] = result, record.seconds
             self._open(segment)
         return True
+
+    def _still_quiet(self) -> bool:
+        """Whether nothing can have come due since the last generate found nothing due: `urls` is at the version it
+        read (no merge, inject or other command committed to it since) and its next URL's due moment has not come
+        (a lease expiring included: crawler.leases.due_from). Then the tick's generate is left out."""
+        if self.quiet is None or self.regenerate:
+            return False
+        version, due_at = self.quiet
+        if due_at is not None and datetime.now(UTC) >= due_at:
+            return False
+        return urls_version(self.spark, self.root) == version
 
     # -- steps and their observers -----------------------------------------------------------------------
 
@@ -334,6 +355,13 @@ class Driver:
         for observer in self.observers:
             observer(record)
         return record
+
+
+def urls_version(spark: SparkSession, root: str) -> int:
+    """The `urls` table's latest version (a listing of its log, no Spark job)."""
+    from delta_tables import tables
+
+    return tables.table_version(spark, root, "urls")
 
 
 def fetch_over(root: str, segment_id: str, conf: Config) -> str | None:

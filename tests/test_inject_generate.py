@@ -153,6 +153,9 @@ def test_generate_caps_sorts_leases_and_reruns_idempotently(spark, base_conf, ro
         "http://a.test/4", "http://a.test/5"}
     third = generate.run(spark, conf, root, "seg-3", now)
     assert third.empty and not os.path.exists(layout.fetchlist_dir(root, "seg-3"))
+    # Every URL is leased: none comes due before the two segments' leases expire, unless `urls` changes first.
+    assert third.next_due_at == now + timedelta(seconds=conf.generate.lease_seconds)
+    assert third.urls_version == tables.table_version(spark, root, "urls")
 
     later = now + timedelta(seconds=conf.generate.lease_seconds + 1)
     generate.run(spark, conf, root, "seg-4", later)

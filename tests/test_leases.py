@@ -21,6 +21,18 @@ def test_due_when_its_time_came_and_no_other_segment_holds_a_live_lease():
     assert leases.is_due(EARLIER, "s2", LATER, NOW, "s2")       # its own lease: a re-run of generate
 
 
+def test_due_from_is_the_next_fetch_or_a_later_lease_expiry_and_due_holds_after_it():
+    assert leases.due_from(LATER, None, None) == LATER
+    assert leases.due_from(EARLIER, "s1", LATER) == LATER       # leased: due once the lease has expired
+    assert leases.due_from(LATER, "s1", EARLIER) == LATER       # an expired lease: its next fetch
+    assert leases.due_from(None, None, None) is None            # no next fetch
+    assert leases.due_from(EARLIER, "s1", None) is None         # a lease without an expiry: until its row changes
+    for row in ((LATER, None, None), (EARLIER, "s1", LATER), (LATER, "s1", EARLIER)):
+        moment = leases.due_from(*row)
+        assert not leases.is_due(*row, moment - timedelta(microseconds=1), "s2")
+        assert leases.is_due(*row, moment + timedelta(microseconds=1), "s2")
+
+
 def test_a_fetch_list_names_the_next_version_or_its_own_on_a_rerun():
     assert leases.leased_version(4, None, "s2") == 5
     assert leases.leased_version(4, "s1", "s2") == 5

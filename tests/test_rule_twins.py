@@ -117,6 +117,7 @@ def test_lease_rules_agree(spark):
         f"{leases.leased_version_sql(segment)} as version",
         f"{leases.is_current_sql('state_version', 'url_version')} as current",
         f"{leases.completes_sql('state_version', 'url_version', 'lease_segment', 'last_segment', segment)} as done",
+        f"{leases.due_from_sql()} as due_from",
     ).collect()
     by_i = {c[0]: c for c in cases}
     for row in got:
@@ -125,6 +126,8 @@ def test_lease_rules_agree(spark):
         assert row.version == leases.leased_version(version, lease, segment)
         assert row.current == leases.is_current(version, url_version)
         assert row.done == leases.completes(version, url_version, lease, last, segment), by_i[row.i]
+        expected_from = leases.due_from(nxt, lease, expires)
+        assert (row.due_from and row.due_from.replace(tzinfo=UTC)) == expected_from, by_i[row.i]
 
 
 def test_latest_result_order_agrees(spark):

@@ -11,6 +11,7 @@ from __future__ import annotations
 import threading
 import time
 from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
@@ -25,6 +26,8 @@ WAIT_S = 20.0  # the longest any stand-in waits for the other lane (the driver p
 @dataclass
 class Generated:
     segment_id: str | None
+    urls_version: int | None = None
+    next_due_at: datetime | None = None
 
     @property
     def empty(self) -> bool:
@@ -230,3 +233,43 @@ def test_a_generate_slower_than_the_interval_starves_neither_the_merges_nor_the_
     # its merge: idle. Back to back, it would be one every 0.3 s until the run's end.
     assert 2 <= len(steps.times["generate"]) <= 5
     assert steps.times["generate"][-1] > steps.times["update"][0]
+
+
+class Quiet(Steps):
+    """Nothing due on any generate: `urls` at `version` (a test moves it), its next URL due at `due_at`."""
+
+    def __init__(self, due_at: datetime) -> None:
+        super().__init__()
+        self.version, self.due_at = 7, due_at
+        self.generated: list[float] = []
+
+    def generate(self, *_args: Any) -> Generated:
+        self.generated.append(time.monotonic())
+        return Generated(None, self.version, self.due_at)
+
+    def urls_version(self, _spark: Any, _root: str) -> int:
+        return self.version
+
+
+def test_after_a_generate_found_nothing_due_the_ticks_wait_for_a_commit_to_urls_or_its_next_due_moment(monkeypatch):
+    """A generate would find nothing again until `urls` changes (another command's commit: its version moves) or
+    one of its URLs comes due (the moment the generate reported): the ticks in between generate nothing."""
+    started = time.monotonic()
+    steps = stand_in(monkeypatch, Quiet(datetime.now(UTC) + timedelta(seconds=3.0)))
+    monkeypatch.setattr(run, "urls_version", steps.urls_version)
+    conf = config_mod.load().with_overrides({"cycle.interval_s": 0.05, "cycle.poll_s": 0.05,
+                                             "index.enabled": False})
+    driver = run.Driver(NoSpark(), conf, "/nowhere", [])
+    crawl = threading.Thread(target=driver.run, kwargs={"seeds": None, "for_s": 5.0, "until_idle": False})
+    crawl.start()
+    time.sleep(1.0)
+    assert len(steps.generated) == 1  # sixty ticks and more, no generate
+    steps.version = 8  # a commit to `urls`: inject, say, from another process
+    moved = time.monotonic()
+    crawl.join(WAIT_S)
+    assert not crawl.is_alive()
+    due = started + 3.0
+    after_move = [t for t in steps.generated if t >= moved]
+    assert after_move and after_move[0] < due  # the commit is seen at the next tick
+    assert not [t for t in after_move[1:] if t < due]  # then quiet again, until the due moment
+    assert [t for t in after_move if t >= due]  # from the due moment on, generate looks again
