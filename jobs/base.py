@@ -185,9 +185,11 @@ def table_path(root: str, name: str) -> str:
     return layout.table_path(root, name)
 
 
-def pinned_table(spark: SparkSession, root: str, name: str) -> DataFrame:
-    """A table at its current Delta version, so repeated evaluations of a plan read the same snapshot."""
-    version = tables.table_version(spark, root, name)
+def pinned_table(spark: SparkSession, root: str, name: str, version: int | None = None) -> DataFrame:
+    """A table at `version` (its current Delta version when None), so repeated evaluations of a plan read the same
+    snapshot."""
+    if version is None:
+        version = tables.table_version(spark, root, name)
     return spark.read.format("delta").option("versionAsOf", version).load(tables.table_path(root, name))
 
 

@@ -131,7 +131,7 @@ def next_due(spark: SparkSession, root: str) -> tuple[int, datetime | None]:
     """(the current `urls` version, the first moment one of its URLs comes due: crawler.leases.due_from's minimum).
     One aggregate over the whole table (a due time can be in any file), run only when nothing is due."""
     version = tables.table_version(spark, root, "urls")
-    first = (spark.read.format("delta").option("versionAsOf", version).load(tables.table_path(root, "urls"))
+    first = (pinned_table(spark, root, "urls", version)
              .agg(F.min(F.expr(due_from_sql())).alias("due_from")).first()["due_from"])
     return version, None if first is None else as_utc(first)
 

@@ -321,7 +321,9 @@ class Driver:
         version, due_at = self.quiet
         if due_at is not None and datetime.now(UTC) >= due_at:
             return False
-        return urls_version(self.spark, self.root) == version
+        from delta_tables import tables
+
+        return tables.table_version(self.spark, self.root, "urls") == version  # a listing of its log, no Spark job
 
     # -- steps and their observers -----------------------------------------------------------------------
 
@@ -355,13 +357,6 @@ class Driver:
         for observer in self.observers:
             observer(record)
         return record
-
-
-def urls_version(spark: SparkSession, root: str) -> int:
-    """The `urls` table's latest version (a listing of its log, no Spark job)."""
-    from delta_tables import tables
-
-    return tables.table_version(spark, root, "urls")
 
 
 def fetch_over(root: str, segment_id: str, conf: Config) -> str | None:

@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 
 from crawler import config as config_mod
+from delta_tables import tables
 from jobs import dedup, generate, parse, run, update
 from jobs.base import table_turn
 
@@ -247,7 +248,8 @@ class Quiet(Steps):
         self.generated.append(time.monotonic())
         return Generated(None, self.version, self.due_at)
 
-    def urls_version(self, _spark: Any, _root: str) -> int:
+    def table_version(self, _spark: Any, _root: str, name: str) -> int:
+        assert name == "urls"
         return self.version
 
 
@@ -256,7 +258,7 @@ def test_after_a_generate_found_nothing_due_the_ticks_wait_for_a_commit_to_urls_
     one of its URLs comes due (the moment the generate reported): the ticks in between generate nothing."""
     started = time.monotonic()
     steps = stand_in(monkeypatch, Quiet(datetime.now(UTC) + timedelta(seconds=3.0)))
-    monkeypatch.setattr(run, "urls_version", steps.urls_version)
+    monkeypatch.setattr(tables, "table_version", steps.table_version)
     conf = config_mod.load().with_overrides({"cycle.interval_s": 0.05, "cycle.poll_s": 0.05,
                                              "index.enabled": False})
     driver = run.Driver(NoSpark(), conf, "/nowhere", [])
