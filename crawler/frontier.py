@@ -19,7 +19,7 @@ from crawler.bucketing import Bucketing
 from crawler.scope import Scope
 from crawler.settings import Settings
 from crawler.sitemaps import SITEMAP_FILE_PRIORITY, SitemapEntry, first_schedule
-from crawler.status import FetchOutcome, IndexEventKind, UrlSource, is_gone
+from crawler.status import FetchOutcome, IndexEventKind, UrlSource, is_gone, is_gone_sql
 
 # A discovered URL inherits the best priority among the pages linking to it, damped by this factor per hop,
 # so pages near the seeds are fetched first and a deep chain fades out instead of crowding the segment.
@@ -300,6 +300,22 @@ def index_event_kind(outcome: str, status_code: int | None, previous_hash: str |
     if is_gone(outcome, status_code):
         return IndexEventKind.GONE.value
     return None
+
+
+def index_event_kind_sql(outcome: str, status_code: str, previous_hash: str, new_hash: str, duplicate_of: str,
+                         sitemap_origin: str) -> str:
+    """`index_event_kind` over six columns (null: no event), so that update derives its events in Spark's SQL
+    instead of shipping every completing row to a Python worker."""
+    success = f"{outcome} = '{FetchOutcome.SUCCESS.value}' and {new_hash} is not null"
+    return (f"(case when {sitemap_origin} is not null then null"
+            f" when {success} then case"
+            f" when {previous_hash} is not null and {new_hash} = {previous_hash}"
+            f" then '{IndexEventKind.NOT_MODIFIED.value}'"
+            f" when {duplicate_of} is not null then '{IndexEventKind.DUPLICATE.value}'"
+            f" when {previous_hash} is null then '{IndexEventKind.FETCHED.value}'"
+            f" else '{IndexEventKind.CHANGED.value}' end"
+            f" when {outcome} = '{FetchOutcome.NOT_MODIFIED.value}' then '{IndexEventKind.NOT_MODIFIED.value}'"
+            f" when {is_gone_sql(outcome, status_code)} then '{IndexEventKind.GONE.value}' end)")
 
 
 def listed_by_sitemap(source: str, sitemap_origin: str | None) -> bool:

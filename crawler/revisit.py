@@ -1,7 +1,8 @@
 """Revisit policy: what a fetch result does to a URL's status, interval, next fetch time and failure count.
 
 One function, `RevisitPolicy.decide`, maps (outcome, status code, previous state) to the new state; the
-update job calls it for every completed URL, so the rule is written once. Pure: time is passed in.
+update job evaluates its SQL twin, `RevisitPolicy.decide_sql`, for every completed URL (tests/test_rule_twins.py
+holds the two to the same answers). Pure: time is passed in.
 
 * success: first content -> default interval; changed -> interval * changed_factor; unchanged ->
   interval * unchanged_factor; clamped to [min_interval_s, max_interval_s].
@@ -25,7 +26,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from crawler.settings import Settings
-from crawler.status import FetchOutcome, UrlStatus, is_gone, is_transient
+from crawler.status import FetchOutcome, UrlStatus, is_gone, is_gone_sql, is_transient, is_transient_sql
 
 
 @dataclass(frozen=True)
@@ -122,3 +123,61 @@ class RevisitPolicy:
         if outcome == FetchOutcome.DEFERRED:
             return after(previous.status, interval, 0, previous.failure_count)
         raise ValueError(f"unknown fetch outcome {outcome!r}")
+
+    def decide_sql(self, outcome: str, status_code: str, prev_status: str, prev_interval: str, prev_failures: str,
+                   prev_hash: str, new_hash: str, robots_wait_us: str, is_sitemap: str) -> dict[str, str]:
+        """`decide` over columns, one SQL expression per field of the decision: `status`, `fetch_interval_s`,
+        `failure_count`, and `wait_us`, the microseconds from the fetch to the next one (`robots_wait_us`: from
+        the fetch to the expiry of the host's robots policy, null when unknown). An unknown outcome fails the
+        query, as `decide` raises."""
+        lower = f"(case when {is_sitemap} then {self.sitemap_min_interval_s} else {self.min_interval_s} end)"
+        upper = f"(case when {is_sitemap} then {self.sitemap_max_interval_s} else {self.max_interval_s} end)"
+
+        def clamp(seconds: str) -> str:
+            return f"cast(least(greatest({seconds}, {lower}), {upper}) as bigint)"
+
+        first = f"(case when {is_sitemap} then {self.sitemap_min_interval_s} else {self.default_interval_s} end)"
+        fetched = (f"(case when {prev_hash} is null then {first} when {new_hash} is null then {clamp(prev_interval)}"
+                   f" when {new_hash} <> {prev_hash} then {clamp(f'{prev_interval} * {self.changed_factor!r}')}"
+                   f" else {clamp(f'{prev_interval} * {self.unchanged_factor!r}')} end)")
+        unchanged = clamp(f"{prev_interval} * {self.unchanged_factor!r}")
+        failures = f"({prev_failures} + 1)"
+        gives_up = f"{failures} >= {self.max_failures}"
+        retry_wait = f"({self.retry_base_s} * shiftleft(cast(1 as bigint), {failures} - 1))"
+        robots_wait = (f"(case when {robots_wait_us} is null then {self.robots_denied_interval_s * 1_000_000}"
+                       f" else greatest({robots_wait_us}, 0) end)")
+
+        def status(value: UrlStatus) -> str:
+            return f"'{value.value}'"
+
+        # (condition, status, stored interval, wait in microseconds, failure count), in `decide`'s order.
+        branches = [
+            (f"{outcome} = '{FetchOutcome.SUCCESS.value}'", status(UrlStatus.FETCHED), fetched,
+             f"{fetched} * 1000000", "0"),
+            (f"{outcome} = '{FetchOutcome.NOT_MODIFIED.value}'", status(UrlStatus.NOT_MODIFIED), unchanged,
+             f"{unchanged} * 1000000", "0"),
+            (f"{outcome} = '{FetchOutcome.REDIRECT.value}'", status(UrlStatus.REDIRECT),
+             str(self.default_interval_s), str(self.default_interval_s * 1_000_000), "0"),
+            (is_transient_sql(outcome, status_code),
+             f"case when {gives_up} then {status(UrlStatus.FAILED)} else {status(UrlStatus.RETRY)} end",
+             f"case when {gives_up} then {self.failed_interval_s} else {prev_interval} end",
+             f"case when {gives_up} then {self.failed_interval_s * 1_000_000} else {retry_wait} * 1000000 end",
+             failures),
+            (is_gone_sql(outcome, status_code), status(UrlStatus.GONE), str(self.gone_interval_s),
+             str(self.gone_interval_s * 1_000_000), "0"),
+            (f"{outcome} = '{FetchOutcome.HTTP_ERROR.value}'", status(UrlStatus.EXCLUDED),
+             str(self.failed_interval_s), str(self.failed_interval_s * 1_000_000), "0"),
+            (f"{outcome} = '{FetchOutcome.ROBOTS_DENIED.value}'", status(UrlStatus.ROBOTS_DENIED),
+             str(self.robots_denied_interval_s), robots_wait, prev_failures),
+            (f"{outcome} = '{FetchOutcome.BLOCKED.value}'", status(UrlStatus.EXCLUDED), str(self.failed_interval_s),
+             str(self.failed_interval_s * 1_000_000), prev_failures),
+            (f"{outcome} = '{FetchOutcome.DEFERRED.value}'", prev_status, prev_interval, "0", prev_failures),
+        ]
+        unknown = f"raise_error(concat('unknown fetch outcome ', coalesce({outcome}, 'null')))"
+
+        def field(index: int, kind: str) -> str:
+            cases = " ".join(f"when {branch[0]} then {branch[index]}" for branch in branches)
+            return f"cast(case {cases} else {unknown} end as {kind})"
+
+        return {"status": field(1, "string"), "fetch_interval_s": field(2, "bigint"), "wait_us": field(3, "bigint"),
+                "failure_count": field(4, "int")}

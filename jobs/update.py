@@ -18,10 +18,10 @@ re-running update for a segment changes no table. Six commits:
 All reads of `urls`, `hosts`, `pages` and `links` are pinned to the Delta version at the start of the job (and
 handed to discover), so every step sees the same pre-update state however often Spark evaluates a plan; the
 segment's results and their pre-completion rows are read once and cached. Per-record rules come from
-crawler.revisit (status, interval, next fetch, failures), crawler.frontier (index event kind) and
-crawler.politeness (host backoff), applied as Python UDFs, and crawler.leases (the latest result, current,
-completes), crawler.status (requests, failures) and crawler.dedup (the duplicate verdict) as their SQL twins, so
-each rule exists once.
+crawler.politeness (host backoff), applied as a Python UDF, and crawler.revisit (status, interval, next fetch,
+failures), crawler.frontier (index event kind), crawler.leases (the latest result, current, completes),
+crawler.status (requests, failures) and crawler.dedup (the duplicate verdict) as their SQL twins, so each rule
+exists once and a completion needs no Python worker.
 """
 
 from __future__ import annotations
@@ -30,7 +30,6 @@ import logging
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
-import pandas as pd
 from pyspark import StorageLevel
 from pyspark.sql import DataFrame, Row, SparkSession
 from pyspark.sql import functions as F
@@ -38,17 +37,15 @@ from pyspark.sql import functions as F
 from crawler import layout
 from crawler.config import Config
 from crawler.dedup import representative_of_sql
-from crawler.frontier import index_event_kind
+from crawler.frontier import index_event_kind_sql
 from crawler.leases import completes_sql, is_current_sql, latest_result_rank_sql
 from crawler.records import FETCHED
-from crawler.revisit import PreviousState, RevisitPolicy
+from crawler.revisit import RevisitPolicy
 from crawler.status import FINISHED_SEGMENT_STATES, FetchOutcome, SegmentState, made_request_sql
 from delta_tables import tables
 from jobs import cycle_metrics, discover
 from jobs.base import (
-    EPOCH,
     check_bucketing,
-    from_micros,
     insert_if_absent,
     latest_per_key,
     merge_counts,
@@ -59,7 +56,6 @@ from jobs.base import (
     sized_to_input,
     step,
     table_turn,
-    to_micros,
 )
 from jobs.update_hosts import host_fetch_counts, merge_hosts, segment_robots
 from jobs.writelock import holding_writer_lock
@@ -80,48 +76,6 @@ class UpdateResult:
     def summary(self) -> str:
         return (f"{self.results} results: {self.applied} applied, {self.stale} stale, {self.discovered} new URLs, "
                 f"{self.index_events} index events, {self.hosts_updated} hosts")
-
-
-def _ints(values: pd.Series) -> list[int | None]:
-    """A nullable integer column as Arrow hands it to pandas (float with NaN where null) as Python ints."""
-    return [None if pd.isna(v) else int(v) for v in values]
-
-
-def _texts(values: pd.Series) -> list[str | None]:
-    return [None if pd.isna(v) else v for v in values]
-
-
-def completion_udfs(policy: RevisitPolicy):
-    """The revisit decision and index event kind as vectorized (Arrow-batched) Spark UDFs over the pre-completion
-    row; the rules themselves are crawler.revisit's and crawler.frontier's, called per row."""
-
-    @F.pandas_udf("status string, fetch_interval_s bigint, wait_us bigint, failure_count int")
-    def decide(outcome: pd.Series, status_code: pd.Series, prev_status: pd.Series, prev_interval: pd.Series,
-               prev_failures: pd.Series, prev_hash: pd.Series, new_hash: pd.Series,
-               robots_wait_us: pd.Series, is_sitemap: pd.Series) -> pd.DataFrame:
-        decisions = [
-            # Times relative to the fetch: fetched_at is EPOCH, the robots expiry is EPOCH + its distance from it.
-            policy.decide(o, code, PreviousState(status, interval, failures, old, bool(sitemap)), EPOCH, new,
-                          from_micros(wait))
-            for o, code, status, interval, failures, old, new, wait, sitemap in zip(
-                _texts(outcome), _ints(status_code), _texts(prev_status), _ints(prev_interval), _ints(prev_failures),
-                _texts(prev_hash), _texts(new_hash), _ints(robots_wait_us), is_sitemap, strict=True)
-        ]
-        return pd.DataFrame({
-            "status": [d.status for d in decisions],
-            "fetch_interval_s": pd.array([d.fetch_interval_s for d in decisions], dtype="Int64"),
-            "wait_us": pd.array([to_micros(d.next_fetch_at) for d in decisions], dtype="Int64"),
-            "failure_count": pd.array([d.failure_count for d in decisions], dtype="Int32"),
-        })
-
-    @F.pandas_udf("string")
-    def event_kind(outcome: pd.Series, status_code: pd.Series, previous_hash: pd.Series, new_hash: pd.Series,
-                   representative: pd.Series, sitemap_origin: pd.Series) -> pd.Series:
-        return pd.Series([index_event_kind(*values) for values in zip(
-            _texts(outcome), _ints(status_code), _texts(previous_hash), _texts(new_hash), _texts(representative),
-            _texts(sitemap_origin), strict=True)], dtype=object)
-
-    return decide, event_kind
 
 
 @holding_writer_lock("update")
@@ -199,15 +153,14 @@ def _fold(spark: SparkSession, conf: Config, root: str, segment_id: str, results
                              f"t.segment_id = '{segment_id}' AND t.url_id = s.url_id "
                              "AND t.state_version = s.state_version")
 
-        decide, event_kind = completion_udfs(RevisitPolicy.from_config(conf))
         live = with_previous.where(F.col("current") & (F.col("prev_lease") == seg)).join(
             pages.select("url_id", "state_version", F.col("content_hash").alias("new_hash"),
                          F.col("simhash").alias("new_simhash"),
                          F.expr(representative_of_sql("url_id", "duplicate_of", "near_duplicate_cluster"))
                          .alias("duplicate_of")),
             ["url_id", "state_version"], "left",
-        ).withColumn("kind", event_kind("outcome", "status_code", "prev_hash", "new_hash", "duplicate_of",
-                                        "sitemap_origin"))
+        ).withColumn("kind", F.expr(index_event_kind_sql("outcome", "status_code", "prev_hash", "new_hash",
+                                                         "duplicate_of", "sitemap_origin")))
         with step(f"update {segment_id}: index events"):
             events = live.where(F.col("kind").isNotNull()).select(
                 "url_id", "state_version", "url", "kind", "segment_id", "status_code", "warc_filename", "warc_offset",
@@ -231,7 +184,8 @@ def _fold(spark: SparkSession, conf: Config, root: str, segment_id: str, results
                 robots_expiry = hosts_snap.select("host_key", F.col("robots_expires_at").alias("h")).join(
                     observed, "host_key", "full_outer").select(
                     "host_key", F.coalesce("r", "h").alias("robots_expires_at"))
-                completed = completion_rows(live.join(robots_expiry, "host_key", "left"), decide)
+                completed = completion_rows(live.join(robots_expiry, "host_key", "left"),
+                                            RevisitPolicy.from_config(conf))
                 merge_urls(spark, conf, root, segment_id, completed, found.targets, now)
 
             with step(f"update {segment_id}: hosts"):
@@ -251,16 +205,18 @@ def _fold(spark: SparkSession, conf: Config, root: str, segment_id: str, results
     return result
 
 
-def completion_rows(live: DataFrame, decide) -> DataFrame:
-    """Each live result's new URL state (`n_*` columns) by its URL's keys, bucket and version (`c_version`)."""
+def completion_rows(live: DataFrame, policy: RevisitPolicy) -> DataFrame:
+    """Each live result's new URL state (`n_*` columns) by its URL's keys, bucket and version (`c_version`): the
+    revisit decision (crawler.revisit, in SQL) and what the result replaces."""
     outcome = F.col("outcome")
     success, not_modified = outcome == FetchOutcome.SUCCESS.value, outcome == FetchOutcome.NOT_MODIFIED.value
     requested = F.expr(made_request_sql("outcome"))
     has_new = success & F.col("new_hash").isNotNull()
     changed = has_new & ~F.col("prev_hash").eqNullSafe(F.col("new_hash"))
-    robots_wait_us = F.unix_micros("robots_expires_at") - F.unix_micros("fetched_at")
-    d = decide("outcome", "status_code", "prev_status", "prev_interval", "prev_failures", "prev_hash", "new_hash",
-               robots_wait_us, F.col("sitemap_origin").isNotNull())
+    decision = policy.decide_sql("outcome", "status_code", "prev_status", "prev_interval", "prev_failures",
+                                 "prev_hash", "new_hash", "(unix_micros(robots_expires_at) - unix_micros(fetched_at))",
+                                 "(sitemap_origin is not null)")
+    d = F.struct(*[F.expr(sql).alias(name) for name, sql in decision.items()])
     return live.withColumn("d", d).select(
         "url_id", "url", F.col("state_version").alias("c_version"), F.col("u_bucket").alias("bucket"),
         F.col("d.status").alias("n_status"),

@@ -1,7 +1,8 @@
 """Every rule that Spark evaluates as SQL text agrees with its Python form (the rule's one home in `crawler/`).
 
 Each test builds a small frame of cases, evaluates the `*_sql` twin on the shared session and compares row by row
-with the Python function over the same values: status outcomes, politeness delays, the per-host cap and score,
+with the Python function over the same values: status outcomes, the revisit decision and the index event kind,
+politeness delays, the per-host cap and score,
 leases (due, version, current, completes, latest result), the duplicate verdict, discovery depth/priority, backing
 off, robots rules in force, the segment order, the depth scope, the per-cycle caps on new URLs and the service
 levels' rules.
@@ -26,6 +27,7 @@ from crawler.dedup import (
     representative_of_sql,
 )
 from crawler.politeness import PolitenessRules, is_backing_off, is_backing_off_sql
+from crawler.revisit import PreviousState, RevisitPolicy
 from crawler.robots import RobotsState, rules_in_force, rules_in_force_sql
 from crawler.scope import DEPTH_BEYOND_SCOPE, Scope
 from crawler.status import (
@@ -72,6 +74,54 @@ def test_status_rules_agree(spark):
         assert row.transient == is_transient(row.outcome, row.status_code), row
         assert row.gone == is_gone(row.outcome, row.status_code), row
         assert row.leaves == leaves_index(row.outcome, row.status_code), row
+
+
+REVISIT = RevisitPolicy(default_interval_s=86_400, min_interval_s=3_600, max_interval_s=2_592_000, changed_factor=0.5,
+                        unchanged_factor=1.5, retry_base_s=300, max_failures=3, failed_interval_s=604_800,
+                        gone_interval_s=1_209_600, robots_denied_interval_s=86_400, sitemap_min_interval_s=900,
+                        sitemap_max_interval_s=86_400)
+
+
+def test_revisit_decision_and_index_event_kind_agree(spark):
+    """Every outcome and status code against previous states that reach each branch: first, changed, unchanged and
+    missing content, clamps at both ends (pages and sitemaps), failure streaks below and at the limit, robots
+    expiries known (past and future) and unknown."""
+    previous = [("unfetched", 86_400, 0, None), ("fetched", 86_400, 0, "h1"), ("fetched", 4_000, 1, "h1"),
+                ("retry", 2_000_000, 2, "h1"), ("not_modified", 100, 0, "h1"), ("fetched", 86_400, 1, None)]
+    contents = [None, "h1", "h2"]
+    robots_waits = [None, -5_000_000, 0, 123_456_789]
+    cases = [(o.value, code, *prev, new, wait, sitemap, duplicate)
+             for o, code in itertools.product(FetchOutcome, STATUSES)
+             for prev, new, wait, sitemap, duplicate in itertools.product(
+                 previous, contents, robots_waits, (False, True), (None, "rep"))
+             if o in (FetchOutcome.SUCCESS, FetchOutcome.ROBOTS_DENIED) or (wait is None and new in (None, "h2"))]
+    frame = spark.createDataFrame(cases, "outcome string, status_code int, prev_status string, prev_interval long, "
+                                         "prev_failures int, prev_hash string, new_hash string, robots_wait_us long, "
+                                         "sitemap boolean, duplicate_of string")
+    decision = REVISIT.decide_sql("outcome", "status_code", "prev_status", "prev_interval", "prev_failures",
+                                  "prev_hash", "new_hash", "robots_wait_us", "sitemap")
+    kind = frontier.index_event_kind_sql("outcome", "status_code", "prev_hash", "new_hash", "duplicate_of",
+                                         "case when sitemap then 'robots' end")
+    got = frame.selectExpr("*", *[f"{sql} as d_{name}" for name, sql in decision.items()], f"{kind} as kind").collect()
+    assert len(got) == len(cases) > 1000
+    for row in got:
+        robots_expiry = None if row.robots_wait_us is None else T0 + timedelta(microseconds=row.robots_wait_us)
+        expected = REVISIT.decide(row.outcome, row.status_code, PreviousState(
+            row.prev_status, row.prev_interval, row.prev_failures, row.prev_hash, row.sitemap), T0, row.new_hash,
+            robots_expiry)
+        wait_us = (expected.next_fetch_at - T0) // timedelta(microseconds=1)
+        assert (row.d_status, row.d_fetch_interval_s, row.d_wait_us, row.d_failure_count) == (
+            expected.status, expected.fetch_interval_s, wait_us, expected.failure_count), row
+        assert row.kind == frontier.index_event_kind(row.outcome, row.status_code, row.prev_hash, row.new_hash,
+                                                     row.duplicate_of, "robots" if row.sitemap else None), row
+
+
+def test_an_unknown_outcome_fails_the_revisit_decision_as_in_python(spark):
+    decision = REVISIT.decide_sql("outcome", "code", "'fetched'", "86400", "0", "null", "null", "null", "false")
+    with pytest.raises(ValueError, match="unknown fetch outcome 'teleported'"):
+        REVISIT.decide("teleported", None, PreviousState("fetched", 86_400, 0, None), T0)
+    with pytest.raises(Exception, match="unknown fetch outcome teleported"):
+        spark.sql(f"select {decision['status']} from values ('teleported', 200) as t(outcome, code)").collect()
 
 
 @pytest.mark.parametrize("max_hamming", [0, 3, 7])
