@@ -137,10 +137,15 @@ class RevisitPolicy:
             return f"cast(least(greatest({seconds}, {lower}), {upper}) as bigint)"
 
         first = f"(case when {is_sitemap} then {self.sitemap_min_interval_s} else {self.default_interval_s} end)"
+        def scaled(factor: float) -> str:
+            # A double literal (`D`): a bare 0.7 is a decimal in Spark SQL, whose exact product (60480 for
+            # 86400 * 0.7) `int()` of Python's float product (60479.99...) would not match.
+            return clamp(f"{prev_interval} * {float(factor)!r}D")
+
         fetched = (f"(case when {prev_hash} is null then {first} when {new_hash} is null then {clamp(prev_interval)}"
-                   f" when {new_hash} <> {prev_hash} then {clamp(f'{prev_interval} * {self.changed_factor!r}')}"
-                   f" else {clamp(f'{prev_interval} * {self.unchanged_factor!r}')} end)")
-        unchanged = clamp(f"{prev_interval} * {self.unchanged_factor!r}")
+                   f" when {new_hash} <> {prev_hash} then {scaled(self.changed_factor)}"
+                   f" else {scaled(self.unchanged_factor)} end)")
+        unchanged = scaled(self.unchanged_factor)
         failures = f"({prev_failures} + 1)"
         gives_up = f"{failures} >= {self.max_failures}"
         retry_wait = f"({self.retry_base_s} * shiftleft(cast(1 as bigint), {failures} - 1))"

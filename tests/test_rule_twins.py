@@ -10,6 +10,7 @@ levels' rules.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import random
 from datetime import UTC, datetime, timedelta
@@ -82,10 +83,13 @@ REVISIT = RevisitPolicy(default_interval_s=86_400, min_interval_s=3_600, max_int
                         sitemap_max_interval_s=86_400)
 
 
-def test_revisit_decision_and_index_event_kind_agree(spark):
+# Factors whose products are not exact in binary (86400 * 0.7 = 60479.99... as a float, which the rule truncates).
+@pytest.mark.parametrize("factors", [(0.5, 1.5), (0.7, 1.1)])
+def test_revisit_decision_and_index_event_kind_agree(spark, factors):
     """Every outcome and status code against previous states that reach each branch: first, changed, unchanged and
     missing content, clamps at both ends (pages and sitemaps), failure streaks below and at the limit, robots
     expiries known (past and future) and unknown."""
+    policy = dataclasses.replace(REVISIT, changed_factor=factors[0], unchanged_factor=factors[1])
     previous = [("unfetched", 86_400, 0, None), ("fetched", 86_400, 0, "h1"), ("fetched", 4_000, 1, "h1"),
                 ("retry", 2_000_000, 2, "h1"), ("not_modified", 100, 0, "h1"), ("fetched", 86_400, 1, None)]
     contents = [None, "h1", "h2"]
@@ -98,15 +102,15 @@ def test_revisit_decision_and_index_event_kind_agree(spark):
     frame = spark.createDataFrame(cases, "outcome string, status_code int, prev_status string, prev_interval long, "
                                          "prev_failures int, prev_hash string, new_hash string, robots_wait_us long, "
                                          "sitemap boolean, duplicate_of string")
-    decision = REVISIT.decide_sql("outcome", "status_code", "prev_status", "prev_interval", "prev_failures",
-                                  "prev_hash", "new_hash", "robots_wait_us", "sitemap")
+    decision = policy.decide_sql("outcome", "status_code", "prev_status", "prev_interval", "prev_failures",
+                                 "prev_hash", "new_hash", "robots_wait_us", "sitemap")
     kind = frontier.index_event_kind_sql("outcome", "status_code", "prev_hash", "new_hash", "duplicate_of",
                                          "case when sitemap then 'robots' end")
     got = frame.selectExpr("*", *[f"{sql} as d_{name}" for name, sql in decision.items()], f"{kind} as kind").collect()
     assert len(got) == len(cases) > 1000
     for row in got:
         robots_expiry = None if row.robots_wait_us is None else T0 + timedelta(microseconds=row.robots_wait_us)
-        expected = REVISIT.decide(row.outcome, row.status_code, PreviousState(
+        expected = policy.decide(row.outcome, row.status_code, PreviousState(
             row.prev_status, row.prev_interval, row.prev_failures, row.prev_hash, row.sitemap), T0, row.new_hash,
             robots_expiry)
         wait_us = (expected.next_fetch_at - T0) // timedelta(microseconds=1)
