@@ -337,11 +337,12 @@ def run(spark: SparkSession, conf: Config, root: str, segment_id: str) -> DedupR
     # Every MERGE source is a localCheckpoint (SOURCE_HELD).
     # Its work follows the segment's pages and the band index it scans for their candidates (not counted when the
     # segment alone is over the small-input threshold: the count would not change the plan).
-    rows = segment_rows(conf, layout.fetched_dir(root, segment_id))
-    if rows <= conf.spark.small_input_rows:
-        rows += table_rows(spark, root, BANDS)
+    def input_rows() -> int:
+        rows = segment_rows(conf, layout.fetched_dir(root, segment_id))
+        return rows + table_rows(spark, root, BANDS) if rows <= conf.spark.small_input_rows else rows
+
     with (step(f"dedup {segment_id}"), session_settings(spark, {**NOT_ADAPTIVE, **SOURCE_HELD}),
-          sized_to_input(spark, conf, rows)):
+          sized_to_input(spark, conf, input_rows)):
         # Every table is read once, filtered to what the segment touches, and checkpointed: later plans hold no
         # Delta scan to plan again (planning one costs more than the work at a segment's size).
         documents, leavers = segment_changes(spark, root, segment_id)

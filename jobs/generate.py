@@ -346,7 +346,7 @@ def run(spark: SparkSession, conf: Config, root: str, segment_id: str | None = N
     tables.ensure_tables(spark, root)
     # Its work follows the due URLs it reads: sized by as many as the last generate found.
     with writer_lock(conf, root, "generate") as lock, sized_to_input(
-            spark, conf, cycle_metrics.last_due_urls(spark, root)):
+            spark, conf, lambda: cycle_metrics.last_due_urls(spark, root)):
         return _generate(spark, conf, root, segment_id, now, lock, merging)
 
 

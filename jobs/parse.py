@@ -261,8 +261,8 @@ def run(spark: SparkSession, conf: Config, root: str, segment_id: str) -> ParseR
     fetched = read_segment_files(spark, fetched_dir, FETCHED)
     if fetched is None:
         return ParseResult(records=0, pages=0, links=0, errors=0, pages_inserted=0)
-    rows = segment_rows(conf, fetched_dir)
-    with step(f"parse {segment_id}"), session_settings(spark, _PARSE_SETTINGS), sized_to_input(spark, conf, rows):
+    with (step(f"parse {segment_id}"), session_settings(spark, _PARSE_SETTINGS),
+          sized_to_input(spark, conf, lambda: segment_rows(conf, fetched_dir))):
         parsed = _parse(fetched, root, segment_id, conf).persist()
         try:
             totals = parsed.agg(

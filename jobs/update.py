@@ -85,7 +85,7 @@ def run(spark: SparkSession, conf: Config, root: str, segment_id: str) -> Update
     tables.ensure_tables(spark, root)
     check_bucketing(conf, root)
     result = UpdateResult(segment_id)
-    with sized_to_input(spark, conf, segment_rows(conf, layout.fetched_dir(root, segment_id))):
+    with sized_to_input(spark, conf, lambda: segment_rows(conf, layout.fetched_dir(root, segment_id))):
         return _update(spark, conf, root, segment_id, result)
 
 

@@ -38,7 +38,7 @@ def test_small_input_plan_only_for_known_few_rows(large_session, base_conf, rows
     conf = base_conf.with_overrides({"spark.small_input_rows": 20, "spark.shuffle_partitions": 8})
     before = _settings(spark)
     assert before == LARGE_INPUT
-    with sized_to_input(spark, conf, rows):
+    with sized_to_input(spark, conf, lambda: rows):
         inside = _settings(spark)
         assert spark.range(50).selectExpr("id % 7 as k").groupBy("k").count().count() == 7
     assert _settings(spark) == before
@@ -54,17 +54,36 @@ def test_never_small_when_turned_off(large_session, base_conf):
     spark = large_session
     conf = base_conf.with_overrides({"spark.small_input_rows": 0})
     before = _settings(spark)
-    with sized_to_input(spark, conf, 1):
+    with sized_to_input(spark, conf, lambda: 1):
         assert _settings(spark) == before
 
 
 def test_settings_restored_after_an_error(large_session, base_conf):
     spark = large_session
     before = _settings(spark)
-    with pytest.raises(RuntimeError), sized_to_input(spark, base_conf, 1):
+    with pytest.raises(RuntimeError), sized_to_input(spark, base_conf, lambda: 1):
         assert spark.conf.get("spark.sql.codegen.factoryMode") == "NO_CODEGEN"
         raise RuntimeError("step failed")
     assert _settings(spark) == before
+
+
+def test_a_session_already_on_the_small_input_plan_skips_the_count(spark, base_conf):
+    """The suite's session runs the small-input settings: sizing cannot change them, so the count (for generate a
+    read of `cycle_metrics`) is never asked; on a large session it is asked once."""
+    asked = []
+
+    def count() -> int:
+        asked.append(1)
+        return 1
+
+    conf = base_conf.with_overrides({"spark.small_input_rows": 20})
+    before = _settings(spark)
+    with sized_to_input(spark, conf, count):
+        assert _settings(spark) == before
+    assert asked == []
+    with session_settings(spark, LARGE_INPUT), sized_to_input(spark, conf, count):
+        assert spark.conf.get("spark.sql.codegen.factoryMode") == "NO_CODEGEN"
+    assert asked == [1]
 
 
 def test_segment_rows_counts_what_the_steps_read(tmp_path, base_conf):
