@@ -137,6 +137,7 @@ class RevisitPolicy:
             return f"cast(least(greatest({seconds}, {lower}), {upper}) as bigint)"
 
         first = f"(case when {is_sitemap} then {self.sitemap_min_interval_s} else {self.default_interval_s} end)"
+
         def scaled(factor: float) -> str:
             # A double literal (`D`): a bare 0.7 is a decimal in Spark SQL, whose exact product (60480 for
             # 86400 * 0.7) `int()` of Python's float product (60479.99...) would not match.
