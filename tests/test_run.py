@@ -34,7 +34,7 @@ def test_sigterm_stops_the_driver_and_its_daemon_cleanly(run_crawls):
     stop = killed.sigterm
     assert stop["code"] == 0, stop["output"]
     assert stop["seconds"] < SIGTERM_BOUND_S
-    assert stop["group_gone"]
+    assert stop["group_left"] == []
     assert stop["held"] == []
     assert "run: update" in stop["output"] and "run: stopped:" in stop["output"]
 

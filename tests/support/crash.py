@@ -41,6 +41,7 @@ from jobs.base import STEP_STARTED
 from tests.support.config import at_background_priority
 from tests.support.crawl import SharedCrawl, recording_steps
 from tests.support.jvm import short_lived_jvm_env
+from tests.support.process_group import wait_until_gone
 from tests.support.tables import snapshot
 
 GENERATED_SEGMENT = "seg-crash-generate"
@@ -182,18 +183,6 @@ def _step_name(line: str) -> str | None:
     return None
 
 
-def _group_gone(pgid: int, timeout_s: float = 60.0) -> bool:
-    """True once no process of the group is left (the JVM and Python workers die with the driver)."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        try:
-            os.killpg(pgid, 0)
-        except ProcessLookupError:
-            return True
-        time.sleep(0.2)
-    return False
-
-
 def _run_killed(argv: list[str], log_path: Path, kill_at: tuple[str, float]) -> Run:
     """Run `argv` in a child process of a new session (its output kept in `log_path`) and SIGKILL its whole
     process group `kill_at[1]` seconds after the start line of step `kill_at[0]`, if the job is still running
@@ -232,7 +221,8 @@ def _run_killed(argv: list[str], log_path: Path, kill_at: tuple[str, float]) -> 
         reader.join(timeout=30)
         log_path.write_text("\n".join(run.lines) + "\n")
     if run.killed:
-        assert _group_gone(proc.pid), "processes of the killed job are still running"
+        left = wait_until_gone(proc.pid, 60.0)
+        assert not left, f"processes of the killed job are still running: {left}"
     run.returncode, run.seconds = proc.returncode, time.monotonic() - started
     return run
 

@@ -42,6 +42,7 @@ from sitefarm.sites import FarmSpec
 from sitefarm.truth import FarmTruth
 from tests.support.config import TEST_OVERRIDES, at_background_priority
 from tests.support.jvm import short_lived_jvm_env
+from tests.support.process_group import wait_until_gone
 from tests.support.servers import free_port
 
 REPO = Path(__file__).resolve().parents[2]
@@ -58,7 +59,7 @@ KILLS = (("parse", "started", 1.0, "group"), ("update", "started", 2.0, "driver"
 # During the update the last kill leaves to do (its segment's dedup ended, its update not committed): a step that
 # is still to come whatever the timing (a parse may not be: the last segment can be parsed before that kill).
 SIGTERM_AT = ("update", "started", 1.0)
-CHILDREN_GONE_S = 30  # after kill -9 of the driver alone: the daemon's stop on its parent's death, the JVM's exit
+CHILDREN_GONE_S = 60  # after kill -9 of the driver alone: the daemon's stop on its parent's death, the JVM's exit (both niced)
 
 
 # A generate that found nothing due, line by line (its start, lock, selection, verdict and end), and what a JVM
@@ -192,15 +193,9 @@ class Driver:
             *kept[:head], f"[... {len(kept) - head - tail} lines left out ...]", *kept[-tail:]]
         return "\n".join([f"[{idle} generates that found nothing due left out]", *lines])
 
-    def group_gone(self, timeout_s: float) -> bool:
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            try:
-                os.killpg(self.process.pid, 0)
-            except ProcessLookupError:
-                return True
-            time.sleep(0.1)
-        return False
+    def group_left(self, timeout_s: float) -> list[str]:
+        """What of its process group still runs after waiting up to `timeout_s` (empty: nothing)."""
+        return wait_until_gone(self.process.pid, timeout_s)
 
 
 @dataclass
@@ -294,15 +289,15 @@ def interrupted_crawl(base: Path) -> Crawl:
                 driver.process.kill()
             driver.finish()
             crawl.outputs.append(driver.tail(400))
-            assert driver.group_gone(CHILDREN_GONE_S), \
-                f"a process of the driver's group outlived kill -9 of the {whom}"
+            left = driver.group_left(CHILDREN_GONE_S)
+            assert not left, f"processes of the driver's group outlived kill -9 of the {whom}: {left}"
         driver = Driver.start(config)
         driver.wait_for(*SIGTERM_AT[:2])
         time.sleep(SIGTERM_AT[2])
         sent = time.monotonic()
         driver.process.send_signal(signal.SIGTERM)
         code = driver.finish()
-        crawl.sigterm = {"code": code, "seconds": time.monotonic() - sent, "group_gone": driver.group_gone(5),
+        crawl.sigterm = {"code": code, "seconds": time.monotonic() - sent, "group_left": driver.group_left(5),
                          "output": driver.tail()}
         crawl.outputs.append(driver.tail(400))
         settings = config_mod.load(str(config))

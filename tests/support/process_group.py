@@ -1,0 +1,35 @@
+"""A killed process group's leftovers, read from /proc: what a kill -9 test asserts is gone."""
+
+from __future__ import annotations
+
+import os
+import time
+
+
+def living_members(pgid: int) -> list[str]:
+    """The group's processes that still run, as "pid state command". A zombie is left out: it has exited and waits
+    for its new parent (the machine's init, which reaps on its own schedule) to collect its status; `killpg(pgid,
+    0)` still counts it, which made a slow reaper look like a process that outlived its driver."""
+    living = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat", encoding="utf-8", errors="replace") as stat:
+                fields = stat.read().rsplit(")", 1)[1].split()
+            with open(f"/proc/{name}/cmdline", "rb") as cmdline:
+                command = cmdline.read().replace(b"\0", b" ").decode(errors="replace").strip()
+        except OSError:  # it ended while we read
+            continue
+        state, group = fields[0], int(fields[2])
+        if group == pgid and state not in ("Z", "X"):
+            living.append(f"{name} {state} {command[:160]}")
+    return living
+
+
+def wait_until_gone(pgid: int, timeout_s: float) -> list[str]:
+    """The group's living processes after waiting up to `timeout_s` for none to be left (empty: all gone)."""
+    deadline = time.monotonic() + timeout_s
+    while (living := living_members(pgid)) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return living
