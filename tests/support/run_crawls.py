@@ -59,7 +59,7 @@ KILLS = (("parse", "started", 1.0, "group"), ("update", "started", 2.0, "driver"
 # During the update the last kill leaves to do (its segment's dedup ended, its update not committed): a step that
 # is still to come whatever the timing (a parse may not be: the last segment can be parsed before that kill).
 SIGTERM_AT = ("update", "started", 1.0)
-CHILDREN_GONE_S = 60  # after kill -9 of the driver alone: the daemon's stop on its parent's death, the JVM's exit (both niced)
+CHILDREN_GONE_S = 60  # after kill -9 of the driver alone: the daemon's stop on its parent's death, the JVM's exit
 
 
 # A generate that found nothing due, line by line (its start, lock, selection, verdict and end), and what a JVM
