@@ -32,8 +32,17 @@ FETCHLIST = pa.schema(
         ("max_concurrency", pa.int32()), # the host's own cap on requests in flight (hosts.max_concurrency; null: none)
         ("last_fetch_at", TS),           # the URL's previous fetch (null if none): a 304's WARC-Refers-To-Date
         ("sitemap_origin", pa.string()), # non-null: a sitemap (fetched with sitemaps.max_fetch_bytes, parsed as one)
+        # The host's stored robots.txt while in force (hosts.robots_*), on its first row in the list only (null on
+        # the others and when none is in force): a daemon new to the host (its bucket came from another process)
+        # obeys it instead of fetching robots.txt again after the longest Crawl-delay the previous owner may have
+        # obeyed.
+        ("robots_status_code", pa.int32()),
+        ("robots_body", pa.string()),
+        ("robots_fetched_at", TS),
+        ("robots_expires_at", TS),
     ]
 )
+FETCHLIST_ROBOTS = ("robots_status_code", "robots_body", "robots_fetched_at", "robots_expires_at")
 
 FETCHLIST_ROW_GROUP_BYTES = 1024 * 1024
 

@@ -201,6 +201,19 @@ def is_unreachable(status_code: int | None) -> bool:
     return status_code is None or status_code == 429 or not 200 <= status_code < 500
 
 
+def observation_reusable(status_code: int | None, expires_at: datetime | None, now: datetime) -> bool:
+    """Whether a stored robots.txt observation may stand in for a fetch by a daemon new to the host (a resumed
+    bucket's own earlier fetch, or the `hosts` copy generate hands over in the fetch list): a definite answer
+    (rules, or unavailable: allow all) that has not expired. An unreachable one is fetched again, so the daemon
+    applies its own rules for an outage (`remember`)."""
+    return expires_at is not None and expires_at > now and not is_unreachable(status_code)
+
+
+def observation_reusable_sql(status_code: str, expires_at: str, now: str) -> str:
+    """`observation_reusable` over the `hosts` columns and a timestamp expression for now."""
+    return f"coalesce({expires_at} > {now} and {status_code} between 200 and 499 and {status_code} != 429, false)"
+
+
 @dataclass(frozen=True)
 class RobotsCacheRules:
     """How long a daemon trusts what it learned of a host's robots.txt (`robots.*`)."""

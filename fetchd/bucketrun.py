@@ -68,7 +68,7 @@ class BucketRun:
         # url_ids, read from their column up front, so a redirect to a URL listed further on is not followed.
         done = KeySet.of(result_key(url_id, version) for url_id, version in resume.done)
         resume.done.clear()  # replaced by the compact keys
-        listed, self.urls = fetchlist.scan(done)  # urls: rows this run fetches (not reported before)
+        listed, self.urls, handed_over = fetchlist.scan(done)  # urls: rows this run fetches (not reported before)
         self.reading: Iterator[dict[str, Any]] | None = fetchlist.rows(done)  # None once read to the end
         self.max_queued = max_queued
         self.tasks: set[asyncio.Task[None]] = set()
@@ -79,8 +79,9 @@ class BucketRun:
         self.begun: float | None = None  # monotonic start of the scheduler: ready lag is never counted before it
         self.exchange = Exchange(services, out=self.out, listed=listed, should_stop=self.should_stop,
                                  fenced=lease.fenced)
-        self.preparer = HostPreparer(services, exchange=self.exchange, out=self.out, previous_robots=resume.robots,
-                                     previous_end=lease.previous_end)
+        # What an earlier run of this bucket fetched is newer than what generate handed over from `hosts`.
+        self.preparer = HostPreparer(services, exchange=self.exchange, out=self.out,
+                                     previous_robots={**handed_over, **resume.robots}, previous_end=lease.previous_end)
 
     def _sync_files(self) -> None:
         """After rows are published or a WARC closed: on an S3 root they go up (`fetchd.storage`)."""

@@ -27,7 +27,7 @@ from crawler.robots import (
     ROBOTS_PATH,
     CachedRobots,
     RobotsPolicy,
-    is_unreachable,
+    observation_reusable,
     policy_for_status,
     remember,
 )
@@ -81,7 +81,8 @@ class HostPreparer:
     """Readies the hosts of one bucket run. From the daemon's `services`: its robots cache (host memory), whether it
     may send a host outside the bucket a request (`owned.owns_host`) and the per-IP guard's gate of an address
     (`gates.address_gate_for`; None while the guard is off). Of the bucket: `previous_robots`, the robots rows
-    earlier runs of the bucket published (host_key -> row, taken as each host first appears), and `previous_end`,
+    earlier runs of the bucket published, else the stored ones generate handed over in the fetch list (host_key ->
+    row, taken as each host first appears), and `previous_end`,
     the wall time the bucket's previous owner's last request ended, at the latest."""
 
     def __init__(self, services: DaemonServices, *, exchange: Exchange, out: BucketOutput,
@@ -105,7 +106,7 @@ class HostPreparer:
         wall_now, mono_now = self.clock.wall(), self.clock.monotonic()
         row = self.previous_robots.pop(host.host_key, None)
         cached = self.robots_cache.get(host.host_key)
-        if (row is not None and row["expires_at"].timestamp() > wall_now and not is_unreachable(row["status_code"])
+        if (row is not None and observation_reusable(row["status_code"], row["expires_at"], utc(wall_now))
                 and (cached is None or cached.expires <= mono_now)):
             policy = policy_for_status(row["status_code"], row["body"], self.conf.crawl.robots_token,
                                        self.conf.robots.max_bytes)

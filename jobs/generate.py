@@ -57,7 +57,7 @@ from crawler.frontier import (
 )
 from crawler.leases import due_from_sql, is_due_sql, leased_version_sql
 from crawler.politeness import PolitenessRules, is_backing_off_sql
-from crawler.robots import allowed_by_stored_rules, rules_in_force_sql
+from crawler.robots import allowed_by_stored_rules, observation_reusable_sql, rules_in_force_sql
 from crawler.service_levels import due_since_sql, is_eligible_sql, is_high_priority_sql
 from crawler.status import FINISHED_SEGMENT_STATES, SegmentState
 from crawler.writelock import holder
@@ -159,6 +159,9 @@ def select_due(spark: SparkSession, conf: Config, root: str, segment_id: str, no
         F.col("max_concurrency").alias("h_max_concurrency"),
         F.col("backoff_until").alias("h_backoff_until"),
         F.when(rules_in_force, F.col("robots_body")).alias("h_robots_rules"),
+        F.when(F.expr(observation_reusable_sql("robots_status_code", "robots_expires_at", "gen_now")), F.struct(
+            *[F.col(f"robots_{c}").alias(c) for c in ("status_code", "body", "fetched_at", "expires_at")]))
+        .alias("h_robots"),
         F.expr(politeness.is_dead_sql("failing_since", "gen_now")).alias("h_dead"),
         F.col("domain").alias("h_domain"),
         F.expr(politeness.host_state_sql("robots_state", "backoff_until", "failing_since", "gen_now")).alias("h_state"),
@@ -210,6 +213,11 @@ def select_due(spark: SparkSession, conf: Config, root: str, segment_id: str, no
     budget = conf.generate.segment_max_urls
     chosen = (within_budget(capped, budget, refresh_share) if conf.generate.budget_split
               else capped.orderBy(segment_order()).limit(budget))
+    # The host's stored robots.txt rides on its first row in the list (records.FETCHLIST): the cuts above may have
+    # left out its rank 1.
+    first_of_host = F.col("rank") == F.min("rank").over(Window.partitionBy("host_key"))
+    handed_over = [F.when(first_of_host, F.col(f"h_robots.{c}")).alias(f"robots_{c}")
+                   for c in ("status_code", "body", "fetched_at", "expires_at")]
     return ranked, eligible_high, chosen.select(
         F.lit(segment_id).alias("segment_id"),
         "url_id",
@@ -225,6 +233,7 @@ def select_due(spark: SparkSession, conf: Config, root: str, segment_id: str, no
         F.col("h_max_concurrency").alias("max_concurrency"),
         "last_fetch_at",
         "sitemap_origin",
+        *handed_over,
         "bucket",
         F.col("state_version").alias("old_state_version"),
         F.col("h_domain").alias("domain"),

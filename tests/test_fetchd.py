@@ -15,6 +15,7 @@ import sys
 import threading
 import time
 from collections import Counter
+from datetime import UTC, datetime, timedelta
 from email.utils import formatdate
 from pathlib import Path
 
@@ -509,6 +510,30 @@ def test_a_cross_host_robots_redirect_goes_through_the_target_hosts_gate(edge, b
     served = sorted(edge.requests("edge.test"), key=lambda r: r["start"])
     assert "/shared-robots" in [r["path"] for r in served]
     assert min(gaps(served)) >= 0.2
+
+
+def test_a_bucket_taken_over_obeys_the_robots_txt_generate_handed_over(edge, base_conf, root):
+    """A daemon new to a host whose bucket another process fetched until a moment ago, with the host's stored
+    robots.txt on its first fetch-list row: it obeys that copy (no robots.txt request; the URL it denies is not
+    fetched) and its first request waits one delay after the previous owner's last, not the longest Crawl-delay
+    that owner may have obeyed (what it must wait when it knows no robots.txt for the host)."""
+    conf = edge_conf(base_conf, **{"politeness.min_delay_s": 0.5, "politeness.max_crawl_delay_s": 5.0})
+    now = datetime.now(UTC)
+    handed = {"status_code": 200, "body": "User-agent: *\nDisallow: /denied\n", "fetched_at": now - timedelta(hours=1),
+              "expires_at": now + timedelta(hours=1)}
+    fetchlist = write_fetchlist(root, SEGMENT, [{"url": edge.url("edge.test", "/a"), "robots": handed},
+                                                {"url": edge.url("edge.test", "/denied")}], conf.crawl.buckets)
+    [bucket] = fetchlist
+    previous = LeaseStore(conf, root, "previous-owner")
+    released_at = time.time()
+    previous.release(previous.try_acquire(bucket), released_at)
+    fetch_segment(conf, root, SEGMENT)
+    served = edge.requests("edge.test")
+    assert [r["path"] for r in served] == ["/a"]
+    assert served[0]["start"] >= released_at + 0.5
+    assert {row["url"]: row["outcome"] for row in read_results(root, SEGMENT)} == {
+        edge.url("edge.test", "/a"): "success", edge.url("edge.test", "/denied"): "robots_denied"}
+    assert read_results(root, SEGMENT, kind="robots") == []  # nothing fetched, nothing to publish
 
 
 def test_a_robots_redirect_into_a_bucket_another_daemon_owns_is_not_followed(edge, base_conf, root):

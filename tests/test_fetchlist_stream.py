@@ -8,6 +8,7 @@ import json
 import os
 import random
 from collections import Counter
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pyarrow as pa
@@ -168,14 +169,31 @@ def test_fetchlist_reader_skips_reported_rows_across_batches_and_files(root):
     done = KeySet.of(result_key(r["url_id"], r["state_version"]) for r in reported)
     done_other_version = KeySet.of(result_key(r["url_id"], 2) for r in reported)
     fetchlist = FetchList(root, SEGMENT, 0, batch_rows=3)
-    listed, todo = fetchlist.scan(done)
-    assert len(fetchlist) == 20 and todo == 15 and len(listed) == 20
+    listed, todo, robots = fetchlist.scan(done)
+    assert len(fetchlist) == 20 and todo == 15 and len(listed) == 20 and robots == {}
     assert all(r["url"] in listed for r in rows) and "http://h0.test/elsewhere" not in listed
     assert [r["url_id"] for r in fetchlist.rows(done)] == [r["url_id"] for r in rows if r not in reported]
     assert len(list(fetchlist.rows(done_other_version))) == 20  # a result for another lease does not count
-    assert list(FetchList(root, SEGMENT, 0).rows(KeySet()))[0] == {**rows[0], "etag": None, "last_modified": None,
-                                                                   "max_concurrency": None, "last_fetch_at": None,
-                                                                   "sitemap_origin": None}
+    assert list(FetchList(root, SEGMENT, 0).rows(KeySet()))[0] == {
+        **rows[0], "etag": None, "last_modified": None, "max_concurrency": None, "last_fetch_at": None,
+        "sitemap_origin": None, **dict.fromkeys(records.FETCHLIST_ROBOTS)}
+
+
+def test_the_scan_collects_the_robots_txt_handed_over_on_each_hosts_first_row(root):
+    """Also from a row already reported (a resumed run still needs the host's robots.txt for the rows left), and
+    only from rows that carry one."""
+    rows = fetchlist_rows({f"http://h{i % 3}.test/p{i}" for i in range(9)})
+    at = datetime(2026, 12, 1, tzinfo=UTC)
+    handed = {"status_code": 200, "body": "User-agent: *\nDisallow: /x\n", "fetched_at": at,
+              "expires_at": at + timedelta(days=1)}
+    first_rows = [r for r in rows if r["rank"] == 1]
+    for row in first_rows[:2]:
+        row.update({f"robots_{k}": v for k, v in handed.items()})
+    write_fetchlist(root, order(rows, "generate"))
+    done = KeySet.of([result_key(first_rows[0]["url_id"], first_rows[0]["state_version"])])
+    _, todo, robots = FetchList(root, SEGMENT, 0, batch_rows=2).scan(done)
+    assert todo == 8
+    assert robots == {first_rows[0]["host_key"]: handed, first_rows[1]["host_key"]: handed}
 
 
 def test_a_fetch_list_from_before_a_column_existed_reads_as_null(root):

@@ -15,6 +15,7 @@ from crawler import frontier, layout, urls
 from crawler.errors import Backpressure, UserError
 from crawler.records import FETCHLIST
 from delta_tables import tables
+from fetchd.fetchlist import FetchList, KeySet
 from jobs import generate, inject, update
 from tests.support.due_files import remove_files_due_after, url_rows
 from tests.support.tables import append_rows, replace_root, unchanged_tables
@@ -207,17 +208,35 @@ def test_generate_skips_urls_the_stored_robots_rules_deny_until_they_expire(spar
 
     now = datetime.now(UTC).replace(microsecond=0) + timedelta(minutes=1)
     expires = now + timedelta(hours=1)
-    DeltaTable.forPath(spark, tables.table_path(root, "hosts")).update("host_key = 'http://a.test'", {
-        "robots_state": "'rules'", "robots_body": "'User-agent: *\nDisallow: /2\nDisallow: /4$\n'",
-        "robots_expires_at": f"timestamp'{expires.isoformat()}'"})
+    hosts = DeltaTable.forPath(spark, tables.table_path(root, "hosts"))
+    rules = "User-agent: *\nDisallow: /2\nDisallow: /4$\n"
+    fetched = now - timedelta(hours=2)
+    times = {"robots_fetched_at": f"timestamp'{fetched.isoformat()}'",
+             "robots_expires_at": f"timestamp'{expires.isoformat()}'"}
+    hosts.update("host_key = 'http://a.test'", {
+        "robots_state": "'rules'", "robots_body": f"'{rules}'", "robots_status_code": "200", **times})
+    hosts.update("host_key = 'http://c.test'", {  # a 404: unavailable, allow all (a definite answer too)
+        "robots_state": "'allow_all'", "robots_body": "'not found'", "robots_status_code": "404", **times})
     generate.run(spark, base_conf, root, "seg-r1", now)
-    listed = {r["url"] for rows in fetchlist_rows(root, "seg-r1").values() for r in rows}
-    assert listed == {"http://a.test/1", "http://a.test/3", "http://a.test/5", "http://b.test/1",
-                      "http://b.test/2", "http://c.test/"}
+    rows = [r for rows in fetchlist_rows(root, "seg-r1").values() for r in rows]
+    assert {r["url"] for r in rows} == {"http://a.test/1", "http://a.test/3", "http://a.test/5", "http://b.test/1",
+                                        "http://b.test/2", "http://c.test/"}
+    # Each host's stored robots.txt in force rides on its first row only, for a daemon new to the host, which
+    # reads it as the stored one.
+    assert sorted((r["host_key"], r["rank"]) for r in rows if r["robots_expires_at"] is not None) == [
+        ("http://a.test", 1), ("http://c.test", 1)]
+    assert all(r["robots_body"] is None and r["robots_status_code"] is None for r in rows
+               if r["robots_expires_at"] is None)
+    handed = {host: robots for bucket in fetchlist_rows(root, "seg-r1")
+              for host, robots in FetchList(root, "seg-r1", bucket).scan(KeySet())[2].items()}
+    assert handed == {
+        "http://a.test": {"status_code": 200, "body": rules, "fetched_at": fetched, "expires_at": expires},
+        "http://c.test": {"status_code": 404, "body": "not found", "fetched_at": fetched, "expires_at": expires}}
     # Once the stored policy has expired the daemon fetches robots.txt again, so the URLs go out with it.
     generate.run(spark, base_conf, root, "seg-r2", expires + timedelta(minutes=1))
-    assert {r["url"] for rows in fetchlist_rows(root, "seg-r2").values() for r in rows} == {
-        "http://a.test/2", "http://a.test/4"}
+    rows = [r for rows in fetchlist_rows(root, "seg-r2").values() for r in rows]
+    assert {r["url"] for r in rows} == {"http://a.test/2", "http://a.test/4"}
+    assert all(r["robots_expires_at"] is None for r in rows)
 
 
 @pytest.mark.slow

@@ -29,7 +29,13 @@ from crawler.dedup import (
 )
 from crawler.politeness import PolitenessRules, is_backing_off, is_backing_off_sql
 from crawler.revisit import PreviousState, RevisitPolicy
-from crawler.robots import RobotsState, rules_in_force, rules_in_force_sql
+from crawler.robots import (
+    RobotsState,
+    observation_reusable,
+    observation_reusable_sql,
+    rules_in_force,
+    rules_in_force_sql,
+)
 from crawler.scope import DEPTH_BEYOND_SCOPE, Scope
 from crawler.status import (
     FetchOutcome,
@@ -323,6 +329,18 @@ def test_robots_rules_in_force_agree(spark):
     assert got == {i: rules_in_force(state, expires, now) for i, (state, expires) in enumerate(cases)}
     assert [cases[i] for i, in_force in got.items() if in_force] == [(RobotsState.RULES.value,
                                                                       now + timedelta(microseconds=1))]
+
+
+def test_robots_observation_reusable_agrees(spark):
+    now = datetime(2026, 3, 1, 12, tzinfo=UTC)
+    cases = list(itertools.product([None, 199, 200, 301, 404, 429, 499, 500, 503, 600],
+                                   [None, now - timedelta(hours=1), now, now + timedelta(microseconds=1)]))
+    frame = spark.createDataFrame([(i, *case) for i, case in enumerate(cases)],
+                                  "i int, robots_status_code int, robots_expires_at timestamp")
+    got = {row.i: row.reusable for row in frame.withColumn("now", F.lit(now)).selectExpr(
+        "i", f"{observation_reusable_sql('robots_status_code', 'robots_expires_at', 'now')} as reusable").collect()}
+    assert got == {i: observation_reusable(status, expires, now) for i, (status, expires) in enumerate(cases)}
+    assert sorted(cases[i][0] for i, reusable in got.items() if reusable) == [200, 301, 404, 499]
 
 
 def test_segment_order_agrees(spark):
