@@ -180,9 +180,8 @@ def run_demo(conf: Config, root: str) -> int:
     finally:
         farm.stop()
     print(f"demo: crawl data in {os.path.abspath(root)} (farm log: {farm_dir / 'requests.jsonl'})", flush=True)
-    for segment_id in merged:
-        path = cycle_report.write_report(cycle_report.build(spark, conf, root, segment_id), root)
-        print(f"demo: cycle report {path}", flush=True)
+    for data in cycle_report.build_many(spark, conf, root, merged).values():  # one set of jobs for them all
+        print(f"demo: cycle report {cycle_report.write_report(data, root)}", flush=True)
     validation = validate.run(spark, conf, root)
     print(validation.summary(), flush=True)
     figures = measure(spark, conf, root, farm, farm_dir / "requests.jsonl")

@@ -1,16 +1,17 @@
 """`crawl report --segment S`: aggregate one segment's tables and write ROOT/reports/<segment>.html.
 
 Only aggregates reach the driver (counts per outcome, histogram bins, the top hosts); the inter-request gaps
-are computed with a window per host over the segment's fetches. Hosts by state are counted now, and the frontier
-figures are the last FRONTIER_ROWS rows of `cycle_metrics` (jobs/cycle_metrics.py). The drawing is
-crawler/report.py's.
+are computed with a window per host over the segment's fetches. `build_many` makes several segments' reports in
+the same jobs (`crawl demo`: each merged segment's), every aggregate keyed by segment. Hosts by state are
+counted now, and the frontier figures are the last FRONTIER_ROWS rows of `cycle_metrics` (jobs/cycle_metrics.py).
+The drawing is crawler/report.py's.
 """
 
 from __future__ import annotations
 
 from datetime import UTC, datetime
 
-from pyspark.sql import Column, DataFrame, SparkSession, Window
+from pyspark.sql import Column, DataFrame, Row, SparkSession, Window
 from pyspark.sql import functions as F
 
 from crawler import layout
@@ -45,10 +46,12 @@ def bin_column(column: Column, edges: tuple[float, ...]) -> Column:
     return sum((F.when(column >= F.lit(edge), 1).otherwise(0) for edge in edges), F.lit(0))
 
 
-def _bins(df: DataFrame, column: Column, edges: tuple[float, ...]) -> list[int]:
-    counts = [0] * (len(edges) + 1)
-    for row in df.where(column.isNotNull()).groupBy(bin_column(column, edges).alias("bin")).count().collect():
-        counts[row["bin"]] = int(row["count"])
+def _bins(df: DataFrame, column: Column, edges: tuple[float, ...]) -> dict[str, list[int]]:
+    """Per segment, how many of its rows' `column` fall in each bin."""
+    counts: dict[str, list[int]] = {}
+    for row in (df.where(column.isNotNull()).groupBy("segment_id", bin_column(column, edges).alias("bin")).count()
+                .collect()):
+        counts.setdefault(row["segment_id"], [0] * (len(edges) + 1))[row["bin"]] = int(row["count"])
     return counts
 
 
@@ -61,17 +64,34 @@ def _host_delays(conf: Config, hosts: DataFrame, host_keys: DataFrame) -> DataFr
 
 
 def _gaps(fetches: DataFrame) -> DataFrame:
-    """(host_key, gap_s) between consecutive requests to a host: next start - (previous start + elapsed). Only
-    attempts that made a request count (crawler.status.made_request); robots denials and blocks did not."""
+    """(segment_id, host_key, gap_s) between consecutive requests to a host in a segment: next start - (previous
+    start + elapsed). Only attempts that made a request count (crawler.status.made_request); robots denials and
+    blocks did not."""
     requested = fetches.where(made_request_sql("outcome"))
-    by_host = Window.partitionBy("host_key").orderBy("start_s", "url_id")
+    by_host = Window.partitionBy("segment_id", "host_key").orderBy("start_s", "url_id")
     return (
-        requested.select("host_key", "url_id", F.col("fetched_at").cast("double").alias("start_s"),
+        requested.select("segment_id", "host_key", "url_id", F.col("fetched_at").cast("double").alias("start_s"),
                          (F.coalesce(F.col("elapsed_ms"), F.lit(0)) / 1000.0).alias("elapsed_s"))
         .withColumn("gap_s", F.col("start_s") - (F.lag("start_s").over(by_host) + F.lag("elapsed_s").over(by_host)))
         .where(F.col("gap_s").isNotNull())
-        .select("host_key", "gap_s")
+        .select("segment_id", "host_key", "gap_s")
     )
+
+
+def _top(df: DataFrame, top: int, *order: Column | str) -> dict[str, list[Row]]:
+    """Each segment's first `top` rows of `df` in `order`."""
+    ranked = df.withColumn("_n", F.row_number().over(Window.partitionBy("segment_id").orderBy(*order)))
+    found: dict[str, list[Row]] = {}
+    for row in ranked.where(F.col("_n") <= top).orderBy("segment_id", "_n").collect():
+        found.setdefault(row["segment_id"], []).append(row)
+    return found
+
+
+def _per_segment(rows: list[Row], key: str = "segment_id") -> dict[str, list[Row]]:
+    found: dict[str, list[Row]] = {}
+    for row in rows:
+        found.setdefault(row[key], []).append(row)
+    return found
 
 
 def _host_stats(rows, bins: dict[str, list[int]] | None = None) -> list[HostStats]:
@@ -84,130 +104,173 @@ def _host_stats(rows, bins: dict[str, list[int]] | None = None) -> list[HostStat
 
 def build(spark: SparkSession, conf: Config, root: str, segment_id: str, top: int = TOP_HOSTS) -> ReportData:
     """The report's aggregates for one segment (its `fetches`, `segments`, `pages`, new `urls`, `hosts`)."""
-    layout.check_segment_id(segment_id)
+    return build_many(spark, conf, root, [segment_id], top)[segment_id]
+
+
+def build_many(spark: SparkSession, conf: Config, root: str, segment_ids: list[str],
+               top: int = TOP_HOSTS) -> dict[str, ReportData]:
+    """Each segment's report, from one set of Spark jobs however many segments there are (every aggregate is keyed
+    by segment too): what `crawl demo` writes at its end. A segment without fetches is an error, as in `build`."""
+    for segment_id in segment_ids:
+        layout.check_segment_id(segment_id)
     root = layout.normalize_root(root)
-    fetches = tables.table_df(spark, root, "fetches").where(F.col("segment_id") == segment_id).persist()
+    ours = F.col("segment_id").isin(*segment_ids)
+    fetches = tables.table_df(spark, root, "fetches").where(ours).persist()
     try:
-        outcomes = {r["outcome"]: int(r["count"]) for r in fetches.groupBy("outcome").count().collect()}
-        if not outcomes:
+        outcomes: dict[str, dict[str, int]] = {}
+        for r in fetches.groupBy("segment_id", "outcome").count().collect():
+            outcomes.setdefault(r["segment_id"], {})[r["outcome"]] = int(r["count"])
+        _check_fetched(spark, root, segment_ids, outcomes)
+        per_host = fetches.groupBy("segment_id", "host_key").agg(
+            F.count(F.lit(1)).alias("fetches"),
+            F.sum((F.col("outcome") == FetchOutcome.ROBOTS_DENIED.value).cast("long")).alias("denied"))
+        delays = _host_delays(conf, tables.table_df(spark, root, "hosts"), per_host.select("host_key").distinct())
+        gaps = (_gaps(fetches).join(delays, "host_key", "left")
+                .withColumn("under", (F.col("gap_s") < F.col("delay_s")).cast("long"))
+                .withColumn("bin", bin_column(F.col("gap_s"), GAP_EDGES_S))).persist()
+        try:
+            gap_per_host = gaps.groupBy("segment_id", "host_key").agg(
+                F.count(F.lit(1)).alias("gaps"), F.sum("under").alias("under"), F.min("gap_s").alias("min_gap_s"))
+            hosts = (per_host.join(gap_per_host, ["segment_id", "host_key"], "left").join(delays, "host_key", "left")
+                     .persist())
+            try:
+                top_rows = _top(hosts, top, F.desc("fetches"), "host_key")
+                top_keys = spark.createDataFrame(
+                    [(s, r["host_key"]) for s, rows in top_rows.items() for r in rows],
+                    "segment_id string, host_key string")
+                host_bins: dict[tuple[str, str], list[int]] = {}
+                for r in gaps.join(top_keys, ["segment_id", "host_key"]).groupBy(
+                        "segment_id", "host_key", "bin").count().collect():
+                    host_bins.setdefault((r["segment_id"], r["host_key"]),
+                                         [0] * (len(GAP_EDGES_S) + 1))[r["bin"]] = int(r["count"])
+                under_rows = _top(hosts.where(F.col("under") > 0), top, F.desc("under"), "host_key")
+                host_count = {r["segment_id"]: int(r["count"]) for r in hosts.groupBy("segment_id").count().collect()}
+                denied_rows = _top(hosts.where(F.col("denied") > 0), top, F.desc("denied"), "host_key")
+            finally:
+                hosts.unpersist()
+            gap_bins = {s: [0] * (len(GAP_EDGES_S) + 1) for s in segment_ids}
+            for r in gaps.groupBy("segment_id", "bin").count().collect():
+                gap_bins[r["segment_id"]][r["bin"]] = int(r["count"])
+            gap_totals = {r["segment_id"]: r for r in gaps.groupBy("segment_id").agg(
+                F.coalesce(F.sum("under"), F.lit(0)).alias("under"), F.min("gap_s").alias("min_gap")).collect()}
+        finally:
+            gaps.unpersist()
+        requested = fetches.where(made_request_sql("outcome"))
+        elapsed = {r["segment_id"]: r["p"] for r in requested.groupBy("segment_id").agg(
+            F.percentile_approx("elapsed_ms", [0.5, 0.95]).alias("p")).collect()}
+        sizes = {r["segment_id"]: r for r in fetches.groupBy("segment_id").agg(
+            F.coalesce(F.sum("content_length"), F.lit(0)).alias("total"),
+            F.count(F.when(F.col("truncated"), 1)).alias("truncated")).collect()}
+        elapsed_bins = _bins(requested, F.col("elapsed_ms"), ELAPSED_EDGES_MS)
+        addresses = _top(fetches.where(F.col("remote_ip").isNotNull()).groupBy("segment_id", "remote_ip")
+                         .agg(F.countDistinct("host_key").alias("names"), F.count(F.lit(1)).alias("requests")),
+                         top, F.desc("names"), F.desc("requests"), "remote_ip")
+        bytes_bins = _bins(fetches, F.col("content_length"), BYTES_EDGES)
+    finally:
+        fetches.unpersist()
+
+    segment_rows = _per_segment(tables.table_df(spark, root, "segments").where(ours)
+                                .orderBy("segment_id", "bucket").collect())  # a row per bucket: crawl.buckets
+    pages = _page_counts(tables.table_df(spark, root, "pages").where(ours), segment_ids)
+    new_urls: dict[str, dict[str, int]] = {}
+    for r in (tables.table_df(spark, root, "urls").where(F.col("discovered_in").isin(*segment_ids))
+              .groupBy("discovered_in", "source").count().collect()):
+        new_urls.setdefault(r["discovered_in"], {})[r["source"]] = int(r["count"])
+    traps = _traps(tables.table_df(spark, root, "hosts"), segment_ids, top)
+    frontier = cycle_metrics.recent(spark, root, FRONTIER_ROWS)
+    host_states = cycle_metrics.hosts_by_state(spark, conf, root, datetime.now(UTC))
+    levels = ServiceLevels.from_config(conf)
+    no_bins = {"elapsed": [0] * (len(ELAPSED_EDGES_MS) + 1), "bytes": [0] * (len(BYTES_EDGES) + 1)}
+    reports = {}
+    for s in segment_ids:
+        counters: dict[str, int] = {}
+        for row in segment_rows.get(s, []):
+            for key, value in (row["counters"] or {}).items():
+                counters[key] = counters.get(key, 0) + int(value or 0)
+        p = elapsed.get(s)
+        totals = gap_totals.get(s)
+        reports[s] = ReportData(
+            segment_id=s,
+            min_delay_s=float(conf.politeness.min_delay_s),
+            fetches=sum(outcomes[s].values()),
+            hosts=host_count.get(s, 0),
+            outcomes=outcomes[s],
+            top_hosts=_host_stats(top_rows.get(s, []), {k: v for (seg, k), v in host_bins.items() if seg == s}),
+            gaps=sum(gap_bins[s]),
+            under_delay=int(totals["under"]) if totals else 0,
+            min_gap_s=totals["min_gap"] if totals else None,
+            gap_bins=gap_bins[s],
+            under_delay_hosts=_host_stats(under_rows.get(s, [])),
+            elapsed_bins=elapsed_bins.get(s, no_bins["elapsed"]),
+            elapsed_p50_ms=None if p is None or p[0] is None else float(p[0]),
+            elapsed_p95_ms=None if p is None or p[1] is None else float(p[1]),
+            bytes_bins=bytes_bins.get(s, no_bins["bytes"]),
+            bytes_total=int(sizes[s]["total"]),
+            truncated=int(sizes[s]["truncated"]),
+            buckets=[{k: row[k] for k in ("bucket", "state", "results", "applied", "stale", "discovered")}
+                     for row in segment_rows.get(s, [])],
+            counters=counters,
+            new_urls=new_urls.get(s, {}),
+            robots_denied_hosts=[(r["host_key"], int(r["denied"])) for r in denied_rows.get(s, [])],
+            shared_addresses=[(r["remote_ip"], int(r["names"]), int(r["requests"])) for r in addresses.get(s, [])],
+            trap_hosts=traps[s][0],
+            trap_reasons=traps[s][1],
+            host_states=host_states,
+            frontier=frontier,
+            levels=levels,
+            **pages[s],
+        )
+    return reports
+
+
+def _check_fetched(spark: SparkSession, root: str, segment_ids: list[str], outcomes: dict[str, dict]) -> None:
+    """A segment without fetches: unknown (UnknownSegment, naming those the root holds), or not fetched yet."""
+    for segment_id in segment_ids:
+        if segment_id not in outcomes:
             existing = [r[0] for r in tables.table_df(spark, root, "segments").select("segment_id").distinct()
                         .collect()]
             if segment_id not in existing:
                 raise UnknownSegment(segment_id, root, existing)
             raise UserError(f"segment {segment_id} has no fetches")
-        per_host = fetches.groupBy("host_key").agg(
-            F.count(F.lit(1)).alias("fetches"),
-            F.sum((F.col("outcome") == FetchOutcome.ROBOTS_DENIED.value).cast("long")).alias("denied"))
-        delays = _host_delays(conf, tables.table_df(spark, root, "hosts"), per_host.select("host_key"))
-        gaps = (_gaps(fetches).join(delays, "host_key", "left")
-                .withColumn("under", (F.col("gap_s") < F.col("delay_s")).cast("long"))
-                .withColumn("bin", bin_column(F.col("gap_s"), GAP_EDGES_S))).persist()
-        try:
-            gap_per_host = gaps.groupBy("host_key").agg(
-                F.count(F.lit(1)).alias("gaps"), F.sum("under").alias("under"), F.min("gap_s").alias("min_gap_s"))
-            hosts = (per_host.join(gap_per_host, "host_key", "left").join(delays, "host_key", "left")
-                     .persist())
-            try:
-                top_rows = hosts.orderBy(F.desc("fetches"), "host_key").limit(top).collect()
-                top_keys = [r["host_key"] for r in top_rows]
-                host_bins = {k: [0] * (len(GAP_EDGES_S) + 1) for k in top_keys}
-                for r in gaps.where(F.col("host_key").isin(top_keys)).groupBy("host_key", "bin").count().collect():
-                    host_bins[r["host_key"]][r["bin"]] = int(r["count"])
-                under_rows = (hosts.where(F.col("under") > 0).orderBy(F.desc("under"), "host_key").limit(top)
-                              .collect())
-                host_count = hosts.count()
-                denied_rows = (hosts.where(F.col("denied") > 0).orderBy(F.desc("denied"), "host_key").limit(top)
-                               .collect())
-            finally:
-                hosts.unpersist()
-            gap_bins = [0] * (len(GAP_EDGES_S) + 1)
-            for r in gaps.groupBy("bin").count().collect():
-                gap_bins[r["bin"]] = int(r["count"])
-            under_total, min_gap = gaps.agg(F.coalesce(F.sum("under"), F.lit(0)), F.min("gap_s")).first()
-        finally:
-            gaps.unpersist()
-        requested = fetches.where(made_request_sql("outcome"))
-        elapsed = requested.agg(F.percentile_approx("elapsed_ms", [0.5, 0.95]).alias("p")).first()["p"]
-        sizes = fetches.agg(F.coalesce(F.sum("content_length"), F.lit(0)).alias("total"),
-                            F.count(F.when(F.col("truncated"), 1)).alias("truncated")).first()
-        elapsed_bins = _bins(requested, F.col("elapsed_ms"), ELAPSED_EDGES_MS)
-        addresses = (fetches.where(F.col("remote_ip").isNotNull()).groupBy("remote_ip")
-                     .agg(F.countDistinct("host_key").alias("names"), F.count(F.lit(1)).alias("requests"))
-                     .orderBy(F.desc("names"), F.desc("requests"), "remote_ip").limit(top).collect())
-        bytes_bins = _bins(fetches, F.col("content_length"), BYTES_EDGES)
-    finally:
-        fetches.unpersist()
-
-    segment_rows = (tables.table_df(spark, root, "segments").where(F.col("segment_id") == segment_id)
-                    .orderBy("bucket").collect())  # one row per bucket: bounded by crawl.buckets
-    counters: dict[str, int] = {}
-    for row in segment_rows:
-        for key, value in (row["counters"] or {}).items():
-            counters[key] = counters.get(key, 0) + int(value or 0)
-    pages = _page_counts(tables.table_df(spark, root, "pages").where(F.col("segment_id") == segment_id))
-    new_urls = {r["source"]: int(r["count"]) for r in tables.table_df(spark, root, "urls")
-                .where(F.col("discovered_in") == segment_id).groupBy("source").count().collect()}
-    traps = _traps(tables.table_df(spark, root, "hosts"), segment_id, top)
-    frontier = cycle_metrics.recent(spark, root, FRONTIER_ROWS)
-    return ReportData(
-        segment_id=segment_id,
-        min_delay_s=float(conf.politeness.min_delay_s),
-        fetches=sum(outcomes.values()),
-        hosts=host_count,
-        outcomes=outcomes,
-        top_hosts=_host_stats(top_rows, host_bins),
-        gaps=sum(gap_bins),
-        under_delay=int(under_total),
-        min_gap_s=min_gap,
-        gap_bins=gap_bins,
-        under_delay_hosts=_host_stats(under_rows),
-        elapsed_bins=elapsed_bins,
-        elapsed_p50_ms=None if elapsed is None or elapsed[0] is None else float(elapsed[0]),
-        elapsed_p95_ms=None if elapsed is None or elapsed[1] is None else float(elapsed[1]),
-        bytes_bins=bytes_bins,
-        bytes_total=int(sizes["total"]),
-        truncated=int(sizes["truncated"]),
-        buckets=[{k: row[k] for k in ("bucket", "state", "results", "applied", "stale", "discovered")}
-                 for row in segment_rows],
-        counters=counters,
-        new_urls=new_urls,
-        robots_denied_hosts=[(r["host_key"], int(r["denied"])) for r in denied_rows],
-        shared_addresses=[(r["remote_ip"], int(r["names"]), int(r["requests"])) for r in addresses],
-        trap_hosts=traps[0],
-        trap_reasons=traps[1],
-        host_states=cycle_metrics.hosts_by_state(spark, conf, root, datetime.now(UTC)),
-        frontier=frontier,
-        levels=ServiceLevels.from_config(conf),
-        **pages,
-    )
 
 
-def _page_counts(pages: DataFrame) -> dict:
+def _page_counts(pages: DataFrame, segment_ids: list[str]) -> dict[str, dict]:
+    """Per segment: its pages, duplicates, parse errors and sitemaps (zeros for a segment without pages)."""
     exact = F.col("duplicate_of").isNotNull()
     near = ~exact & F.col("near_duplicate_cluster").isNotNull() & (F.col("near_duplicate_cluster") != F.col("url_id"))
-    row = pages.agg(
+    names = ("pages", "exact_duplicates", "near_duplicates", "parse_errors", "sitemaps", "sitemap_urls")
+    counts = {s: {**dict.fromkeys(names, 0), "sitemap_refused": {}} for s in segment_ids}
+    for r in pages.groupBy("segment_id").agg(
         F.count(F.lit(1)).alias("pages"),
         F.count(F.when(exact, 1)).alias("exact_duplicates"),
         F.count(F.when(near, 1)).alias("near_duplicates"),
         F.count("parse_error").alias("parse_errors"),
         F.count("sitemap_urls").alias("sitemaps"),
         F.coalesce(F.sum("sitemap_urls"), F.lit(0)).alias("sitemap_urls"),
-    ).first()
-    refused = {r["key"]: int(r["count"]) for r in pages.select(F.explode("sitemap_refused"))
-               .groupBy("key").agg(F.sum("value").alias("count")).collect()}
-    return {**{k: int(row[k]) for k in row.asDict()}, "sitemap_refused": refused}
+    ).collect():
+        counts[r["segment_id"]].update({k: int(r[k]) for k in names})
+    for r in (pages.select("segment_id", F.explode("sitemap_refused")).groupBy("segment_id", "key")
+              .agg(F.sum("value").alias("count")).collect()):
+        counts[r["segment_id"]]["sitemap_refused"][r["key"]] = int(r["count"])
+    return counts
 
 
-def _traps(hosts: DataFrame, segment_id: str, top: int) -> tuple[list[tuple[str, dict[str, int]]], dict[str, int]]:
-    """Trap rejections are cumulative per host: the hosts whose discovery_segment is this one, their maps (the
-    top ones by total) and the maps summed."""
-    touched = hosts.where((F.col("discovery_segment") == segment_id) & (F.size("trap_rejections") > 0))
+def _traps(hosts: DataFrame, segment_ids: list[str],
+           top: int) -> dict[str, tuple[list[tuple[str, dict[str, int]]], dict[str, int]]]:
+    """Trap rejections are cumulative per host: per segment, the hosts whose discovery_segment is that one, their
+    maps (the top ones by total) and the maps summed."""
+    touched = hosts.where(F.col("discovery_segment").isin(*segment_ids) & (F.size("trap_rejections") > 0)) \
+        .withColumnRenamed("discovery_segment", "segment_id")
     total = F.aggregate(F.map_values("trap_rejections"), F.lit(0).cast("long"), lambda acc, x: acc + x)
-    rows = touched.select("host_key", "trap_rejections", total.alias("total")) \
-        .orderBy(F.desc("total"), "host_key").limit(top).collect()
-    reasons = {r["key"]: int(r["count"]) for r in touched.select(F.explode("trap_rejections"))
-               .groupBy("key").agg(F.sum("value").alias("count")).collect()}
-    return [(r["host_key"], {k: int(v) for k, v in r["trap_rejections"].items()}) for r in rows], reasons
+    top_rows = _top(touched.select("segment_id", "host_key", "trap_rejections", total.alias("total")), top,
+                    F.desc("total"), "host_key")
+    found: dict[str, tuple[list[tuple[str, dict[str, int]]], dict[str, int]]] = {
+        s: ([(r["host_key"], {k: int(v) for k, v in r["trap_rejections"].items()}) for r in top_rows.get(s, [])], {})
+        for s in segment_ids}
+    for r in (touched.select("segment_id", F.explode("trap_rejections")).groupBy("segment_id", "key")
+              .agg(F.sum("value").alias("count")).collect()):
+        found[r["segment_id"]][1][r["key"]] = int(r["count"])
+    return found
 
 
 def write_report(data: ReportData, root: str, out_path: str | None = None, storage: Storage = LOCAL) -> str:

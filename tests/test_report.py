@@ -5,6 +5,7 @@ under the delay), the HTML page (parses, one <svg> per chart, attacker host name
 from __future__ import annotations
 
 import os
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from html.parser import HTMLParser
 from pathlib import Path
@@ -226,6 +227,23 @@ def test_cli_prints_the_summary_and_the_path(crawled, tmp_path, capsys):
     assert lines[4].startswith("politeness:      6 gaps, 5 under the delay (min_delay_s 5)")
     assert lines[-1] == f"report: {out}"
     assert out.read_text(encoding="utf-8").startswith("<!DOCTYPE html>")
+
+
+def test_reports_of_several_segments_at_once_are_each_segments_own(spark, base_conf, crawled, data):
+    """What `crawl demo` builds at its end: one set of jobs for every merged segment, each report the one `build`
+    gives alone (OTHER's fetch 50 ms after A's first makes no gap in either)."""
+    both = report_job.build_many(spark, base_conf, crawled, [OTHER, SEG])
+    assert list(both) == [OTHER, SEG]
+    assert both[SEG] == replace(data, host_states=both[SEG].host_states)  # host states are counted as it runs
+    other = both[OTHER]
+    assert (other.fetches, other.hosts, other.gaps, other.min_gap_s, other.outcomes) == (1, 1, 0, None,
+                                                                                       {"success": 1})
+    assert [(h.host_key, h.fetches, h.gaps) for h in other.top_hosts] == [(A, 1, 0)]
+    assert (other.new_urls, other.trap_hosts, other.counters) == ({"link": 1}, [("http://old.test", {"depth": 9})],
+                                                                  {"x": 100})
+    assert (other.pages, other.exact_duplicates, other.sitemap_urls) == (1, 1, 3)
+    with pytest.raises(UnknownSegment):
+        report_job.build_many(spark, base_conf, crawled, [SEG, "seg-typo"])
 
 
 def test_a_segment_without_fetches_is_an_error(spark, base_conf, tables_root):
