@@ -21,7 +21,7 @@ from crawler.robots import RobotsPolicy
 from crawler.scheduling import Dispatch, HostScheduler, HostWork, Prepare, Report
 from crawler.status import FetchOutcome, made_request
 from fetchd.exchange import STOP_POLL_S, Exchange, utc
-from fetchd.fetchlist import FetchList, KeySet, result_key
+from fetchd.fetchlist import FetchList, KeySet, handed_over_robots, result_key
 from fetchd.hostprep import HostPreparer
 from fetchd.metrics import BucketState, host_class
 from fetchd.output import BucketOutput, Fenced, ResumeState, bucket_totals, write_json_atomic
@@ -68,7 +68,7 @@ class BucketRun:
         # url_ids, read from their column up front, so a redirect to a URL listed further on is not followed.
         done = KeySet.of(result_key(url_id, version) for url_id, version in resume.done)
         resume.done.clear()  # replaced by the compact keys
-        listed, self.urls, handed_over = fetchlist.scan(done)  # urls: rows this run fetches (not reported before)
+        listed, self.urls = fetchlist.scan(done)  # urls: rows this run fetches (not reported before)
         self.reading: Iterator[dict[str, Any]] | None = fetchlist.rows(done)  # None once read to the end
         self.max_queued = max_queued
         self.tasks: set[asyncio.Task[None]] = set()
@@ -79,9 +79,8 @@ class BucketRun:
         self.begun: float | None = None  # monotonic start of the scheduler: ready lag is never counted before it
         self.exchange = Exchange(services, out=self.out, listed=listed, should_stop=self.should_stop,
                                  fenced=lease.fenced)
-        # What an earlier run of this bucket fetched is newer than what generate handed over from `hosts`.
-        self.preparer = HostPreparer(services, exchange=self.exchange, out=self.out,
-                                     previous_robots={**handed_over, **resume.robots}, previous_end=lease.previous_end)
+        self.preparer = HostPreparer(services, exchange=self.exchange, out=self.out, previous_robots=resume.robots,
+                                     previous_end=lease.previous_end)
 
     def _sync_files(self) -> None:
         """After rows are published or a WARC closed: on an S3 root they go up (`fetchd.storage`)."""
@@ -98,8 +97,8 @@ class BucketRun:
         """Take on one fetch-list row."""
         new = row["host_key"] not in self.hosts
         self.sched.add(row)
-        if new:
-            self.preparer.take_over(self.hosts[row["host_key"]])
+        if new:  # a host's first row carries its stored robots.txt, if generate handed one over
+            self.preparer.take_over(self.hosts[row["host_key"]], handed_over_robots(row))
 
     def _refill(self) -> None:
         """Read more of the fetch list while the host queues hold fewer than `max_queued` URLs."""

@@ -15,7 +15,6 @@ from typing import Any
 import mmh3
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from crawler import layout, records, urls
@@ -102,19 +101,15 @@ class FetchList:
                 for group in range(parquet.num_row_groups):  # asked one by one, or all are read ahead at once
                     yield from parquet.iter_batches(self.batch_rows, row_groups=[group], columns=present)
 
-    def scan(self, done: KeySet) -> tuple[ListedUrls, int, dict[str, dict[str, Any]]]:
-        """One pass over the url_id and state_version columns, and the hosts' handed-over robots.txt: the list's
-        url_ids, how many of its rows are not in `done` (result keys already reported), and per host_key the
-        stored robots.txt generate put on the host's first row (status_code, body, fetched_at, expires_at; rows
-        reported already count too: the host's later rows still need it)."""
+    def scan(self, done: KeySet) -> tuple[ListedUrls, int]:
+        """One pass over the url_id and state_version columns: the list's url_ids, and how many of its rows
+        are not in `done` (result keys already reported)."""
         keys, filled, todo = np.empty(len(self), np.uint64), 0, 0
-        robots: dict[str, dict[str, Any]] = {}
-        for batch in self._batches(["url_id", "state_version", "host_key", *records.FETCHLIST_ROBOTS]):
+        for batch in self._batches(["url_id", "state_version"]):
             keys[filled:filled + len(batch)] = _url_keys(batch)
             filled += len(batch)
             todo += len(batch) - int(done.member(_result_keys(batch)).sum())
-            robots.update(_handed_over_robots(batch))
-        return ListedUrls(keys[:filled]), todo, robots
+        return ListedUrls(keys[:filled]), todo
 
     def rows(self, done: KeySet) -> Iterator[dict[str, Any]]:
         """The rows (FETCHLIST columns) whose result is not in `done`, a batch at a time."""
@@ -126,16 +121,12 @@ class FetchList:
             yield from table.to_pylist()
 
 
-def _handed_over_robots(batch: pa.RecordBatch) -> dict[str, dict[str, Any]]:
-    """host_key -> the robots.txt observation on the batch's rows that carry one (a list written before the
-    columns existed carries none)."""
-    if "robots_expires_at" not in batch.schema.names:
-        return {}
-    carrying = batch.filter(pc.is_valid(batch.column("robots_expires_at")))
-    columns = {name.removeprefix("robots_"): carrying.column(name).cast(records.FETCHLIST.field(name).type)
-               for name in records.FETCHLIST_ROBOTS}  # Spark's timestamps are naive: these are UTC-aware
-    return {host: dict(zip(columns, values, strict=True)) for host, *values in zip(
-        carrying.column("host_key").to_pylist(), *(column.to_pylist() for column in columns.values()), strict=True)}
+def handed_over_robots(row: dict[str, Any]) -> dict[str, Any] | None:
+    """The stored robots.txt observation generate put on a host's first row (status_code, body, fetched_at,
+    expires_at), or None: not that row, none in force, or a list written before the columns existed."""
+    if row.get("robots_expires_at") is None:
+        return None
+    return {name.removeprefix("robots_"): row[name] for name in records.FETCHLIST_ROBOTS}
 
 
 def _conformed(table: pa.Table) -> pa.Table:

@@ -81,8 +81,7 @@ class HostPreparer:
     """Readies the hosts of one bucket run. From the daemon's `services`: its robots cache (host memory), whether it
     may send a host outside the bucket a request (`owned.owns_host`) and the per-IP guard's gate of an address
     (`gates.address_gate_for`; None while the guard is off). Of the bucket: `previous_robots`, the robots rows
-    earlier runs of the bucket published, else the stored ones generate handed over in the fetch list (host_key ->
-    row, taken as each host first appears), and `previous_end`,
+    earlier runs of the bucket published (host_key -> row, taken as each host first appears), and `previous_end`,
     the wall time the bucket's previous owner's last request ended, at the latest."""
 
     def __init__(self, services: DaemonServices, *, exchange: Exchange, out: BucketOutput,
@@ -99,12 +98,13 @@ class HostPreparer:
         self.previous_robots = previous_robots
         self.previous_end = previous_end
 
-    def take_over(self, host: HostWork) -> None:
+    def take_over(self, host: HostWork, handed_over: dict[str, Any] | None = None) -> None:
         """Carry politeness and robots.txt across owners and runs, for a host this run just met: its next request
         waits one delay after the previous owner's last possible request end, and a robots.txt an earlier run of
-        this bucket published is reused while it is in force (so a resumed bucket does not fetch it again)."""
+        this bucket published (else the stored copy generate `handed_over` on the host's first fetch-list row) is
+        reused while it is in force, so neither a resumed bucket nor a new owner fetches it again."""
         wall_now, mono_now = self.clock.wall(), self.clock.monotonic()
-        row = self.previous_robots.pop(host.host_key, None)
+        row = self.previous_robots.pop(host.host_key, None) or handed_over
         cached = self.robots_cache.get(host.host_key)
         if (row is not None and observation_reusable(row["status_code"], row["expires_at"], utc(wall_now))
                 and (cached is None or cached.expires <= mono_now)):

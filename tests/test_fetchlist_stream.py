@@ -20,7 +20,7 @@ from crawler.scheduling import HostScheduler
 from fetchd import daemon as daemon_mod
 from fetchd.bucketrun import BucketRun
 from fetchd.commands import fetch_segment
-from fetchd.fetchlist import FetchList, KeySet, result_key
+from fetchd.fetchlist import FetchList, KeySet, handed_over_robots, result_key
 from sitefarm.judge import politeness_violations
 from sitefarm.server import SiteFarm, read_request_log
 from sitefarm.sites import FarmSpec
@@ -169,8 +169,8 @@ def test_fetchlist_reader_skips_reported_rows_across_batches_and_files(root):
     done = KeySet.of(result_key(r["url_id"], r["state_version"]) for r in reported)
     done_other_version = KeySet.of(result_key(r["url_id"], 2) for r in reported)
     fetchlist = FetchList(root, SEGMENT, 0, batch_rows=3)
-    listed, todo, robots = fetchlist.scan(done)
-    assert len(fetchlist) == 20 and todo == 15 and len(listed) == 20 and robots == {}
+    listed, todo = fetchlist.scan(done)
+    assert len(fetchlist) == 20 and todo == 15 and len(listed) == 20
     assert all(r["url"] in listed for r in rows) and "http://h0.test/elsewhere" not in listed
     assert [r["url_id"] for r in fetchlist.rows(done)] == [r["url_id"] for r in rows if r not in reported]
     assert len(list(fetchlist.rows(done_other_version))) == 20  # a result for another lease does not count
@@ -179,21 +179,20 @@ def test_fetchlist_reader_skips_reported_rows_across_batches_and_files(root):
         "sitemap_origin": None, **dict.fromkeys(records.FETCHLIST_ROBOTS)}
 
 
-def test_the_scan_collects_the_robots_txt_handed_over_on_each_hosts_first_row(root):
-    """Also from a row already reported (a resumed run still needs the host's robots.txt for the rows left), and
-    only from rows that carry one."""
+def test_a_hosts_first_row_hands_over_its_robots_txt_as_stored(root):
+    """The rows as the daemon reads them: the host's first carries the observation (its times UTC-aware, as
+    generate's Spark writer leaves them naive), the others none."""
     rows = fetchlist_rows({f"http://h{i % 3}.test/p{i}" for i in range(9)})
     at = datetime(2026, 12, 1, tzinfo=UTC)
     handed = {"status_code": 200, "body": "User-agent: *\nDisallow: /x\n", "fetched_at": at,
               "expires_at": at + timedelta(days=1)}
-    first_rows = [r for r in rows if r["rank"] == 1]
-    for row in first_rows[:2]:
+    carriers = [r for r in rows if r["rank"] == 1][:2]
+    for row in carriers:
         row.update({f"robots_{k}": v for k, v in handed.items()})
     write_fetchlist(root, order(rows, "generate"))
-    done = KeySet.of([result_key(first_rows[0]["url_id"], first_rows[0]["state_version"])])
-    _, todo, robots = FetchList(root, SEGMENT, 0, batch_rows=2).scan(done)
-    assert todo == 8
-    assert robots == {first_rows[0]["host_key"]: handed, first_rows[1]["host_key"]: handed}
+    read = {r["url_id"]: handed_over_robots(r) for r in FetchList(root, SEGMENT, 0, batch_rows=2).rows(KeySet())}
+    assert {url_id for url_id, robots in read.items() if robots is not None} == {r["url_id"] for r in carriers}
+    assert all(robots == handed for robots in read.values() if robots is not None)
 
 
 def test_a_fetch_list_from_before_a_column_existed_reads_as_null(root):
