@@ -81,16 +81,14 @@ def _gaps(fetches: DataFrame) -> DataFrame:
 def _top(df: DataFrame, top: int, *order: Column | str) -> dict[str, list[Row]]:
     """Each segment's first `top` rows of `df` in `order`."""
     ranked = df.withColumn("_n", F.row_number().over(Window.partitionBy("segment_id").orderBy(*order)))
-    found: dict[str, list[Row]] = {}
-    for row in ranked.where(F.col("_n") <= top).orderBy("segment_id", "_n").collect():
-        found.setdefault(row["segment_id"], []).append(row)
-    return found
+    return _per_segment(ranked.where(F.col("_n") <= top).orderBy("segment_id", "_n").collect())
 
 
-def _per_segment(rows: list[Row], key: str = "segment_id") -> dict[str, list[Row]]:
+def _per_segment(rows: list[Row]) -> dict[str, list[Row]]:
+    """`rows` grouped by their segment_id, each group in the order given."""
     found: dict[str, list[Row]] = {}
     for row in rows:
-        found.setdefault(row[key], []).append(row)
+        found.setdefault(row["segment_id"], []).append(row)
     return found
 
 
