@@ -57,6 +57,7 @@ from crawler.frontier import (
 )
 from crawler.leases import due_from_sql, is_due_sql, leased_version_sql
 from crawler.politeness import PolitenessRules, is_backing_off_sql
+from crawler.records import FETCHLIST_ROBOTS
 from crawler.robots import allowed_by_stored_rules, observation_reusable_sql, rules_in_force_sql
 from crawler.service_levels import due_since_sql, is_eligible_sql, is_high_priority_sql
 from crawler.status import FINISHED_SEGMENT_STATES, SegmentState
@@ -159,9 +160,8 @@ def select_due(spark: SparkSession, conf: Config, root: str, segment_id: str, no
         F.col("max_concurrency").alias("h_max_concurrency"),
         F.col("backoff_until").alias("h_backoff_until"),
         F.when(rules_in_force, F.col("robots_body")).alias("h_robots_rules"),
-        F.when(F.expr(observation_reusable_sql("robots_status_code", "robots_expires_at", "gen_now")), F.struct(
-            *[F.col(f"robots_{c}").alias(c) for c in ("status_code", "body", "fetched_at", "expires_at")]))
-        .alias("h_robots"),
+        F.when(F.expr(observation_reusable_sql("robots_status_code", "robots_expires_at", "gen_now")),
+               F.struct(*FETCHLIST_ROBOTS)).alias("h_robots"),  # the `hosts` columns of the fetch list's names
         F.expr(politeness.is_dead_sql("failing_since", "gen_now")).alias("h_dead"),
         F.col("domain").alias("h_domain"),
         F.expr(politeness.host_state_sql("robots_state", "backoff_until", "failing_since", "gen_now")).alias("h_state"),
@@ -216,8 +216,7 @@ def select_due(spark: SparkSession, conf: Config, root: str, segment_id: str, no
     # The host's stored robots.txt rides on its first row in the list (records.FETCHLIST): the cuts above may have
     # left out its rank 1.
     first_of_host = F.col("rank") == F.min("rank").over(Window.partitionBy("host_key"))
-    handed_over = [F.when(first_of_host, F.col(f"h_robots.{c}")).alias(f"robots_{c}")
-                   for c in ("status_code", "body", "fetched_at", "expires_at")]
+    handed_over = [F.when(first_of_host, F.col(f"h_robots.{name}")).alias(name) for name in FETCHLIST_ROBOTS]
     return ranked, eligible_high, chosen.select(
         F.lit(segment_id).alias("segment_id"),
         "url_id",

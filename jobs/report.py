@@ -9,7 +9,9 @@ The drawing is crawler/report.py's.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Hashable
 from datetime import UTC, datetime
+from typing import Any
 
 from pyspark.sql import Column, DataFrame, Row, SparkSession, Window
 from pyspark.sql import functions as F
@@ -48,10 +50,19 @@ def bin_column(column: Column, edges: tuple[float, ...]) -> Column:
 
 def _bins(df: DataFrame, column: Column, edges: tuple[float, ...]) -> dict[str, list[int]]:
     """Per segment, how many of its rows' `column` fall in each bin."""
-    counts: dict[str, list[int]] = {}
-    for row in (df.where(column.isNotNull()).groupBy("segment_id", bin_column(column, edges).alias("bin")).count()
-                .collect()):
-        counts.setdefault(row["segment_id"], [0] * (len(edges) + 1))[row["bin"]] = int(row["count"])
+    return _bin_counts(df.where(column.isNotNull()).groupBy("segment_id", bin_column(column, edges).alias("bin"))
+                       .count().collect(), lambda row: row["segment_id"], edges)
+
+
+def _no_bins(edges: tuple[float, ...]) -> list[int]:
+    return [0] * (len(edges) + 1)
+
+
+def _bin_counts(rows: list[Row], key: Callable[[Row], Hashable], edges: tuple[float, ...]) -> dict[Any, list[int]]:
+    """Per `key` of the rows of a `groupBy(..., "bin").count()`, the count in each bin of `edges`."""
+    counts: dict[Any, list[int]] = {}
+    for row in rows:
+        counts.setdefault(key(row), _no_bins(edges))[row["bin"]] = int(row["count"])
     return counts
 
 
@@ -92,11 +103,12 @@ def _per_segment(rows: list[Row]) -> dict[str, list[Row]]:
     return found
 
 
-def _host_stats(rows, bins: dict[str, list[int]] | None = None) -> list[HostStats]:
+def _host_stats(rows: list[Row], bins: dict[tuple[str, str], list[int]] | None = None) -> list[HostStats]:
+    """The rows' hosts, with their gap histograms by (segment_id, host_key) when `bins` are given."""
     return [HostStats(host_key=r["host_key"], fetches=int(r["fetches"] or 0), robots_denied=int(r["denied"] or 0),
                       delay_s=float(r["delay_s"] or 0.0), gaps=int(r["gaps"] or 0),
                       under_delay=int(r["under"] or 0), min_gap_s=r["min_gap_s"],
-                      gap_bins=(bins or {}).get(r["host_key"], [0] * (len(GAP_EDGES_S) + 1)))
+                      gap_bins=(bins or {}).get((r["segment_id"], r["host_key"]), _no_bins(GAP_EDGES_S)))
             for r in rows]
 
 
@@ -136,19 +148,16 @@ def build_many(spark: SparkSession, conf: Config, root: str, segment_ids: list[s
                 top_keys = spark.createDataFrame(
                     [(s, r["host_key"]) for s, rows in top_rows.items() for r in rows],
                     "segment_id string, host_key string")
-                host_bins: dict[tuple[str, str], list[int]] = {}
-                for r in gaps.join(top_keys, ["segment_id", "host_key"]).groupBy(
-                        "segment_id", "host_key", "bin").count().collect():
-                    host_bins.setdefault((r["segment_id"], r["host_key"]),
-                                         [0] * (len(GAP_EDGES_S) + 1))[r["bin"]] = int(r["count"])
+                host_bins = _bin_counts(
+                    gaps.join(top_keys, ["segment_id", "host_key"]).groupBy("segment_id", "host_key", "bin").count()
+                    .collect(), lambda row: (row["segment_id"], row["host_key"]), GAP_EDGES_S)
                 under_rows = _top(hosts.where(F.col("under") > 0), top, F.desc("under"), "host_key")
                 host_count = {r["segment_id"]: int(r["count"]) for r in hosts.groupBy("segment_id").count().collect()}
                 denied_rows = _top(hosts.where(F.col("denied") > 0), top, F.desc("denied"), "host_key")
             finally:
                 hosts.unpersist()
-            gap_bins = {s: [0] * (len(GAP_EDGES_S) + 1) for s in segment_ids}
-            for r in gaps.groupBy("segment_id", "bin").count().collect():
-                gap_bins[r["segment_id"]][r["bin"]] = int(r["count"])
+            gap_bins = _bin_counts(gaps.groupBy("segment_id", "bin").count().collect(), lambda row: row["segment_id"],
+                                   GAP_EDGES_S)
             gap_totals = {r["segment_id"]: r for r in gaps.groupBy("segment_id").agg(
                 F.coalesce(F.sum("under"), F.lit(0)).alias("under"), F.min("gap_s").alias("min_gap")).collect()}
         finally:
@@ -178,7 +187,6 @@ def build_many(spark: SparkSession, conf: Config, root: str, segment_ids: list[s
     frontier = cycle_metrics.recent(spark, root, FRONTIER_ROWS)
     host_states = cycle_metrics.hosts_by_state(spark, conf, root, datetime.now(UTC))
     levels = ServiceLevels.from_config(conf)
-    no_bins = {"elapsed": [0] * (len(ELAPSED_EDGES_MS) + 1), "bytes": [0] * (len(BYTES_EDGES) + 1)}
     reports = {}
     for s in segment_ids:
         counters: dict[str, int] = {}
@@ -193,16 +201,16 @@ def build_many(spark: SparkSession, conf: Config, root: str, segment_ids: list[s
             fetches=sum(outcomes[s].values()),
             hosts=host_count.get(s, 0),
             outcomes=outcomes[s],
-            top_hosts=_host_stats(top_rows.get(s, []), {k: v for (seg, k), v in host_bins.items() if seg == s}),
-            gaps=sum(gap_bins[s]),
+            top_hosts=_host_stats(top_rows.get(s, []), host_bins),
+            gaps=sum(gap_bins.get(s, [])),
             under_delay=int(totals["under"]) if totals else 0,
             min_gap_s=totals["min_gap"] if totals else None,
-            gap_bins=gap_bins[s],
+            gap_bins=gap_bins.get(s, _no_bins(GAP_EDGES_S)),
             under_delay_hosts=_host_stats(under_rows.get(s, [])),
-            elapsed_bins=elapsed_bins.get(s, no_bins["elapsed"]),
+            elapsed_bins=elapsed_bins.get(s, _no_bins(ELAPSED_EDGES_MS)),
             elapsed_p50_ms=None if p is None or p[0] is None else float(p[0]),
             elapsed_p95_ms=None if p is None or p[1] is None else float(p[1]),
-            bytes_bins=bytes_bins.get(s, no_bins["bytes"]),
+            bytes_bins=bytes_bins.get(s, _no_bins(BYTES_EDGES)),
             bytes_total=int(sizes[s]["total"]),
             truncated=int(sizes[s]["truncated"]),
             buckets=[{k: row[k] for k in ("bucket", "state", "results", "applied", "stale", "discovered")}
