@@ -4,9 +4,8 @@ import os
 import signal
 import subprocess
 import time
-from pathlib import Path
 
-from tests.support.process_group import living_members, wait_until_gone
+from tests.support.process_group import living_members, process_state, wait_until_gone
 
 
 def test_a_running_member_is_left_and_a_zombie_is_not():
@@ -15,7 +14,7 @@ def test_a_running_member_is_left_and_a_zombie_is_not():
         assert [line.split()[0] for line in living_members(child.pid)] == [str(child.pid)]
         os.kill(child.pid, signal.SIGKILL)
         deadline = time.monotonic() + 10
-        while Path(f"/proc/{child.pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z":
+        while process_state(child.pid)[0] != "Z":
             assert time.monotonic() < deadline, "the killed child never became a zombie"
             time.sleep(0.05)
         os.killpg(child.pid, 0)  # the kernel still counts the unreaped zombie in its group

@@ -318,28 +318,32 @@ def test_backing_off_agrees_and_ends_at_backoff_until(spark):
     assert [got[i] for i in range(len(moments))] == [False, False, False, False, True, True]
 
 
-def test_robots_rules_in_force_agree(spark):
-    now = datetime(2026, 3, 1, 12, tzinfo=UTC)
-    cases = list(itertools.product([None, *(s.value for s in RobotsState)],
-                                   [None, now - timedelta(hours=1), now, now + timedelta(microseconds=1)]))
+ROBOTS_NOW = datetime(2026, 3, 1, 12, tzinfo=UTC)
+ROBOTS_EXPIRIES = [None, ROBOTS_NOW - timedelta(hours=1), ROBOTS_NOW, ROBOTS_NOW + timedelta(microseconds=1)]
+
+
+def _robots_sql_per_case(spark, cases: list[tuple], first_column: str, sql: str) -> dict[int, bool]:
+    """The `sql` twin over (first_column, robots_expires_at) cases at ROBOTS_NOW (`now`), by case index."""
     frame = spark.createDataFrame([(i, *case) for i, case in enumerate(cases)],
-                                  "i int, robots_state string, robots_expires_at timestamp")
-    got = {row.i: row.in_force for row in frame.withColumn("now", F.lit(now)).selectExpr(
-        "i", f"{rules_in_force_sql('robots_state', 'robots_expires_at', 'now')} as in_force").collect()}
-    assert got == {i: rules_in_force(state, expires, now) for i, (state, expires) in enumerate(cases)}
+                                  f"i int, {first_column}, robots_expires_at timestamp")
+    return {row.i: row.got for row in frame.withColumn("now", F.lit(ROBOTS_NOW)).selectExpr(
+        "i", f"{sql} as got").collect()}
+
+
+def test_robots_rules_in_force_agree(spark):
+    cases = list(itertools.product([None, *(s.value for s in RobotsState)], ROBOTS_EXPIRIES))
+    got = _robots_sql_per_case(spark, cases, "robots_state string",
+                               rules_in_force_sql("robots_state", "robots_expires_at", "now"))
+    assert got == {i: rules_in_force(state, expires, ROBOTS_NOW) for i, (state, expires) in enumerate(cases)}
     assert [cases[i] for i, in_force in got.items() if in_force] == [(RobotsState.RULES.value,
-                                                                      now + timedelta(microseconds=1))]
+                                                                      ROBOTS_NOW + timedelta(microseconds=1))]
 
 
 def test_robots_observation_reusable_agrees(spark):
-    now = datetime(2026, 3, 1, 12, tzinfo=UTC)
-    cases = list(itertools.product([None, 199, 200, 301, 404, 429, 499, 500, 503, 600],
-                                   [None, now - timedelta(hours=1), now, now + timedelta(microseconds=1)]))
-    frame = spark.createDataFrame([(i, *case) for i, case in enumerate(cases)],
-                                  "i int, robots_status_code int, robots_expires_at timestamp")
-    got = {row.i: row.reusable for row in frame.withColumn("now", F.lit(now)).selectExpr(
-        "i", f"{observation_reusable_sql('robots_status_code', 'robots_expires_at', 'now')} as reusable").collect()}
-    assert got == {i: observation_reusable(status, expires, now) for i, (status, expires) in enumerate(cases)}
+    cases = list(itertools.product([None, 199, 200, 301, 404, 429, 499, 500, 503, 600], ROBOTS_EXPIRIES))
+    got = _robots_sql_per_case(spark, cases, "robots_status_code int",
+                               observation_reusable_sql("robots_status_code", "robots_expires_at", "now"))
+    assert got == {i: observation_reusable(status, expires, ROBOTS_NOW) for i, (status, expires) in enumerate(cases)}
     assert sorted(cases[i][0] for i, reusable in got.items() if reusable) == [200, 301, 404, 499]
 
 
