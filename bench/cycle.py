@@ -335,7 +335,7 @@ def run_corpus(spark: SparkSession, conf: config_mod.Config, root: str, known: i
     progress(f"{known:,} known URLs: building urls, hosts and the dedup indexes under {root} (not timed)")
     tables.create_all(spark, root)
     hosts = build_hosts(spark, root, args.hosts, conf.crawl.buckets, now)
-    build_urls(spark, root, known, hosts, args.hosts, 1.0, conf.revisit.default_interval_s, now)
+    build_urls(spark, root, known, hosts, args.hosts, 1.0, conf.revisit.default_interval_s, now, engine_ids=True)
     build_dedup_index(spark, root, conf.dedup.max_hamming, now)
     known_urls = known_links(spark, root, KNOWN_LINK_POOL, args.seed) if args.new_link_share < 1 else []
     segment_id = "seg-bench-cycle"
