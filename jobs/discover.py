@@ -2,8 +2,9 @@
 discovery half, docs/architecture.md#data-flow).
 
 Candidates are the segment's outlinks (not rel=nofollow), redirect targets, sitemap entries and child sitemaps
-(from `links`) and the `Sitemap:` lines of the robots.txt files it fetched. Each target is keyed and judged by
-scope and the per-URL trap rules once (crawler.frontier.classify_discovery), then by depth (crawler.scope.Scope.
+(from `links`) and the `Sitemap:` lines of the robots.txt files it fetched. A link to a URL the crawl knows keeps
+the keys of its `urls` row (parse keyed the link already); every other target is keyed and judged by scope and the
+per-URL trap rules once (crawler.frontier.classify_discovery), then by depth (crawler.scope.Scope.
 depth_reject_reason), the per-template and per-host caps on new URLs per cycle and the host's allowance under the
 known-URL cap (crawler.traps.capped_reasons).
 
@@ -16,7 +17,7 @@ to `trap_rejections`/`trap_sample` (guarded by hosts.discovery_segment), and hos
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
@@ -45,6 +46,8 @@ log = logging.getLogger("jobs.discover")
 
 TRAP_SAMPLE_SIZE = 5  # rejected URLs kept per host in hosts.trap_sample
 CLASSIFIED = "url string, url_id string, host_key string, bucket int, domain string, template string, reason string"
+CLASSIFIED_STRUCT = ("struct<url:string, url_id:string, host_key:string, bucket:int, domain:string, template:string, "
+                     "reason:string>")
 
 
 @dataclass(frozen=True)
@@ -78,11 +81,12 @@ class MergePart:
 def discoveries(conf: Config, segment_id: str, results: DataFrame, links: DataFrame, urls_snap: DataFrame,
                 hosts_snap: DataFrame, robots: DataFrame) -> Iterator[Discoveries]:
     """This segment's discovery targets, counted per parent bucket, cached for the MERGEs of the `with` block."""
-    targets = discovery_targets(conf, segment_id, results, links, urls_snap, hosts_snap, robots).persist(
-        StorageLevel.MEMORY_AND_DISK)  # the classifying UDF runs once
+    targets: DataFrame | None = None
     try:
-        fresh = targets.where(~F.col("known"))  # includes rows a crashed earlier run of this update stored
         with step(f"update {segment_id}: discoveries"):
+            targets = discovery_targets(conf, segment_id, results, links, urls_snap, hosts_snap, robots).persist(
+                StorageLevel.MEMORY_AND_DISK)  # the classifying UDF runs once
+            fresh = targets.where(~F.col("known"))  # includes rows a crashed earlier run of this update stored
             tally = {r["parent_bucket"]: r for r in fresh.groupBy("parent_bucket").agg(
                 F.count(F.when(F.col("reason").isNull(), 1)).alias("accepted"),
                 F.count(F.when(F.col("reason").isNotNull(), 1)).alias("rejected")).collect()}
@@ -91,7 +95,8 @@ def discoveries(conf: Config, segment_id: str, results: DataFrame, links: DataFr
                  sum(accepted.values()), sum(r["rejected"] for r in tally.values()))
         yield Discoveries(targets, fresh, accepted)
     finally:
-        targets.unpersist()
+        if targets is not None:
+            targets.unpersist()
 
 
 def discovery_targets(conf: Config, segment_id: str, results: DataFrame, links: DataFrame, urls_snap: DataFrame,
@@ -114,21 +119,25 @@ def discovery_targets(conf: Config, segment_id: str, results: DataFrame, links: 
         F.col("url").alias("from_url"), "fetched_at", F.col("bucket").alias("parent_bucket"), "outcome",
         "redirect_to", F.col("sitemap_origin").alias("parent_origin"),
     )
-    link_columns = ["from_url_id", "from_state_version", "to_url", "sitemap_lastmod", "sitemap_changefreq",
-                    "sitemap_priority", "sitemap_origin"]
+    link_columns = ["from_url_id", "from_state_version", "to_url", "to_url_id", "sitemap_lastmod",
+                    "sitemap_changefreq", "sitemap_priority", "sitemap_origin"]
     from_links = links.where(~F.col("rel_nofollow")).select(link_columns).join(
         parents, ["from_url_id", "from_state_version"]).withColumn("source", F.when(
             F.col("parent_origin").isNotNull(), UrlSource.SITEMAP.value).otherwise(UrlSource.LINK.value))
     from_redirects = parents.where(
         (F.col("outcome") == FetchOutcome.REDIRECT.value) & F.col("redirect_to").isNotNull()
     ).withColumn("to_url", F.col("redirect_to")).withColumn("source", F.lit(UrlSource.REDIRECT.value))
-    for name, kind in zip(link_columns[3:], ("timestamp", "string", "double", "string"), strict=True):
+    for name, kind in zip(link_columns[3:], ("string", "timestamp", "string", "double", "string"), strict=True):
         from_redirects = from_redirects.withColumn(name, F.lit(None).cast(kind))
     # A redirected sitemap is still a sitemap: its target keeps the origin.
     from_redirects = from_redirects.withColumn("sitemap_origin", F.col("parent_origin"))
     columns = ["to_url", "from_url_id", "from_url", "fetched_at", "parent_bucket", "source", *link_columns[3:]]
-    parent_state = urls_snap.select(F.col("url_id").alias("from_url_id"), F.col("url").alias("from_url"),
-                                    F.col("depth").alias("parent_depth"), F.col("priority").alias("parent_priority"))
+    # The parents' rows only (a segment's worth, joined by broadcast), so the candidates are never shuffled
+    # against the whole of `urls`.
+    parent_state = urls_snap.select(
+        F.col("url_id").alias("from_url_id"), F.col("url").alias("from_url"), F.col("depth").alias("parent_depth"),
+        F.col("priority").alias("parent_priority"),
+    ).join(F.broadcast(parents.select("from_url_id").distinct()), "from_url_id").localCheckpoint()
     candidates = from_links.select(columns).unionByName(from_redirects.select(columns)).join(
         parent_state, ["from_url_id", "from_url"])
     candidates = _candidate_rank(candidates)
@@ -168,7 +177,7 @@ def _robots_sitemap_candidates(robots: DataFrame, max_bytes: int) -> DataFrame:
         return robots_sitemaps(host_key, body, max_bytes)
 
     nothing = [F.lit(None).cast(t).alias(c) for c, t in (
-        ("from_url_id", "string"), ("from_url", "string"), ("sitemap_lastmod", "timestamp"),
+        ("from_url_id", "string"), ("from_url", "string"), ("to_url_id", "string"), ("sitemap_lastmod", "timestamp"),
         ("sitemap_changefreq", "string"), ("sitemap_priority", "double"), ("parent_priority", "double"))]
     return robots.where(F.col("robots_body").isNotNull()).select(
         F.explode(listed("host_key", "robots_body")).alias("s"), F.col("robots_fetched_at").alias("fetched_at"),
@@ -184,8 +193,9 @@ def _classified_targets(conf: Config, segment_id: str, candidates: DataFrame, ur
                         hosts_snap: DataFrame) -> DataFrame:
     """One row per link target with a canonical URL: its keys, `inlinks` (distinct linking pages other than
     itself), `known` (in `urls` before this segment) and `reason` null (stored) or the rule that rejects it.
-    Known targets are never rejected. New ones go through scope, the per-URL trap rules, depth, then the
-    per-template and per-host caps on new URLs per cycle and the host's allowance under the known-URL cap.
+    Known targets are never rejected and keep the keys of their `urls` row (_keyed_targets). New ones go through
+    scope, the per-URL trap rules, depth, then the per-template and per-host caps on new URLs per cycle and the
+    host's allowance under the known-URL cap.
     "Known" excludes rows this segment inserted (discovered_in = segment), so a re-run ranks the same set and
     keeps the same URLs; for the same reason the allowance adds back what this segment already counted."""
     scope, rules, bucketing = Scope.from_config(conf), TrapRules.from_config(conf), Bucketing.from_config(conf)
@@ -201,14 +211,18 @@ def _classified_targets(conf: Config, segment_id: str, candidates: DataFrame, ur
             "domain": [f and f.keys.domain for f in found],
             "template": [f and f.template for f in found], "reason": [f and f.reject_reason for f in found]})
 
-    keyed = candidates.select("to_url").distinct().withColumn("k", classify("to_url")).where(
-        F.col("k.url").isNotNull())
-    in_table = urls_snap.select("url_id", "url", (~F.col("discovered_in").eqNullSafe(F.lit(segment_id))).alias(
-        "known"), F.col("sitemap_origin").alias("known_origin"))
+    # Marked nondeterministic only so that the optimizer never moves a filter on its result below the filter that
+    # chooses the rows it runs on: that would run it on every target, the known ones too.
+    classify = classify.asNondeterministic()
+    candidates = candidates.localCheckpoint()  # read twice: its distinct targets are keyed, then joined back
     targets = (
-        candidates.join(keyed, "to_url")
-        .groupBy("k.url_id", "k.url", "k.host_key", "k.bucket", "k.domain", "k.template", "k.reason")
+        candidates.join(_keyed_targets(segment_id, candidates, urls_snap, classify), "to_url")
+        .groupBy("k.url_id", "k.url")
         .agg(
+            # A target's keys and verdict are one URL's (a known one's domain, template and reason are null).
+            *[F.max(f"k.{c}").alias(c) for c in ("host_key", "bucket", "domain", "template", "reason")],
+            F.max("known").alias("known"),
+            F.max("known_origin").alias("known_origin"),
             F.min("cand_depth").alias("depth"),
             F.max("cand_priority").alias("priority"),
             F.min("fetched_at").alias("discovered_at"),
@@ -219,8 +233,6 @@ def _classified_targets(conf: Config, segment_id: str, candidates: DataFrame, ur
             F.countDistinct(F.when(F.col("from_url_id") != F.col("k.url_id"), F.col("from_url_id"))).alias(
                 "inlinks"),
         )
-        .join(in_table, ["url_id", "url"], "left")
-        .withColumn("known", F.coalesce("known", F.lit(False)))
         .withColumn("reason", F.when(F.col("known"), F.lit(None)).otherwise(F.coalesce(
             "reason", F.expr(scope.depth_reject_reason_sql("depth")))))
     )
@@ -240,6 +252,39 @@ def _classified_targets(conf: Config, segment_id: str, candidates: DataFrame, ur
     for capped in capped_reasons_sql(rules, "allowance"):
         targets = targets.withColumn("reason", F.expr(capped))
     return targets.drop("allowance")
+
+
+def _keyed_targets(segment_id: str, candidates: DataFrame, urls_snap: DataFrame,
+                   classify: Callable[[str], Column]) -> DataFrame:
+    """One row per distinct raw target (`to_url`): `k` its keys and verdict (crawler.frontier.classify_discovery's
+    fields), `known` (a `urls` row before this segment) and that row's `known_origin`; targets with no URL are left
+    out. A link's target is keyed in parse already (links.to_url_id of the stored URL: crawler.scope), so a link to
+    a URL the crawl knows takes its keys from its `urls` row and is never classified again; only targets not in
+    `urls` and the targets parse did not key (redirects, robots.txt Sitemap: lines) run the classifying UDF. One
+    join with `urls` serves both: the unkeyed targets are classified first and looked up by their keys."""
+    distinct = candidates.groupBy("to_url").agg(F.max("to_url_id").alias("link_id"))
+    unkeyed = distinct.where(F.col("link_id").isNull()).select("to_url", classify("to_url").alias("k")).where(
+        F.col("k.url").isNotNull())
+    lookup = distinct.where(F.col("link_id").isNotNull()).select(
+        "to_url", F.col("link_id").alias("key_id"), F.col("to_url").alias("key_url"),
+        F.lit(None).cast(CLASSIFIED_STRUCT).alias("k")).unionByName(
+        unkeyed.select("to_url", F.col("k.url_id").alias("key_id"), F.col("k.url").alias("key_url"), "k"))
+    # "Known" excludes rows this segment inserted, so a re-run ranks and caps the same new URLs again.
+    in_table = urls_snap.where(~F.col("discovered_in").eqNullSafe(F.lit(segment_id))).select(
+        F.col("url_id").alias("key_id"), F.col("url").alias("key_url"), "host_key", "bucket",
+        F.col("sitemap_origin").alias("known_origin"), F.lit(True).alias("known"))
+    looked_up = lookup.join(in_table, ["key_id", "key_url"], "left").withColumn(
+        "known", F.coalesce("known", F.lit(False))).localCheckpoint()  # one join with `urls` for three branches
+    nothing = F.lit(None).cast("string")
+    from_table = looked_up.where("known").select(
+        "to_url", F.struct(F.col("key_url").alias("url"), F.col("key_id").alias("url_id"), "host_key", "bucket",
+                           nothing.alias("domain"), nothing.alias("template"), nothing.alias("reason")).alias("k"),
+        "known", "known_origin")
+    new_keyed = looked_up.where(~F.col("known") & F.col("k").isNotNull()).select("to_url", "k", "known",
+                                                                                 "known_origin")
+    new_links = looked_up.where(~F.col("known") & F.col("k").isNull()).select(
+        "to_url", classify("to_url").alias("k"), "known", "known_origin").where(F.col("k.url").isNotNull())
+    return from_table.unionByName(new_keyed).unionByName(new_links)
 
 
 def discovery_tally(fresh: DataFrame) -> DataFrame:
