@@ -24,6 +24,11 @@ indexes with the segment's hashes and band keys only, and writes back the rows t
   it stops, or when the URL leaves), then the two indexes (`jobs/dedup_index.py`): one MERGE per table, four
   commits in all.
 
+The index tables are streamed, never shuffled: every join of one with a segment-sized set (the segment's URLs,
+the touched hashes, the hit band keys, representatives gaining members) broadcasts the set. Left to itself the
+optimizer pushed the anti-join with the segment's URLs below the band probe and ran it as a sort-merge join, which
+shuffled and sorted all of `dedup_bands` every cycle.
+
 Idempotent: every MERGE runs as a Delta idempotent write (txnAppId `cyclecrawl.dedup.<segment>`, txnVersion 1),
 so each table takes this segment's dedup commit at most once. The indexes are written last and every input is
 read before any write, so a re-run after a crash between two MERGEs computes the same answer from the same index
@@ -166,7 +171,8 @@ def exact_marks(hashes: DataFrame, previous: DataFrame, documents: DataFrame,
         "seen", F.when(F.col("old_hash") == F.col("content_hash"), F.col("old_seen")).otherwise(F.col("fetched_at")))
     touched = docs.select("content_hash").union(
         old.where(F.col("old_hash").isNotNull()).select(F.col("old_hash").alias("content_hash"))).distinct()
-    others = hashes.join(touched, "content_hash").join(changed.select("url_id"), "url_id", "left_anti")
+    others = hashes.join(F.broadcast(touched), "content_hash").join(F.broadcast(changed.select("url_id")), "url_id",
+                                                                      "left_anti")
     others = others.localCheckpoint()
     holders = others.select("content_hash", "url_id", "seen").unionByName(
         docs.select("content_hash", "url_id", "seen"))
@@ -232,7 +238,8 @@ def near_labels(spark: SparkSession, conf: Config, bands: DataFrame, docs: DataF
     new_rows = explode_bands(candidates, max_hamming).localCheckpoint()
     hit = new_rows.select("band", "band_key").distinct()
     existing = (
-        bands.join(hit, ["band", "band_key"]).join(changed.select("url_id"), "url_id", "left_anti")
+        bands.join(F.broadcast(hit), ["band", "band_key"]).join(F.broadcast(changed.select("url_id")), "url_id",
+                                                                "left_anti")
         .select("url_id", F.unix_micros("seen").alias("seen_us"), "simhash", "band", "band_key",
                 F.col("cluster").alias("label"), F.unix_micros("cluster_seen").alias("label_us"),
                 F.lit(False).alias("is_new"))

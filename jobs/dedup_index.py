@@ -25,7 +25,7 @@ def band_relabels(bands: DataFrame, retired: DataFrame, changed: DataFrame) -> D
     """Index rows of other URLs in a retired cluster, each falling back to itself."""
     return (
         bands.join(F.broadcast(retired), F.col("cluster") == F.col("retired"))
-        .join(changed.select("url_id"), "url_id", "left_anti")
+        .join(F.broadcast(changed.select("url_id")), "url_id", "left_anti")
         .select("band", "band_key", "url_id", "simhash", "seen", F.col("url_id").alias("cluster"),
                 F.col("seen").alias("cluster_seen"))
     )
@@ -50,8 +50,8 @@ def hash_rows(segment_id: str, marks: DataFrame, relabelled: DataFrame, leavers:
     relabels = relabels.join(gainers.select("url_id", F.lit(True).alias("gained")), "url_id", "left").withColumn(
         "near_members", F.col("near_members") | F.coalesce(F.col("gained"), F.lit(False))).drop("gained")
     gained = (
-        gainers.join(relabelled.select("url_id"), "url_id", "left_anti")
-        .join(hashes.where(~F.col("near_members")), "url_id").localCheckpoint()
+        hashes.where(~F.col("near_members"))
+        .join(F.broadcast(gainers.join(relabelled.select("url_id"), "url_id", "left_anti")), "url_id").localCheckpoint()
         .select("url_id", "content_hash", "seen", "representative", "marked_duplicate",
                 F.lit(True).alias("near_members"), seg.alias("segment_id"), F.lit("members").alias("_op"))
     )
