@@ -210,7 +210,7 @@ def build_urls(spark: SparkSession, root: str, url_count: int, hosts: DataFrame,
     """Write `urls`: rows spread over the hosts with a Zipf-like skew. With `due_count` None every row is due and
     unfetched; otherwise about `due_count` of them are (drawn at random), and the others were fetched before and
     come due over the next 30 days, as a running crawl's frontier does. `engine_ids`: url_id is
-    crawler.urls.url_id (a vectorised UDF, ~2 us a row) instead of md5."""
+    crawler.urls.url_id (a pandas UDF) instead of md5."""
     host_index = F.least(F.floor(F.pow(F.rand(11), F.lit(skew)) * host_count).cast("bigint"),
                          F.lit(host_count - 1))
     overdue_s = (F.rand(13) * 30 * 86400 + 60).cast("bigint")  # due between 1 minute and 30 days ago

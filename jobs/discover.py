@@ -46,8 +46,7 @@ log = logging.getLogger("jobs.discover")
 
 TRAP_SAMPLE_SIZE = 5  # rejected URLs kept per host in hosts.trap_sample
 CLASSIFIED = "url string, url_id string, host_key string, bucket int, domain string, template string, reason string"
-CLASSIFIED_STRUCT = ("struct<url:string, url_id:string, host_key:string, bucket:int, domain:string, template:string, "
-                     "reason:string>")
+CLASSIFIED_STRUCT = "struct<" + ", ".join(field.replace(" ", ":") for field in CLASSIFIED.split(", ")) + ">"
 
 
 @dataclass(frozen=True)

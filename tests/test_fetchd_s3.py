@@ -262,8 +262,10 @@ def test_takeover_after_expiry_fences_the_old_owner(s3, s3_root, tmp_path, base_
 def test_latest_lists_again_when_the_highest_epoch_it_listed_was_pruned_before_its_read(s3, s3_root, tmp_path,
                                                                                          base_conf, monkeypatch):
     """The local store's race on S3: a reader that listed epoch 1 as the highest and paused while later epochs came
-    and pruned it reads the highest epoch now (the missing object is a 404, not an unreachable store)."""
-    conf = lease_conf(base_conf, s3, tmp_path)
+    and pruned it reads the highest epoch now (the missing object is a 404, not an unreachable store). A long lease:
+    on a loaded machine a 2-s one was fenced between its take and its release, the release was skipped (as it must
+    be) and the next take found the bucket held."""
+    conf = s3_conf(base_conf, s3, tmp_path, **{"ownership.lease_ttl_s": 60.0})
     writer, reader = lease_store(conf, s3_root, "writer"), lease_store(conf, s3_root, "reader")
     for _ in range(5):
         writer.release(writer.try_acquire(2), time.time())
