@@ -114,11 +114,12 @@ def test_a_killed_fetch_takes_its_processes_with_it(tmp_path):
 def test_one_endpoint_serves_every_process_and_a_stop_ends_them_all(base_conf, root, tmp_path):
     """`serve` with two processes and `fetch.metrics_port`: the first process's /metrics carries both daemons'
     series (the other leaves its figures for it), their fetch counters add up to the published results, and a
-    stop ends both (the caller returns only once its child has)."""
+    stop ends both (the caller returns only once its child has). The fetch list is published only once both
+    daemons report, so each takes its share of the buckets however long the second one took to start (the
+    first would otherwise take all four if it finished its two before the second was up)."""
     farm = _farm(tmp_path / "farm.jsonl", pages_per_host=OUTLASTS_A_SPAWN)
     farm.start()
     port = free_port()
-    listed = write_fetchlist(root, "seg-metrics", [{"url": u} for u in _pages(farm)], BUCKETS)
     conf = base_conf.with_overrides({
         "crawl.buckets": BUCKETS, "politeness.min_delay_s": MIN_DELAY, "fetch.processes": 2,
         "fetch.static_hosts": farm.static_hosts(), "fetch.daemon_id": "scraped", "fetch.metrics_port": port,
@@ -126,24 +127,29 @@ def test_one_endpoint_serves_every_process_and_a_stop_ends_them_all(base_conf, r
     stop = threading.Event()
     thread = threading.Thread(target=serve, args=(conf, root, stop), daemon=True)
     thread.start()
+    listed: dict[int, list[dict]] = {}
     try:
         deadline = time.monotonic() + 90
         totals: dict[str, float] = {}
         while time.monotonic() < deadline:
             with contextlib.suppress(OSError):
                 text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
-                totals = defaultdict(float)
-                for daemon, value in re.findall(r'^fetchd_fetches_total\{daemon="([^"]+)",[^}]*\} (\S+)$', text, re.M):
-                    totals[daemon] += float(value)
-                if not pending_work(root) and sum(totals.values()) == len(read_results(root, "seg-metrics")):
-                    break
+                if not listed and set(re.findall(r'daemon="([^"]+)"', text)) == {"scraped", "scraped.1"}:
+                    listed = write_fetchlist(root, "seg-metrics", [{"url": u} for u in _pages(farm)], BUCKETS)
+                elif listed:
+                    totals = defaultdict(float)
+                    for daemon, value in re.findall(r'^fetchd_fetches_total\{daemon="([^"]+)",[^}]*\} (\S+)$', text,
+                                                    re.M):
+                        totals[daemon] += float(value)
+                    if not pending_work(root) and sum(totals.values()) == len(read_results(root, "seg-metrics")):
+                        break
             time.sleep(0.3)
     finally:
         stop.set()
         thread.join(60)
         farm.stop()
     assert not thread.is_alive()
-    assert not pending_work(root) and len(listed) >= 2
+    assert not pending_work(root) and len(listed) >= 3  # more buckets than one process's share
     assert set(totals) == {"scraped", "scraped.1"} and all(totals.values())
     assert sum(totals.values()) == len(read_results(root, "seg-metrics"))
     assert not multiprocessing.active_children()
