@@ -10,14 +10,14 @@ Run on demand, never as a test:
 
 For each corpus size (--known-urls): `hosts` and `urls` are built synthetically (bench.frontier: every URL due,
 hosts Zipf-skewed), and so are the dedup indexes as a crawl of that size would hold them (every known URL has a
-current document: a unique content hash and a random SimHash, band rows by crawler.dedup.band_values_sql). Then
-`crawl generate` leases a segment of --pages URLs, and the segment is written as the daemon writes it: real HTML
-(bench.parse.PageMaker: realistic pages of 5-60 KB with 20-80 links of every form) through fetchd.warc.WarcFile,
-one WARC file and one fetched-results Parquet file per bucket. A share --exact of the pages repeats an earlier
-page of the segment byte for byte, a share --near repeats one with one paragraph changed (a few words: a near
-duplicate at small Hamming distance). A share 1 - --new-link-share of a page's links point to URLs the crawl
-knows (drawn from `urls`; 0.1 is a mature crawl, where most links lead to pages it has seen), the others are new
-(the default: every link new, discovery's worst case). Timed, each on the same SparkSession: parse, dedup,
+current document: a unique content hash and a random SimHash, band rows keyed as dedup keys them and the index's
+definition recorded). Then `crawl generate` leases a segment of --pages URLs, and the segment is written as the
+daemon writes it: real HTML (bench.parse.PageMaker: realistic pages of 5-60 KB with 20-80 links of every form)
+through fetchd.warc.WarcFile, one WARC file and one fetched-results Parquet file per bucket. A share --exact of the
+pages repeats an earlier page of the segment byte for byte, a share --near repeats one with one paragraph changed (a
+few words: a near duplicate at small Hamming distance). A share 1 - --new-link-share of a page's links point to URLs
+the crawl knows (drawn from `urls`; 0.1 is a mature crawl, where most links lead to pages it has seen), the others
+are new (the default: every link new, discovery's worst case). Timed, each on the same SparkSession: parse, dedup,
 update, and generate of the next segment.
 
 With --cycles N the cycle repeats N times on the same SparkSession, as the continuous driver runs it: each
@@ -57,7 +57,7 @@ from bench.frontier import StepTimes, build_hosts, build_urls, progress
 from bench.parse import PageMaker
 from crawler import config as config_mod
 from crawler import layout, urls
-from crawler.dedup import band_values_sql
+from crawler.dedup import IndexDefinition
 from crawler.records import FETCHED
 from crawler.status import FetchOutcome
 from delta_tables import tables
@@ -231,9 +231,10 @@ def measure(spark: SparkSession, root: str, name: str, action, list_jobs: bool =
     return figures, value
 
 
-def build_dedup_index(spark: SparkSession, root: str, max_hamming: int, now: datetime) -> None:
+def build_dedup_index(spark: SparkSession, root: str, definition: IndexDefinition, now: datetime) -> None:
     """dedup_hashes and dedup_bands as a crawl of this corpus holds them: every known URL with a current document
-    (a unique content hash, a random SimHash), itself its representative and its own cluster."""
+    (a unique content hash, a random SimHash), itself its representative and its own cluster; the bands keyed and
+    recorded under `definition`, as dedup keys and records them."""
     known = tables.table_df(spark, root, "urls").select(
         "url_id", F.concat(F.lit("sha1:"), F.upper(F.sha1("url"))).alias("content_hash"),
         F.xxhash64("url", F.lit("simhash")).alias("simhash"), F.lit(now - timedelta(days=1)).alias("seen"))
@@ -243,12 +244,11 @@ def build_dedup_index(spark: SparkSession, root: str, max_hamming: int, now: dat
                           seg.alias("segment_id"))
     tables.conform(hashes, "dedup_hashes").write.format("delta").mode("append").save(
         tables.table_path(root, "dedup_hashes"))
-    keys = F.array(*[F.expr(e) for e in band_values_sql("simhash", max_hamming)])
-    bands = known.select("*", F.posexplode(keys).alias("band", "band_key")).select(
-        "band", "band_key", "url_id", "simhash", "seen", F.col("url_id").alias("cluster"),
-        F.col("seen").alias("cluster_seen"), seg.alias("segment_id"))
-    tables.conform(bands, "dedup_bands").write.format("delta").mode("append").save(
+    documents = known.select("url_id", "simhash", "seen", F.col("url_id").alias("cluster"),
+                             F.col("seen").alias("cluster_seen"), seg.alias("segment_id"))
+    tables.conform(dedup.explode_bands(documents, definition), "dedup_bands").write.format("delta").mode("append").save(
         tables.table_path(root, "dedup_bands"))
+    tables.set_table_property(spark, root, "dedup_bands", dedup.INDEX_PROPERTY, definition.identity())
 
 
 def near_copy(body: bytes, rng: np.random.Generator) -> bytes:
@@ -336,7 +336,7 @@ def run_corpus(spark: SparkSession, conf: config_mod.Config, root: str, known: i
     tables.create_all(spark, root)
     hosts = build_hosts(spark, root, args.hosts, conf.crawl.buckets, now)
     build_urls(spark, root, known, hosts, args.hosts, 1.0, conf.revisit.default_interval_s, now, engine_ids=True)
-    build_dedup_index(spark, root, conf.dedup.max_hamming, now)
+    build_dedup_index(spark, root, IndexDefinition.from_config(conf), now)
     known_urls = known_links(spark, root, KNOWN_LINK_POOL, args.seed) if args.new_link_share < 1 else []
     segment_id = "seg-bench-cycle"
     leased = generate.run(spark, conf, root, segment_id, now=now)

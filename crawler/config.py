@@ -21,7 +21,7 @@ from typing import Any
 import yaml
 
 from crawler.bucketing import POLITENESS_KEYS
-from crawler.dedup import MAX_SUPPORTED_HAMMING
+from crawler.dedup import MAX_BLOCKS_PER_KEY, MAX_INDEX_KEYS, MAX_SUPPORTED_HAMMING, index_key_count
 from crawler.errors import UserError
 from crawler.ownership import check_timing
 from crawler.settings import Settings
@@ -234,6 +234,7 @@ _RULES: dict[str, tuple[Any, str]] = {
     "sitemaps.max_index_depth": (_non_negative, "must be >= 0"),
     "sitemaps.max_loc_length": (_positive, "must be > 0"),
     "dedup.max_hamming": (lambda v: 0 <= v <= MAX_SUPPORTED_HAMMING, f"must be between 0 and {MAX_SUPPORTED_HAMMING}"),
+    "dedup.blocks_per_key": (lambda v: 1 <= v <= MAX_BLOCKS_PER_KEY, f"must be between 1 and {MAX_BLOCKS_PER_KEY}"),
     "dedup.max_bucket_size": (lambda v: v >= 2, "must be >= 2"),
     "dedup.duplicate_priority_factor": (lambda v: 0 < v <= 1, "must be in (0, 1]"),
     "spark.shuffle_partitions": (_positive, "must be > 0"),
@@ -367,6 +368,11 @@ def _check(defaults: Mapping[str, Any], data: Mapping[str, Any], prefix: str = "
     if prefix == "" and data["generate"]["refresh_share_min"] > data["generate"]["refresh_share_max"]:
         raise ConfigError("generate.refresh_share_min", "must not exceed generate.refresh_share_max")
     if prefix == "":
+        dedup = data["dedup"]
+        keys = index_key_count(dedup["max_hamming"], dedup["blocks_per_key"])
+        if keys > MAX_INDEX_KEYS:
+            raise ConfigError("dedup.blocks_per_key", f"with dedup.max_hamming {dedup['max_hamming']} makes {keys} "
+                              f"index rows a page, more than {MAX_INDEX_KEYS}: use fewer blocks a key")
         compressor, level = data["fetch"]["warc_compressor"], data["fetch"]["warc_gzip_level"]
         fastest, smallest = WARC_GZIP_LEVELS[compressor]
         if not fastest <= level <= smallest:

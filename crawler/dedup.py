@@ -5,10 +5,13 @@ does not depend on input order or partitioning. Nothing here drops a page: dedup
 
 Near duplicates (Manku, Jain, Das Sarma, "Detecting near-duplicates for web crawling", WWW 2007):
 
-* Banded LSH. With k = the largest Hamming distance kept, the 64 SimHash bits are split into k + 1 bands. Two
-  hashes within distance k differ in at most k bits, so (pigeonhole) at least one band is identical in both:
-  grouping by (band index, band value) finds every pair within distance k. Candidates are then verified by
-  `hamming <= k`, so no pair further apart is ever kept.
+* Keys (Manku's permuted tables, in the form of masks). With k = the largest Hamming distance kept and r =
+  `blocks_per_key`, the 64 SimHash bits are split into k + r blocks. Two hashes within distance k differ in at
+  most k blocks, so (pigeonhole) at least r blocks are identical in both: one index key per choice of r blocks
+  (C(k + r, r) keys, each the SimHash's bits under the chosen blocks' mask) and grouping by (key index, key value)
+  finds every pair within distance k. Candidates are then verified by `hamming <= k`, so no pair further apart is
+  ever kept. r = 1 is classic banding (k + 1 keys of 64 / (k + 1) bits); r = 2, the default, gives wider keys
+  (10 keys of ~26 bits at k = 3) at the cost of more index rows.
 * Bucket cap. A band value shared by very many documents (boilerplate-only pages, and every page with no text,
   whose SimHash is 0) would need m² comparisons. Members of one bucket are sorted by (SimHash, representative
   order); rows with identical SimHashes are chained to each other at O(m) (distance 0 is always a match), and
@@ -24,10 +27,12 @@ Near duplicates (Manku, Jain, Das Sarma, "Detecting near-duplicates for web craw
   vectors, so in a 500-word page one edited word already moves it ~2 bits and a changed nav line ~5. k = 3 keeps
   edits of a word or two; tests/test_dedup.py measures recall 0.53 at k = 3 and 0.97 at k = 7 on its generated
   corpus, precision 1.0 at every k up to 7 (unrelated pages sit ~32 bits apart).
-* Scale: k + 1 bands of 64 / (k + 1) bits mean a random 16-bit band bucket (k = 3) holds n / 65 536 documents, so
-  the comparisons grow as n² / 65 536 per band; beyond ~10⁸ documents use Manku's permuted tables (more, wider
-  bands). The functions take numpy arrays of one band's rows, so a Spark job calls them per partition
-  (mapInPandas / applyInPandas over rows partitioned by (band, band value): every row of a bucket in one call).
+* Scale: a random key of w bits puts n / 2^w documents in a bucket, so a probe's comparisons grow as
+  n / 2^w per key and page. With r = 1 at k = 3 (16-bit keys) a bucket holds 153 rows at 10 M documents and a
+  segment of 100 k pages hits most buckets: the comparisons grow with the corpus. With r = 2 (26-bit keys, 10
+  tables) a bucket holds < 1 row at 10 M, so the comparisons follow the segment; the index holds C(k + r, r) rows
+  per document instead of k + 1. The functions take numpy arrays of one key's rows, so a Spark job calls them per
+  partition (applyInPandas over rows partitioned by (key index, key value): every row of a bucket in one call).
 
 The incremental rule (what `crawl dedup` runs each cycle, on the segment's pages and two Delta indexes: content
 hash -> representative, and SimHash band -> (url_id, SimHash, cluster); `jobs/dedup.py`):
@@ -53,21 +58,33 @@ hash -> representative, and SimHash band -> (url_id, SimHash, cluster); `jobs/de
 
 from __future__ import annotations
 
+import functools
+import itertools
+import json
+import math
+import operator
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from crawler.fingerprints import tokens
+from crawler.fingerprints import SIMHASH_DEFINITION, tokens
+from crawler.settings import Settings
 from crawler.status import FetchOutcome, is_gone, is_gone_sql
 
 SIMHASH_BITS = 64
 DEFAULT_MAX_HAMMING = 3
 DEFAULT_MAX_BUCKET_SIZE = 1000
-# Band widths shrink as k grows; below 8 bits a band bucket holds n / 256 documents or more, which no corpus
-# worth deduplicating can afford, so the configuration stops at k = 7.
+# Block widths shrink as k grows; below 8 bits a one-block key's bucket holds n / 256 documents or more, which no
+# corpus worth deduplicating can afford, so the configuration stops at k = 7.
 MAX_SUPPORTED_HAMMING = 7
+DEFAULT_BLOCKS_PER_KEY = 2
+MAX_BLOCKS_PER_KEY = 3
+# Index rows per SimHash at most (k = 7 with 3 blocks a key would make 120): the config refuses more.
+MAX_INDEX_KEYS = 64
+_MASK_ALL = (1 << SIMHASH_BITS) - 1
+REBUILD_COMMAND = "crawl dedup --rebuild"
 
 
 def normalize_text(text: str) -> str:
@@ -125,21 +142,46 @@ def exact_representative(rows: Iterable[Mapping[str, Any]]) -> dict[str, str]:
     return {digest: key[2] for digest, key in best.items()}
 
 
-def band_layout(max_hamming: int) -> tuple[tuple[int, int], ...]:
-    """(shift, width) of each of the max_hamming + 1 bands, widths as equal as possible, covering all 64 bits."""
+def block_layout(max_hamming: int, blocks_per_key: int = DEFAULT_BLOCKS_PER_KEY) -> tuple[tuple[int, int], ...]:
+    """(shift, width) of each of the max_hamming + blocks_per_key blocks, widths as equal as possible, covering all
+    64 bits."""
     if not 0 <= max_hamming <= MAX_SUPPORTED_HAMMING:
         raise ValueError(f"max_hamming must be between 0 and {MAX_SUPPORTED_HAMMING}, got {max_hamming}")
-    bands = max_hamming + 1
-    widths = [SIMHASH_BITS // bands + (1 if i < SIMHASH_BITS % bands else 0) for i in range(bands)]
+    if not 1 <= blocks_per_key <= MAX_BLOCKS_PER_KEY:
+        raise ValueError(f"blocks_per_key must be between 1 and {MAX_BLOCKS_PER_KEY}, got {blocks_per_key}")
+    blocks = max_hamming + blocks_per_key
+    widths = [SIMHASH_BITS // blocks + (1 if i < SIMHASH_BITS % blocks else 0) for i in range(blocks)]
     shifts = np.cumsum([0, *widths[:-1]]).tolist()
     return tuple(zip(shifts, widths, strict=True))
 
 
-def band_values_sql(simhash: str, max_hamming: int = DEFAULT_MAX_HAMMING) -> list[str]:
-    """`band_values` over the bigint column `simhash`: one expression per band, its key as a bigint (the bits of
-    the uint64 band value; a 64-bit band, k = 0, is the SimHash itself)."""
-    return [simhash if width == SIMHASH_BITS else f"(shiftrightunsigned({simhash}, {shift}) & {(1 << width) - 1})"
-            for shift, width in band_layout(max_hamming)]
+def index_key_count(max_hamming: int, blocks_per_key: int = DEFAULT_BLOCKS_PER_KEY) -> int:
+    """How many keys (index rows) a SimHash has: one per choice of blocks_per_key of the k + blocks_per_key blocks."""
+    return math.comb(max_hamming + blocks_per_key, blocks_per_key)
+
+
+def key_masks(max_hamming: int, blocks_per_key: int = DEFAULT_BLOCKS_PER_KEY) -> tuple[int, ...]:
+    """The bits of each index key, as a 64-bit mask: the union of one choice of `blocks_per_key` blocks, in
+    `itertools.combinations` order (key b is the `band` column's value b). A key is the SimHash's bits under its
+    mask, left in place."""
+    blocks = [((1 << width) - 1) << shift for shift, width in block_layout(max_hamming, blocks_per_key)]
+    masks = tuple(functools.reduce(operator.or_, chosen) for chosen in itertools.combinations(blocks, blocks_per_key))
+    if len(masks) > MAX_INDEX_KEYS:
+        raise ValueError(f"max_hamming {max_hamming} with blocks_per_key {blocks_per_key} makes {len(masks)} index "
+                         f"keys a SimHash, more than {MAX_INDEX_KEYS}")
+    return masks
+
+
+def band_values_sql(simhash: str, max_hamming: int = DEFAULT_MAX_HAMMING,
+                    blocks_per_key: int = DEFAULT_BLOCKS_PER_KEY) -> list[str]:
+    """`band_values` over the bigint column `simhash`: one expression per index key, its value as a bigint (the
+    masked bits; a mask of all 64 bits, k = 0 with one table, is the SimHash itself)."""
+    return [simhash if mask == _MASK_ALL else f"({simhash} & {_signed(mask)}L)"
+            for mask in key_masks(max_hamming, blocks_per_key)]
+
+
+def _signed(value: int) -> int:
+    return value - (1 << SIMHASH_BITS) if value >= 1 << (SIMHASH_BITS - 1) else value
 
 
 def _unsigned(simhashes: Any) -> np.ndarray:
@@ -147,15 +189,57 @@ def _unsigned(simhashes: Any) -> np.ndarray:
     return np.asarray(simhashes, dtype=np.int64).view(np.uint64)
 
 
-def band_values(simhashes: Any, max_hamming: int = DEFAULT_MAX_HAMMING) -> np.ndarray:
-    """(n, max_hamming + 1) uint64 array: the value of each band of each SimHash; column b is band b's key."""
+def band_values(simhashes: Any, max_hamming: int = DEFAULT_MAX_HAMMING,
+                blocks_per_key: int = DEFAULT_BLOCKS_PER_KEY) -> np.ndarray:
+    """(n, index_key_count) uint64 array: each SimHash's value under each key's mask; column b is key b."""
     hashes = _unsigned(simhashes)
-    layout = band_layout(max_hamming)
-    out = np.empty((hashes.shape[0], len(layout)), dtype=np.uint64)
-    for band, (shift, width) in enumerate(layout):
-        out[:, band] = (hashes >> np.uint64(shift)) & np.uint64((1 << width) - 1)
-    return out
+    masks = np.array(key_masks(max_hamming, blocks_per_key), dtype=np.uint64)
+    return hashes[:, None] & masks[None, :]
 
+
+@dataclass(frozen=True)
+class IndexDefinition:
+    """What the rows of `dedup_bands` are: SimHashes of one fingerprint definition, keyed by one key layout. A
+    crawl records its index's definition beside the index (`jobs.dedup`); rows of two definitions never mix, so
+    a config that differs from the recorded one is refused until `crawl dedup --rebuild` re-keys the index."""
+
+    fingerprint: str
+    max_hamming: int
+    blocks_per_key: int
+
+    @classmethod
+    def from_config(cls, conf: Settings) -> IndexDefinition:
+        return cls(SIMHASH_DEFINITION, int(conf.dedup.max_hamming), int(conf.dedup.blocks_per_key))
+
+    def key_count(self) -> int:
+        """Index rows a SimHash has (`index_key_count`)."""
+        return index_key_count(self.max_hamming, self.blocks_per_key)
+
+    def identity(self) -> str:
+        """What the index's record holds: a JSON object of the three."""
+        return json.dumps({"fingerprint": self.fingerprint, "max_hamming": self.max_hamming,
+                           "blocks_per_key": self.blocks_per_key}, sort_keys=True)
+
+    @classmethod
+    def parse(cls, identity: str) -> IndexDefinition:
+        fields = json.loads(identity)
+        return cls(str(fields["fingerprint"]), int(fields["max_hamming"]), int(fields["blocks_per_key"]))
+
+    def refusal(self, recorded: str | None, has_rows: bool) -> str | None:
+        """Why this config may not add to an index recorded as `recorded` (None: not recorded, e.g. made before
+        definitions were recorded); None when it may (the same definition, or an empty index)."""
+        if recorded == self.identity() or (recorded is None and not has_rows):
+            return None
+        if recorded is None:
+            held = "an index whose definition was never recorded (made before definitions were)"
+        else:
+            old = IndexDefinition.parse(recorded)
+            said = [f"{name} {getattr(old, name)!r}" for name in ("fingerprint", "max_hamming", "blocks_per_key")
+                    if getattr(old, name) != getattr(self, name)]
+            held = f"an index of {', '.join(said)}"
+        mine = ", ".join(f"{name} {getattr(self, name)!r}" for name in ("fingerprint", "max_hamming", "blocks_per_key"))
+        return (f"dedup_bands holds {held}, not this config's ({mine}): run `{REBUILD_COMMAND}` to rebuild it "
+                "under this config, or set the config back")
 
 def representative_rank(url_ids: Any, fetched_at: Any) -> np.ndarray:
     """Rank of each document in representative order (0 = earliest fetched, then lowest url_id).
@@ -280,6 +364,7 @@ def near_duplicate_clusters(
     simhashes: Any,
     max_hamming: int = DEFAULT_MAX_HAMMING,
     max_bucket_size: int = DEFAULT_MAX_BUCKET_SIZE,
+    blocks_per_key: int = DEFAULT_BLOCKS_PER_KEY,
 ) -> NearDuplicates:
     """Near-duplicate clusters of a whole set of documents: every band, verified pairs, union-find.
 
@@ -287,7 +372,7 @@ def near_duplicate_clusters(
     """
     hashes = np.asarray(simhashes, dtype=np.int64)
     rank = representative_rank(url_ids, fetched_at)
-    keys = band_values(hashes, max_hamming)
+    keys = band_values(hashes, max_hamming, blocks_per_key)
     found = [band_pairs(keys[:, band], hashes, rank, max_hamming, max_bucket_size) for band in range(keys.shape[1])]
     left = np.concatenate([pairs.left for pairs in found])
     right = np.concatenate([pairs.right for pairs in found])

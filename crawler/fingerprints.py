@@ -16,6 +16,9 @@ import mmh3
 import numpy as np
 
 _BITS = 64
+# What `simhash` computes, as the dedup index records it (crawler.dedup.IndexDefinition): a change to its tokens,
+# shingles, hash or vote makes SimHashes incomparable with the stored ones, so it must change this name too.
+SIMHASH_DEFINITION = "simhash64/mmh3-x64-128/word-shingles/v1"
 _MASK = (1 << _BITS) - 1
 _WORD = re.compile(r"\w+", re.UNICODE)
 

@@ -201,6 +201,7 @@ class ParseSettings:
 class DedupSettings:
     """`dedup.*`."""
     max_hamming: int
+    blocks_per_key: int
     max_bucket_size: int
     duplicate_priority_factor: float
 

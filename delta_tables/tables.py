@@ -302,8 +302,8 @@ DEDUP_BANDS = TableDef(
     "dedup_bands",
     StructType(
         [
-            _f("band", INT, False),           # crawler.dedup.band_layout(dedup.max_hamming): which band
-            _f("band_key", L, False),         # that band's bits of the SimHash
+            _f("band", INT, False),           # which index key (crawler.dedup.key_masks): 0 .. C(k + r, r) - 1
+            _f("band_key", L, False),         # the SimHash's bits under that key's mask
             _f("url_id", S, False),
             _f("simhash", L, False),          # never 0 (no text) or null (not HTML): those never cluster
             _f("seen", T),
@@ -313,7 +313,7 @@ DEDUP_BANDS = TableDef(
         ]
     ),
     properties=_COMMON_PROPS,
-    doc="Dedup index: SimHash bands -> (url_id, SimHash, cluster), max_hamming + 1 rows per current page (dedup).",
+    doc="Dedup index: SimHash keys -> (url_id, SimHash, cluster), one row per key of each current page (dedup).",
 )
 
 CYCLE_METRICS = TableDef(
@@ -444,6 +444,23 @@ def table_version(spark: SparkSession, root: str, name: str) -> int:
     none = spark._jvm.scala.Option.empty()
     log = DeltaTable.forPath(spark, table_path(root, name))._jdt.deltaLog()
     return int(log.update(False, none, none).version())
+
+
+def table_property(spark: SparkSession, root: str, name: str, key: str) -> str | None:
+    """A table property of the table's latest version (its Delta metadata's configuration), None when unset; read
+    from the DeltaLog's snapshot as `table_version` reads the version, with no Spark job."""
+    from delta.tables import DeltaTable
+
+    none = spark._jvm.scala.Option.empty()
+    log = DeltaTable.forPath(spark, table_path(root, name))._jdt.deltaLog()
+    value = log.update(False, none, none).metadata().configuration().get(key)
+    return str(value.get()) if value.isDefined() else None
+
+
+def set_table_property(spark: SparkSession, root: str, name: str, key: str, value: str) -> None:
+    """Set one table property (a Delta commit of its own)."""
+    quoted = value.replace("\\", "\\\\").replace("'", "\\'")
+    spark.sql(f"ALTER TABLE delta.`{table_path(root, name)}` SET TBLPROPERTIES ('{key}' = '{quoted}')")
 
 
 def conform(df: DataFrame, name: str) -> DataFrame:

@@ -124,8 +124,14 @@ COMMANDS: tuple[Command, ...] = (
             "jobs.fetch:fetch_command", checks_bucketing=False, arguments=(SEGMENT,)),
     Command("parse", "parse the segment's WARC records into pages and links",
             "jobs.parse:run_command", spark=True, segment_folder=True, arguments=(SEGMENT,)),
-    Command("dedup", "mark the segment's exact and near-duplicate pages and lower their URLs' priority",
-            "jobs.dedup:run_command", spark=True, segment_folder=True, arguments=(SEGMENT,)),
+    Command("dedup", "mark the segment's exact and near-duplicate pages and lower their URLs' priority; or, with "
+            "--rebuild, re-key the near-duplicate index under the config's dedup settings",
+            "jobs.dedup:run_command", spark=True, segment_folder=True, before_spark="jobs.dedup:check_arguments",
+            arguments=(
+                option("--segment", type=commandline.segment_id, help="segment id"),
+                option("--rebuild", action="store_true",
+                       help="rewrite dedup_bands under dedup.max_hamming and dedup.blocks_per_key (instead of a "
+                            "segment): what a change of either needs"))),
     Command("update", "merge the segment's results, discoveries and host state into the tables",
             "jobs.update:run_command", spark=True, segment_folder=True, arguments=(SEGMENT,)),
     Command("index", "index the segment's closed WARC files into `records` and a CDXJ file per WARC file",
@@ -208,7 +214,9 @@ def _check_before_spark(command: Command, args: argparse.Namespace, conf: config
         value = getattr(args, argument.dest)
         if argument.check is not None and value:
             argument.check(value)
-    if command.segment_folder:
+    if command.before_spark:
+        resolve(command.before_spark)(conf, root, **command.options(args))
+    if command.segment_folder and args.segment is not None:  # None: a command that takes one or something else
         from jobs.storage import Storage
 
         storage = Storage.from_conf(conf)
@@ -216,8 +224,6 @@ def _check_before_spark(command: Command, args: argparse.Namespace, conf: config
         if args.segment in listing and storage.exists(layout.generating_marker(root, args.segment)):
             listing.remove(args.segment)  # not published yet (crawler.layout): no segment to work on
         layout.require_segment(args.segment, root, listing)
-    if command.before_spark:
-        resolve(command.before_spark)(conf, root, **command.options(args))
     if command.checks_bucketing:
         from jobs.base import check_bucketing
 

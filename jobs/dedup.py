@@ -22,7 +22,12 @@ indexes with the segment's hashes and band keys only, and writes back the rows t
 * Marks on the segment's `pages` rows, priority (`urls.priority *= dedup.duplicate_priority_factor` when the
   verdict becomes "duplicate" against the URL's previous marks, kept in `dedup_hashes.marked_duplicate`; `/=` when
   it stops, or when the URL leaves), then the two indexes (`jobs/dedup_index.py`): one MERGE per table, four
-  commits in all.
+  commits in all (five on a crawl's first dedup, which records the band index's definition).
+
+The band index holds one definition (`crawler.dedup.IndexDefinition`: the SimHash's and the key layout), recorded
+in its table property `cyclecrawl.dedup.index`: a run whose config differs, or that finds rows and no record, is
+refused (`IndexRefused`, one line naming `crawl dedup --rebuild`, `rebuild_index`), and the record is looked at
+again under the writer lock before the first commit (`IndexRebuilt` when a rebuild landed meanwhile).
 
 The index tables are streamed, never shuffled: every join of one with a segment-sized set (the segment's URLs,
 the touched hashes, the hit band keys, representatives gaining members) broadcasts the set. Left to itself the
@@ -49,7 +54,15 @@ from pyspark.sql import functions as F
 
 from crawler import layout
 from crawler.config import Config
-from crawler.dedup import band_pairs, band_values_sql, leaves_index_sql, representative_of_sql, representative_rank
+from crawler.dedup import (
+    IndexDefinition,
+    band_pairs,
+    band_values_sql,
+    leaves_index_sql,
+    representative_of_sql,
+    representative_rank,
+)
+from crawler.errors import TryLater, UserError
 from crawler.leases import latest_result_rank_sql
 from crawler.records import FETCHED
 from delta_tables import tables
@@ -73,6 +86,8 @@ from jobs.writelock import writer_lock
 log = logging.getLogger("jobs.dedup")
 
 HASHES, BANDS = "dedup_hashes", "dedup_bands"
+# The table property of `dedup_bands` that records its definition (crawler.dedup.IndexDefinition.identity).
+INDEX_PROPERTY = "cyclecrawl.dedup.index"
 # A page with no fetch time sorts after every fetched one (crawler.dedup does the same with None).
 _NO_TIME_US = int(np.iinfo(np.int64).max)
 # Connected components stop after this many rounds with an error. Their rounds grow with the logarithm of a
@@ -187,9 +202,11 @@ def exact_marks(hashes: DataFrame, previous: DataFrame, documents: DataFrame,
     return docs, relabelled
 
 
-def explode_bands(frame: DataFrame, max_hamming: int) -> DataFrame:
-    """Each row once per band: `band` and `band_key` (crawler.dedup.band_values_sql) beside the row's columns."""
-    keys = F.array(*[F.expr(expr) for expr in band_values_sql("simhash", max_hamming)])
+def explode_bands(frame: DataFrame, definition: IndexDefinition) -> DataFrame:
+    """Each row once per index key: `band` (the key's index) and `band_key` (crawler.dedup.band_values_sql)
+    beside the row's columns."""
+    keys = F.array(*[F.expr(expr) for expr in band_values_sql("simhash", definition.max_hamming,
+                                                                definition.blocks_per_key)])
     return frame.select("*", F.posexplode(keys).alias("band", "band_key")).withColumn("band", F.col("band").cast("int"))
 
 
@@ -235,7 +252,7 @@ def near_labels(spark: SparkSession, conf: Config, bands: DataFrame, docs: DataF
     shards = conf.spark.shuffle_partitions
     candidates = docs.where(F.col("simhash").isNotNull() & (F.col("simhash") != 0)).select(
         "url_id", F.unix_micros("seen").alias("seen_us"), "simhash")
-    new_rows = explode_bands(candidates, max_hamming).localCheckpoint()
+    new_rows = explode_bands(candidates, IndexDefinition.from_config(conf)).localCheckpoint()
     hit = new_rows.select("band", "band_key").distinct()
     existing = (
         bands.join(F.broadcast(hit), ["band", "band_key"]).join(F.broadcast(changed.select("url_id")), "url_id",
@@ -338,6 +355,10 @@ def run(spark: SparkSession, conf: Config, root: str, segment_id: str) -> DedupR
     root = layout.normalize_root(root)
     layout.check_segment_id(segment_id)
     tables.ensure_tables(spark, root)
+    definition = IndexDefinition.from_config(conf)
+    refusal = definition.refusal(*_recorded_definition(spark, root))
+    if refusal is not None:
+        raise IndexRefused(refusal)
     result = DedupResult(segment_id)
     # Adaptive query execution re-plans each of this job's many small joins against cached and broadcast inputs:
     # on a test segment it took 34 s of the run's 41, 10 s with it off (the plans are static, the inputs segment-sized).
@@ -384,18 +405,21 @@ def run(spark: SparkSession, conf: Config, root: str, segment_id: str) -> DedupR
         retired = dedup_index.retired_clusters(marks, leaving).localCheckpoint()
         band_relabelled = dedup_index.band_relabels(bands, retired, changed) if retired.limit(1).count() else None
         hash_rows = dedup_index.hash_rows(segment_id, marks, exact_relabelled, leavers, hashes).localCheckpoint()
-        band_rows = dedup_index.band_rows(segment_id, conf.dedup.max_hamming, marks, new_bands, band_relabelled,
-                               changed).localCheckpoint()
+        band_rows = dedup_index.band_rows(segment_id, definition.key_count(), marks, new_bands, band_relabelled,
+                                          changed).localCheckpoint()
         result.relabelled = hash_rows.where("_op = 'relabel'").select("_op").unionByName(
             band_rows.where("_op = 'relabel'").select("_op")).count()
         # Its commits hold the crawl's writer lock: the priority MERGE into `urls` must not land under a rebucket's
         # rewrite of the table (which would drop it) or between a generate's selection and its lease.
-        with writer_lock(conf, root, "dedup"), _once_per_segment(spark, segment_id):
-            result.marked = _write_marks(spark, root, segment_id, marks)
-            result.priority_lowered, result.priority_restored = _adjust_priority(spark, root, conf, marks, leaving)
-            committed = [dedup_index.merge_index(spark, root, HASHES, hash_rows, "t.url_id = s.url_id"),
-                         dedup_index.merge_index(spark, root, BANDS, band_rows,
-                                      "t.url_id = s.url_id AND t.band = s.band")]
+        with writer_lock(conf, root, "dedup"):
+            _hold_definition(spark, root, definition)  # outside the idempotent writes: its commit is no MERGE's
+            with _once_per_segment(spark, segment_id):
+                result.marked = _write_marks(spark, root, segment_id, marks)
+                result.priority_lowered, result.priority_restored = _adjust_priority(spark, root, conf, marks,
+                                                                                     leaving)
+                committed = [dedup_index.merge_index(spark, root, HASHES, hash_rows, "t.url_id = s.url_id"),
+                             dedup_index.merge_index(spark, root, BANDS, band_rows,
+                                                     "t.url_id = s.url_id AND t.band = s.band")]
         result.commits = (result.marked > 0) + (result.priority_lowered + result.priority_restored > 0) + sum(
             committed)
     log.info("dedup %s: %s", segment_id, result.summary())
@@ -449,7 +473,84 @@ def _adjust_priority(spark: SparkSession, root: str, conf: Config, marks: DataFr
     return counts.get(True, 0), counts.get(False, 0)
 
 
-def run_command(spark: SparkSession, conf: Config, root: str, segment: str) -> int:
-    """`crawl dedup`: the segment's duplicates marked, in one summary line."""
+class IndexRefused(UserError):
+    """`dedup_bands` holds an index of another definition than the config's (crawler.dedup.IndexDefinition)."""
+
+
+class IndexRebuilt(TryLater):
+    """`crawl dedup --rebuild` re-keyed the index while this dedup computed its rows under the old keys."""
+
+
+def _recorded_definition(spark: SparkSession, root: str) -> tuple[str | None, bool]:
+    """(the index's recorded definition, whether it has rows): rows are looked for only when none is recorded."""
+    recorded = tables.table_property(spark, root, BANDS, INDEX_PROPERTY)
+    return recorded, recorded is None and bool(pinned_table(spark, root, BANDS).limit(1).count())
+
+
+def _hold_definition(spark: SparkSession, root: str, definition: IndexDefinition) -> None:
+    """Under the writer lock, before the first commit: the index is still of `definition` (a rebuild may have
+    re-keyed it since the run began: IndexRebuilt, nothing committed), recorded now if it was not yet."""
+    recorded = tables.table_property(spark, root, BANDS, INDEX_PROPERTY)
+    if recorded is None:
+        tables.set_table_property(spark, root, BANDS, INDEX_PROPERTY, definition.identity())
+    elif recorded != definition.identity():
+        raise IndexRebuilt(f"dedup_bands was rebuilt while this dedup ran (its definition is now {recorded}); "
+                           "nothing was committed: run it again")
+
+
+@dataclass
+class RebuildResult:
+    definition: str
+    previous: str | None      # the definition the index was recorded with (None: not recorded)
+    urls: int = 0             # URLs in the index
+    rows: int = 0             # index rows written (0: it held this config's definition already)
+
+    def summary(self) -> str:
+        if self.previous == self.definition:
+            return f"dedup_bands already holds {self.definition}: nothing to rebuild"
+        return (f"{self.urls} URLs re-keyed into {self.rows} rows of {self.definition} "
+                f"(was {self.previous or 'not recorded'})")
+
+
+def rebuild_index(spark: SparkSession, conf: Config, root: str) -> RebuildResult:
+    """Rewrite `dedup_bands` under the config's index definition: each URL's row (SimHash, seen, cluster) exploded
+    into the config's keys, in one overwrite, then the definition recorded. Clusters are kept as they are. A crash
+    between the two commits leaves the old record on the new rows: dedup refuses them and a second rebuild makes
+    the same rows (it reads one row per URL, whatever the keys). SimHashes of another fingerprint cannot be
+    re-keyed into this one: that index is refused."""
+    root = layout.normalize_root(root)
+    tables.ensure_tables(spark, root)
+    definition = IndexDefinition.from_config(conf)
+    with step("dedup --rebuild"), writer_lock(conf, root, "dedup --rebuild"):
+        recorded = tables.table_property(spark, root, BANDS, INDEX_PROPERTY)
+        result = RebuildResult(definition.identity(), recorded)
+        if recorded == definition.identity():
+            return result
+        held = IndexDefinition.parse(recorded).fingerprint if recorded is not None else definition.fingerprint
+        if held != definition.fingerprint:
+            raise IndexRefused(f"dedup_bands holds SimHashes of fingerprint {held!r} and this version computes "
+                               f"{definition.fingerprint!r}: keys cannot convert one into the other; the pages must "
+                               "be parsed again")
+        documents = (pinned_table(spark, root, BANDS).dropDuplicates(["url_id"])
+                     .select("url_id", "simhash", "seen", "cluster", "cluster_seen", "segment_id").localCheckpoint())
+        rows = tables.conform(explode_bands(documents, definition), BANDS).localCheckpoint()
+        result.urls, result.rows = documents.count(), rows.count()
+        rows.write.format("delta").mode("overwrite").save(tables.table_path(root, BANDS))
+        tables.set_table_property(spark, root, BANDS, INDEX_PROPERTY, definition.identity())
+    log.info("dedup --rebuild: %s", result.summary())
+    return result
+
+
+def check_arguments(conf: Config, root: str, segment: str | None, rebuild: bool) -> None:
+    """`crawl dedup` takes a segment or `--rebuild`, one of the two (checked before Spark starts)."""
+    if (segment is None) == (not rebuild):
+        raise UserError("crawl dedup takes --segment SEGMENT or --rebuild (one of the two)")
+
+
+def run_command(spark: SparkSession, conf: Config, root: str, segment: str | None, rebuild: bool) -> int:
+    """`crawl dedup`: the segment's duplicates marked, or the index rebuilt, in one summary line."""
+    if rebuild:
+        print(f"dedup --rebuild: {rebuild_index(spark, conf, root).summary()}")
+        return 0
     print(f"dedup: {run(spark, conf, root, segment).summary()}")
     return 0

@@ -62,7 +62,7 @@ def hash_rows(segment_id: str, marks: DataFrame, relabelled: DataFrame, leavers:
     return upserts.unionByName(relabels).unionByName(gained).unionByName(deletes)
 
 
-def band_rows(segment_id: str, max_hamming: int, marks: DataFrame, new_bands: DataFrame,
+def band_rows(segment_id: str, key_count: int, marks: DataFrame, new_bands: DataFrame,
                relabelled: DataFrame | None, changed: DataFrame) -> DataFrame:
     """The MERGE source for dedup_bands: the segment's band rows (upsert), retired clusters' members (relabel),
     and every band of a changed URL not upserted (delete: it left, or has no SimHash now; absent rows match
@@ -73,7 +73,7 @@ def band_rows(segment_id: str, max_hamming: int, marks: DataFrame, new_bands: Da
         F.coalesce(F.col("cluster"), F.col("url_id")).alias("cluster"),
         F.coalesce(F.timestamp_micros("cluster_us"), F.col("seen")).alias("cluster_seen"),
         seg.alias("segment_id"), F.lit("upsert").alias("_op"))
-    every_band = F.explode(F.sequence(F.lit(0), F.lit(max_hamming))).alias("band")
+    every_band = F.explode(F.sequence(F.lit(0), F.lit(key_count - 1))).alias("band")
     deletes = changed.select("url_id", every_band).join(upserts.select("url_id", "band"), ["url_id", "band"],
                                                         "left_anti").select(
         F.col("band").cast("int").alias("band"), F.lit(None).cast("bigint").alias("band_key"), "url_id",

@@ -4,6 +4,7 @@ on a seeded generated corpus whose near duplicates are known."""
 from __future__ import annotations
 
 import itertools
+import math
 import random
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -124,18 +125,32 @@ def test_exact_representative_is_earliest_then_lowest_url_id_in_any_order():
     assert dedup.exact_representative([rows[4]]) == {"sha1:B": "0"}
 
 
-def test_band_layout_covers_all_bits_with_k_plus_one_bands():
+def test_blocks_cover_all_bits_and_each_key_is_a_choice_of_blocks():
     for k in range(dedup.MAX_SUPPORTED_HAMMING + 1):
-        layout = dedup.band_layout(k)
-        assert len(layout) == k + 1
-        assert [shift for shift, _ in layout] == list(itertools.accumulate([0] + [w for _, w in layout][:-1]))
-        assert sum(width for _, width in layout) == 64
-        assert max(w for _, w in layout) - min(w for _, w in layout) <= 1
-    for bad in (-1, dedup.MAX_SUPPORTED_HAMMING + 1):
+        for r in range(1, dedup.MAX_BLOCKS_PER_KEY + 1):
+            layout = dedup.block_layout(k, r)
+            assert len(layout) == k + r
+            assert [shift for shift, _ in layout] == list(itertools.accumulate([0] + [w for _, w in layout][:-1]))
+            assert sum(width for _, width in layout) == 64
+            assert max(w for _, w in layout) - min(w for _, w in layout) <= 1
+            if dedup.index_key_count(k, r) > dedup.MAX_INDEX_KEYS:
+                with pytest.raises(ValueError):
+                    dedup.key_masks(k, r)
+                continue
+            masks = dedup.key_masks(k, r)
+            assert len(masks) == len(set(masks)) == math.comb(k + r, r)
+            blocks = [((1 << w) - 1) << shift for shift, w in layout]
+            assert all(sum(mask & b == b for b in blocks) == r and all(mask & b in (0, b) for b in blocks)
+                       for mask in masks)
+    for bad in ((-1, 2), (dedup.MAX_SUPPORTED_HAMMING + 1, 2), (3, 0), (3, dedup.MAX_BLOCKS_PER_KEY + 1)):
         with pytest.raises(ValueError):
-            dedup.band_layout(bad)
-    assert dedup.band_values([-1], 3).tolist() == [[0xFFFF] * 4]
-    assert dedup.band_values([0x0004_0003_0002_0001], 3).tolist() == [[1, 2, 3, 4]]
+            dedup.block_layout(*bad)
+    # r = 1 is classic banding: k + 1 bands of 16 bits at k = 3, each key the band's bits left in place.
+    assert dedup.band_values([-1], 3, 1).tolist() == [[0xFFFF << s for s in (0, 16, 32, 48)]]
+    assert dedup.band_values([0x0004_0003_0002_0001], 3, 1).tolist() == [[1, 2 << 16, 3 << 32, 4 << 48]]
+    # The default at k = 3: 5 blocks (13, 13, 13, 13, 12 bits), 10 keys of two blocks each (25 or 26 bits).
+    assert sorted({bin(m).count("1") for m in dedup.key_masks(3)}) == [25, 26]
+    assert dedup.band_values([-1], 0).tolist() == [[2**64 - 1]]  # k = 0: one key, the SimHash itself
 
 
 def _planted_hashes(seed: int, n: int, k: int) -> np.ndarray:
@@ -149,13 +164,15 @@ def _planted_hashes(seed: int, n: int, k: int) -> np.ndarray:
     return np.concatenate([base, (base.view(np.uint64) ^ flips).view(np.int64)])
 
 
-@pytest.mark.parametrize("k", [0, 1, 3, 5])
-def test_banded_lsh_finds_exactly_the_pairs_within_k(k):
+@pytest.mark.parametrize(("k", "r"), [(0, 1), (1, 1), (3, 1), (5, 1), (0, 2), (1, 2), (3, 2), (5, 2), (3, 3),
+                                      (7, 2)])
+def test_banded_lsh_finds_exactly_the_pairs_within_k(k, r):
     hashes = _planted_hashes(seed=k, n=400, k=k)
     rank = np.arange(hashes.shape[0])
-    keys = dedup.band_values(hashes, k)
+    keys = dedup.band_values(hashes, k, r)
+    assert keys.shape[1] == dedup.index_key_count(k, r)
     found = set()
-    for band in range(k + 1):
+    for band in range(keys.shape[1]):
         pairs = dedup.band_pairs(keys[:, band], hashes, rank, k)
         assert pairs.capped_buckets == 0
         found |= {frozenset(p) for p in zip(pairs.left.tolist(), pairs.right.tolist(), strict=True)}
@@ -222,26 +239,28 @@ def test_clusters_are_transitive():
 
 
 def test_identical_simhashes_are_chained_not_compared_pairwise():
-    # 50 empty pages (SimHash 0) share all four band buckets: linked as a chain of 49 in each band. The two others
-    # are 1 bit apart and 4 bits (one per band) from 0, so they share no bucket with the zeros.
+    # Classic banding (one block a key): 50 empty pages (SimHash 0) share all four band buckets: linked as a chain of
+    # 49 in each band. The two others are 1 bit apart and 4 bits (one per band) from 0, so they share no bucket with
+    # the zeros.
     hashes = [0] * 50 + [0x0001_0001_0001_0001, 0x0001_0001_0001_0003]
     ids = [f"{i:03d}" for i in range(len(hashes))]
-    result = dedup.near_duplicate_clusters(ids, [0] * len(hashes), hashes, 3, max_bucket_size=10)
+    result = dedup.near_duplicate_clusters(ids, [0] * len(hashes), hashes, 3, max_bucket_size=10, blocks_per_key=1)
     assert (result.capped_buckets, result.skipped_comparisons) == (0, 0)
     assert result.pairs == 4 * 49 + 3  # the other pair is found in the 3 bands where it agrees
     assert result.representative.tolist() == [0] * 50 + [50, 50]
 
 
 def test_oversized_band_bucket_is_capped_and_counted():
-    # 50 distinct SimHashes 1..50 share bands 1-3 (value 0): three buckets over the cap of 10, compared each with
-    # its next 9 in SimHash order.
+    # Classic banding (one block a key): 50 distinct SimHashes 1..50 share bands 1-3 (value 0): three buckets over
+    # the cap of 10, compared each with its next 9 in SimHash order.
     hashes = list(range(1, 51))
     ids = [f"{i:03d}" for i in range(len(hashes))]
-    capped = dedup.near_duplicate_clusters(ids, [0] * len(hashes), hashes, 3, max_bucket_size=10)
+    capped = dedup.near_duplicate_clusters(ids, [0] * len(hashes), hashes, 3, max_bucket_size=10, blocks_per_key=1)
     compared = 9 * 50 - 45  # 9 following rows each, fewer for the last 9
     assert capped.capped_buckets == 3
     assert capped.skipped_comparisons == 3 * (50 * 49 // 2 - compared)
-    uncapped = dedup.near_duplicate_clusters(ids, [0] * len(hashes), hashes, 3, max_bucket_size=50)
+    uncapped = dedup.near_duplicate_clusters(ids, [0] * len(hashes), hashes, 3, max_bucket_size=50,
+                                             blocks_per_key=1)
     assert (uncapped.capped_buckets, uncapped.skipped_comparisons) == (0, 0)
     brute = sum(hamming(a, b) <= 3 for a, b in itertools.combinations(hashes, 2))
     assert uncapped.pairs == 3 * brute
@@ -267,13 +286,19 @@ def test_empty_input():
 def test_dedup_config_defaults_and_validation():
     conf = config.load()
     assert (conf.dedup.max_hamming, conf.dedup.max_bucket_size) == (3, 1000)
-    assert dedup.band_layout(conf.dedup.max_hamming)  # every accepted value is one the rules accept
+    assert conf.dedup.blocks_per_key == 2
+    assert dedup.key_masks(conf.dedup.max_hamming, conf.dedup.blocks_per_key)  # accepted values are the rules' too
     for assignment, key in (("dedup.max_hamming=8", "dedup.max_hamming"), ("dedup.max_hamming=-1", "dedup.max_hamming"),
-                            ("dedup.max_bucket_size=1", "dedup.max_bucket_size")):
+                            ("dedup.max_bucket_size=1", "dedup.max_bucket_size"),
+                            ("dedup.blocks_per_key=0", "dedup.blocks_per_key"),
+                            ("dedup.blocks_per_key=4", "dedup.blocks_per_key")):
         with pytest.raises(config.ConfigError) as info:
             config.load(assignments=[assignment])
         assert info.value.key == key
     assert config.load(assignments=["dedup.max_hamming=7"]).dedup.max_hamming == 7
+    with pytest.raises(config.ConfigError) as info:  # 120 keys a SimHash: more than the index takes
+        config.load(assignments=["dedup.max_hamming=7", "dedup.blocks_per_key=3"])
+    assert info.value.key == "dedup.blocks_per_key" and "120 index rows" in str(info.value)
 
 
 def test_the_duplicate_verdict_names_the_representative_of_another_url():

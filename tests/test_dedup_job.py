@@ -10,6 +10,7 @@ import pytest
 
 from crawler import dedup as rules
 from tests.support.dedup_crawl import (
+    BASE,
     BINARY,
     COPY,
     EMPTY1,
@@ -31,7 +32,14 @@ from tests.support.dedup_crawl import (
 pytestmark = pytest.mark.slow  # the module's small crawl is about two minutes of Spark (in the background)
 
 
-def test_exact_and_near_marks_with_stable_representatives(dedup_crawl):
+def _keys_agreeing(conf, a: int, b: int) -> int:
+    """Index keys under which two SimHashes fall in one bucket, with the config's definition."""
+    keys = rules.band_values(np.array([a, b], dtype=np.uint64).view(np.int64), conf.dedup.max_hamming,
+                             conf.dedup.blocks_per_key)
+    return int((keys[0] == keys[1]).sum())
+
+
+def test_exact_and_near_marks_with_stable_representatives(dedup_crawl, base_conf):
     pages = dedup_crawl["pages"]
     marks = {url: (pages[(url, 1)].duplicate_of, pages[(url, 1)].near_duplicate_cluster) for url in PAGES}
     assert marks == {
@@ -53,9 +61,11 @@ def test_exact_and_near_marks_with_stable_representatives(dedup_crawl):
     first = dedup_crawl["first"]
     assert (first.examined, first.left, first.exact_duplicates, first.near_duplicates) == (8, 0, 2, 2)
     assert (first.near_clusters, first.capped_buckets, first.skipped_comparisons, first.marked) == (1, 0, 0, 4)
-    # ORIG~COPY (distance 0) is found in all 4 bands; NEAR, in the 3 bands its edit misses, is compared with the
-    # run of identical SimHashes ORIG heads, not with COPY again.
-    assert first.pairs == 4 + 3
+    # ORIG~COPY (distance 0) is found under every index key; NEAR, under the keys its edit misses (its two bits lie
+    # in the first block: 6 of the 10 keys, 3 of 4 bands with one block a key), is compared with the run of
+    # identical SimHashes ORIG heads, not with COPY again.
+    assert first.pairs == _keys_agreeing(base_conf, BASE, BASE) + _keys_agreeing(base_conf, BASE, PAGES[NEAR][1])
+    assert first.pairs == 10 + 6
 
 
 def test_duplicates_priority_lowered_once_and_rerun_changes_nothing(dedup_crawl, base_conf):
@@ -66,7 +76,7 @@ def test_duplicates_priority_lowered_once_and_rerun_changes_nothing(dedup_crawl,
     assert all(after[u].priority == pytest.approx(before[u] * factor) for u in lowered)
     again = dedup_crawl["again"]
     assert (again.marked, again.priority_lowered) == (0, 0)
-    assert (again.exact_duplicates, again.near_duplicates, again.pairs) == (2, 2, 7)
+    assert (again.exact_duplicates, again.near_duplicates, again.pairs) == (2, 2, dedup_crawl["first"].pairs)
     # No table takes a second commit for the segment (stricter than equal contents: nothing is rewritten either).
     assert dedup_crawl["versions_after_again"] == dedup_crawl["versions_before_again"]
 
@@ -99,7 +109,7 @@ def test_a_later_segment_lowers_only_pages_that_became_duplicates(dedup_crawl, b
     assert (nxt.examined, nxt.priority_lowered, nxt.priority_restored) == (3, 1, 1)
 
 
-def test_the_indexes_hold_each_urls_current_document(dedup_crawl):
+def test_the_indexes_hold_each_urls_current_document(dedup_crawl, base_conf):
     index = dedup_crawl["next_index"]
     assert set(index) == {uid(u) for u in [*SEEDS, OLD]}
     rows = {u: index[uid(u)]["hash"] for u in [*SEEDS, OLD]}
@@ -107,10 +117,11 @@ def test_the_indexes_hold_each_urls_current_document(dedup_crawl):
         COPY: uid(ORIG), UNIQUE: uid(ORIG), LATE: uid(OLD)}
     assert {u for u, r in rows.items() if r["marked_duplicate"]} == {COPY, UNIQUE, LATE}
     assert rows[UNIQUE]["content_hash"] == "h-orig"  # the changed page replaced its row
-    # SimHash 0 and null never enter the band index; every other page has one row per band.
+    # SimHash 0 and null never enter the band index; every other page has one row per index key.
     banded = {u for u in rows if index[uid(u)]["clusters"]}
     assert banded == {ORIG, COPY, NEAR, UNIQUE, LATE, OLD}
-    assert all(len(index[uid(u)]["clusters"]) == 4 for u in banded)
+    keys = rules.index_key_count(base_conf.dedup.max_hamming, base_conf.dedup.blocks_per_key)
+    assert all(len(index[uid(u)]["clusters"]) == keys == 10 for u in banded)
     assert set(index[uid(COPY)]["clusters"].values()) == {uid(ORIG)}
     assert set(index[uid(NEAR)]["clusters"].values()) == {uid(NEAR)}  # changed into a unique page
 
@@ -126,7 +137,7 @@ def test_gone_pages_leave_the_indexes_and_the_next_holder_takes_over(dedup_crawl
     assert index[uid(UNIQUE)]["hash"]["representative"] == uid(COPY)
     assert set(index[uid(COPY)]["clusters"].values()) == {uid(COPY)}
     assert set(index[uid(UNIQUE)]["clusters"].values()) == {uid(UNIQUE)}
-    assert gone.relabelled == 2 + 2 * 4
+    assert gone.relabelled == 2 + 2 * rules.index_key_count(base_conf.dedup.max_hamming, base_conf.dedup.blocks_per_key)
     factor = base_conf.dedup.duplicate_priority_factor
     before, after = dedup_crawl["next_urls"], dedup_crawl["gone_urls"]
     assert after[LATE].priority == pytest.approx(before[LATE].priority / factor)
@@ -151,7 +162,7 @@ def full_recompute_marks(pages: list[dict]) -> dict[str, tuple[str | None, str |
 def test_incremental_marks_equal_the_full_recompute_on_a_generated_corpus(dedup_corpus):
     """Each segment's pages were marked against the corpus of its own and earlier segments (one dedup run a segment,
     in the background: `tests/support/dedup_crawl.py::run_generated_corpus`): compare per segment."""
-    got, corpus = dedup_corpus, generated_corpus()
+    got, corpus = dedup_corpus["marks"], generated_corpus()
     for number in range(1, len(SEGMENTS) + 1):
         so_far = [p for p in corpus if p["segment"] in SEGMENTS[:number]]
         expected = full_recompute_marks(so_far)
@@ -160,6 +171,30 @@ def test_incremental_marks_equal_the_full_recompute_on_a_generated_corpus(dedup_
     final = full_recompute_marks(corpus)
     assert sum(d is not None for d, _ in final.values()) >= 10
     assert sum(c is not None and c != u for u, (_, c) in final.items()) >= 10
+
+
+def test_an_index_of_another_definition_is_refused_until_the_rebuild_re_keys_it(dedup_corpus):
+    """The generated corpus's first segment went into a classic index (one block a key: 4 rows a SimHash); dedup
+    with the defaults (two blocks a key: 10 rows) refused the second segment in one line naming the rebuild, which
+    re-keyed every URL's row (and, asked again, had nothing to do); the marks across it are the full recompute's
+    (the test above)."""
+    assert "dedup_bands holds an index of blocks_per_key 1, not this config's" in dedup_corpus["refused"]
+    assert "run `crawl dedup --rebuild`" in dedup_corpus["refused"] and "\n" not in dedup_corpus["refused"]
+    rebuilt = dedup_corpus["rebuilt"]
+    assert rebuilt.urls * 4 == dedup_corpus["classic_rows"] and rebuilt.rows == rebuilt.urls * 10
+    assert dedup_corpus["rebuilt_rows"] == rebuilt.rows
+    assert '"blocks_per_key": 1' in rebuilt.previous and '"blocks_per_key": 2' in rebuilt.definition
+    again = dedup_corpus["rebuilt_again"]
+    assert (again.rows, again.previous) == (0, rebuilt.definition) and "nothing to rebuild" in again.summary()
+
+
+def test_an_unrecorded_index_is_refused_and_rebuilt_and_another_fingerprint_cannot_be(dedup_corpus):
+    assert "an index whose definition was never recorded" in dedup_corpus["unrecorded"]
+    unrecorded = dedup_corpus["from_unrecorded"]
+    assert unrecorded.previous is None and "was not recorded" in unrecorded.summary()
+    assert dedup_corpus["index_from_unrecorded"] == dedup_corpus["index"] and dedup_corpus["recorded_again"]
+    assert "fingerprint 'simhash64/mmh3-x64-128/word-shingles/v0'" in dedup_corpus["foreign_dedup"]
+    assert "keys cannot convert one into the other" in dedup_corpus["foreign_rebuild"]
 
 
 @pytest.mark.parametrize("shape", ["chain", "random", "two below one"])

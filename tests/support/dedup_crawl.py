@@ -163,16 +163,51 @@ def generated_corpus(seed: int = 7) -> list[dict]:
     return pages
 
 
-def run_generated_corpus(spark, base_conf: Config, root: str) -> dict[str, tuple[str | None, str | None]]:
+def run_generated_corpus(spark, base_conf: Config, root: str) -> dict[str, Any]:
     """The corpus's pages written and deduplicated one segment after another (one dedup run each, as a crawl would);
-    the marks dedup left: url_id -> (duplicate_of, near_duplicate_cluster). About two minutes of Spark, so it runs
-    in the background too (`dedup_corpus_started` in `tests/conftest.py`, after the small crawl)."""
-    corpus = generated_corpus()
-    for segment in SEGMENTS:
+    the marks dedup left: url_id -> (duplicate_of, near_duplicate_cluster), under "marks". About two minutes of
+    Spark, so it runs in the background too (`dedup_corpus_started` in `tests/conftest.py`, after the small crawl).
+
+    The first segment is deduplicated with classic banding (`dedup.blocks_per_key` 1), the later ones with the
+    defaults: the second is refused until `crawl dedup --rebuild` re-keys the index (each stage's answer kept), so
+    the marks also hold across a rebuild. Then the index's record is dropped (an index from before records) and
+    replaced by one of another fingerprint: what dedup and the rebuild say to each."""
+    corpus, stages = generated_corpus(), {}
+    classic = base_conf.with_overrides({"dedup.blocks_per_key": 1})
+    for number, segment in enumerate(SEGMENTS):
         mine = [p for p in corpus if p["segment"] == segment]
         write_fetched(root, segment, 1, {p["url"]: (p["at"], 200) for p in mine})
         append_rows(spark, root, "pages", [page_row(p["url"], segment, 1, p["at"], p["content_hash"], p["simhash"])
                                            for p in mine])
-        dedup.run(spark, base_conf, root, segment)
-    return {r.url_id: (r.duplicate_of, r.near_duplicate_cluster) for r in tables.table_df(spark, root, "pages")
-            .collect()}
+        if number == 1:
+            stages["refused"] = _refusal(dedup.run, spark, base_conf, root, segment)
+            stages["classic_rows"] = tables.table_df(spark, root, "dedup_bands").count()
+            stages["rebuilt"] = dedup.rebuild_index(spark, base_conf, root)
+            stages["rebuilt_rows"] = tables.table_df(spark, root, "dedup_bands").count()
+            stages["rebuilt_again"] = dedup.rebuild_index(spark, base_conf, root)
+        dedup.run(spark, classic if number == 0 else base_conf, root, segment)
+    stages["marks"] = {r.url_id: (r.duplicate_of, r.near_duplicate_cluster)
+                       for r in tables.table_df(spark, root, "pages").collect()}
+    stages["index"] = sorted(map(tuple, tables.table_df(spark, root, "dedup_bands").drop("segment_id").collect()))
+    recorded = tables.table_property(spark, root, "dedup_bands", dedup.INDEX_PROPERTY)
+    spark.sql(f"ALTER TABLE delta.`{tables.table_path(root, 'dedup_bands')}` UNSET TBLPROPERTIES "
+              f"('{dedup.INDEX_PROPERTY}')")
+    stages["unrecorded"] = _refusal(dedup.run, spark, base_conf, root, SEGMENTS[-1])
+    stages["from_unrecorded"] = dedup.rebuild_index(spark, base_conf, root)
+    stages["index_from_unrecorded"] = sorted(
+        map(tuple, tables.table_df(spark, root, "dedup_bands").drop("segment_id").collect()))
+    stages["recorded_again"] = tables.table_property(spark, root, "dedup_bands", dedup.INDEX_PROPERTY) == recorded
+    foreign = recorded.replace("/v1", "/v0")
+    tables.set_table_property(spark, root, "dedup_bands", dedup.INDEX_PROPERTY, foreign)
+    stages["foreign_dedup"] = _refusal(dedup.run, spark, base_conf, root, SEGMENTS[-1])
+    stages["foreign_rebuild"] = _refusal(dedup.rebuild_index, spark, base_conf, root)
+    return stages
+
+
+def _refusal(action, *args) -> str:
+    """The message of the IndexRefused that `action(*args)` raises (AssertionError when it raises none)."""
+    try:
+        action(*args)
+    except dedup.IndexRefused as exc:
+        return str(exc)
+    raise AssertionError("not refused")
