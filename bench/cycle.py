@@ -4,21 +4,22 @@ cost grows with the corpus the segment is merged into.
 Run on demand, never as a test:
 
     .venv/bin/python -m bench.cycle [--pages 100k] [--known-urls 1M,10M] [--exact 0.2] [--near 0.1]
-                                    [--new-link-share 1] [--hosts 200] [--cycles 1]
+                                    [--new-link-share 1] [--due COUNT] [--hosts 200] [--cycles 1]
                                     [--root /tmp/cyclecrawl-bench-cycle] [--keep]
     .venv/bin/python -m bench.cycle --pages 20 --known-urls 2000 --cycles 4   # a small segment's fixed costs
 
-For each corpus size (--known-urls): `hosts` and `urls` are built synthetically (bench.frontier: every URL due,
-hosts Zipf-skewed), and so are the dedup indexes as a crawl of that size would hold them (every known URL has a
-current document: a unique content hash and a random SimHash, band rows keyed as dedup keys them and the index's
-definition recorded). Then `crawl generate` leases a segment of --pages URLs, and the segment is written as the
-daemon writes it: real HTML (bench.parse.PageMaker: realistic pages of 5-60 KB with 20-80 links of every form)
-through fetchd.warc.WarcFile, one WARC file and one fetched-results Parquet file per bucket. A share --exact of the
-pages repeats an earlier page of the segment byte for byte, a share --near repeats one with one paragraph changed (a
-few words: a near duplicate at small Hamming distance). A share 1 - --new-link-share of a page's links point to URLs
-the crawl knows (drawn from `urls`; 0.1 is a mature crawl, where most links lead to pages it has seen), the others
-are new (the default: every link new, discovery's worst case). Timed, each on the same SparkSession: parse, dedup,
-update, and generate of the next segment.
+For each corpus size (--known-urls): `hosts` and `urls` are built synthetically (bench.frontier: every URL due, or
+about --due of them with the rest due over the next 30 days; hosts Zipf-skewed), and so are the dedup indexes as a
+crawl of that size would hold them (every known URL has a current document: a unique content hash and a random
+SimHash, band rows keyed as dedup keys them and the index's definition recorded). Then `crawl generate` leases a
+segment of --pages URLs, and the segment is written as the daemon writes it: real HTML (bench.parse.PageMaker:
+realistic pages of 5-60 KB with 20-80 links of every form) through fetchd.warc.WarcFile, one WARC file and one
+fetched-results Parquet file per bucket. A share --exact of the pages repeats an earlier page of the segment byte
+for byte, a share --near repeats one with one paragraph changed (a few words: a near duplicate at small Hamming
+distance). A share 1 - --new-link-share of a page's links point to URLs the crawl knows (drawn from `urls`; 0.1 is a
+mature crawl, where most links lead to pages it has seen), the others are new (the default: every link new,
+discovery's worst case). Timed, each on the same SparkSession: parse, dedup, update, and generate of the next
+segment.
 
 With --cycles N the cycle repeats N times on the same SparkSession, as the continuous driver runs it: each
 cycle's segment is the one the previous cycle's generate leased, fetched (written) untimed, then parsed, deduplicated,
@@ -335,7 +336,8 @@ def run_corpus(spark: SparkSession, conf: config_mod.Config, root: str, known: i
     progress(f"{known:,} known URLs: building urls, hosts and the dedup indexes under {root} (not timed)")
     tables.create_all(spark, root)
     hosts = build_hosts(spark, root, args.hosts, conf.crawl.buckets, now)
-    build_urls(spark, root, known, hosts, args.hosts, 1.0, conf.revisit.default_interval_s, now, engine_ids=True)
+    build_urls(spark, root, known, hosts, args.hosts, 1.0, conf.revisit.default_interval_s, now, due_count=args.due,
+               engine_ids=True)
     build_dedup_index(spark, root, IndexDefinition.from_config(conf), now)
     known_urls = known_links(spark, root, KNOWN_LINK_POOL, args.seed) if args.new_link_share < 1 else []
     segment_id = "seg-bench-cycle"
@@ -433,6 +435,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--new-link-share", type=float, default=1.0,
                         help="share of a page's links drawn as new URLs; the rest point to known URLs (0.1: a mature "
                              "crawl; 1: every link new)")
+    parser.add_argument("--due", type=size, default=None,
+                        help="about this many known URLs due, the rest due over the next 30 days as in a running "
+                             "crawl (default: every known URL due); at least --pages")
     parser.add_argument("--hosts", type=int, default=200, help="distinct hosts")
     parser.add_argument("--seed", type=int, default=16)
     parser.add_argument("--cycles", type=int, default=1, help="cycles per corpus on one SparkSession")
@@ -452,6 +457,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         parser.error("--pages must be positive and every --known-urls size at least --pages")
     if args.cycles < 1:
         parser.error("--cycles must be at least 1")
+    if args.due is not None and not args.pages <= args.due <= min(args.sizes):
+        parser.error("--due must be at least --pages and at most the smallest --known-urls size")
     if not 0 <= args.new_link_share <= 1:
         parser.error("--new-link-share is a share between 0 and 1")
     if not (args.exact >= 0 and args.near >= 0 and args.exact + args.near < 1):

@@ -10,8 +10,8 @@ Near duplicates (Manku, Jain, Das Sarma, "Detecting near-duplicates for web craw
   most k blocks, so (pigeonhole) at least r blocks are identical in both: one index key per choice of r blocks
   (C(k + r, r) keys, each the SimHash's bits under the chosen blocks' mask) and grouping by (key index, key value)
   finds every pair within distance k. Candidates are then verified by `hamming <= k`, so no pair further apart is
-  ever kept. r = 1 is classic banding (k + 1 keys of 64 / (k + 1) bits); r = 2, the default, gives wider keys
-  (10 keys of ~26 bits at k = 3) at the cost of more index rows.
+  ever kept. r = 1, the default, is classic banding (k + 1 keys of 64 / (k + 1) bits); r = 2 gives wider keys
+  (10 keys of ~26 bits at k = 3) at the cost of 2.5 times the index rows.
 * Bucket cap. A band value shared by very many documents (boilerplate-only pages, and every page with no text,
   whose SimHash is 0) would need m² comparisons. Members of one bucket are sorted by (SimHash, representative
   order); rows with identical SimHashes are chained to each other at O(m) (distance 0 is always a match), and
@@ -27,12 +27,14 @@ Near duplicates (Manku, Jain, Das Sarma, "Detecting near-duplicates for web craw
   vectors, so in a 500-word page one edited word already moves it ~2 bits and a changed nav line ~5. k = 3 keeps
   edits of a word or two; tests/test_dedup.py measures recall 0.53 at k = 3 and 0.97 at k = 7 on its generated
   corpus, precision 1.0 at every k up to 7 (unrelated pages sit ~32 bits apart).
-* Scale: a random key of w bits puts n / 2^w documents in a bucket, so a probe's comparisons grow as
-  n / 2^w per key and page. With r = 1 at k = 3 (16-bit keys) a bucket holds 153 rows at 10 M documents and a
-  segment of 100 k pages hits most buckets: the comparisons grow with the corpus. With r = 2 (26-bit keys, 10
-  tables) a bucket holds < 1 row at 10 M, so the comparisons follow the segment; the index holds C(k + r, r) rows
-  per document instead of k + 1. The functions take numpy arrays of one key's rows, so a Spark job calls them per
-  partition (applyInPandas over rows partitioned by (key index, key value): every row of a bucket in one call).
+* Scale: a random key of w bits puts n / 2^w documents in a bucket, so a probe's comparisons grow as n / 2^w per key
+  and page. With r = 1 at k = 3 (16-bit keys) a bucket holds 153 rows at 10 M documents and a segment of 100 k pages
+  hits most buckets: the comparisons grow with the corpus. With r = 2 (26-bit keys, 10 tables) a bucket holds < 1
+  row at 10 M, so the comparisons follow the segment; but the index holds C(k + r, r) rows per document instead of
+  k + 1, and dedup's MERGEs into it read the whole table (bench/README.md: at 2 M documents r = 2 cost more than
+  r = 1, the MERGEs' reads outgrowing the comparisons saved). The functions take numpy arrays of one key's rows, so a
+  Spark job calls them per partition (applyInPandas over rows partitioned by (key index, key value): every row of a
+  bucket in one call).
 
 The incremental rule (what `crawl dedup` runs each cycle, on the segment's pages and two Delta indexes: content
 hash -> representative, and SimHash band -> (url_id, SimHash, cluster); `jobs/dedup.py`):
@@ -79,7 +81,7 @@ DEFAULT_MAX_BUCKET_SIZE = 1000
 # Block widths shrink as k grows; below 8 bits a one-block key's bucket holds n / 256 documents or more, which no
 # corpus worth deduplicating can afford, so the configuration stops at k = 7.
 MAX_SUPPORTED_HAMMING = 7
-DEFAULT_BLOCKS_PER_KEY = 2
+DEFAULT_BLOCKS_PER_KEY = 1
 MAX_BLOCKS_PER_KEY = 3
 # Index rows per SimHash at most (k = 7 with 3 blocks a key would make 120): the config refuses more.
 MAX_INDEX_KEYS = 64

@@ -148,8 +148,8 @@ def test_blocks_cover_all_bits_and_each_key_is_a_choice_of_blocks():
     # r = 1 is classic banding: k + 1 bands of 16 bits at k = 3, each key the band's bits left in place.
     assert dedup.band_values([-1], 3, 1).tolist() == [[0xFFFF << s for s in (0, 16, 32, 48)]]
     assert dedup.band_values([0x0004_0003_0002_0001], 3, 1).tolist() == [[1, 2 << 16, 3 << 32, 4 << 48]]
-    # The default at k = 3: 5 blocks (13, 13, 13, 13, 12 bits), 10 keys of two blocks each (25 or 26 bits).
-    assert sorted({bin(m).count("1") for m in dedup.key_masks(3)}) == [25, 26]
+    # Two blocks a key at k = 3: 5 blocks (13, 13, 13, 13, 12 bits), 10 keys of two blocks each (25 or 26 bits).
+    assert sorted({bin(m).count("1") for m in dedup.key_masks(3, 2)}) == [25, 26]
     assert dedup.band_values([-1], 0).tolist() == [[2**64 - 1]]  # k = 0: one key, the SimHash itself
 
 
@@ -286,7 +286,7 @@ def test_empty_input():
 def test_dedup_config_defaults_and_validation():
     conf = config.load()
     assert (conf.dedup.max_hamming, conf.dedup.max_bucket_size) == (3, 1000)
-    assert conf.dedup.blocks_per_key == 2
+    assert conf.dedup.blocks_per_key == 1
     assert dedup.key_masks(conf.dedup.max_hamming, conf.dedup.blocks_per_key)  # accepted values are the rules' too
     for assignment, key in (("dedup.max_hamming=8", "dedup.max_hamming"), ("dedup.max_hamming=-1", "dedup.max_hamming"),
                             ("dedup.max_bucket_size=1", "dedup.max_bucket_size"),

@@ -62,10 +62,10 @@ def test_exact_and_near_marks_with_stable_representatives(dedup_crawl, base_conf
     assert (first.examined, first.left, first.exact_duplicates, first.near_duplicates) == (8, 0, 2, 2)
     assert (first.near_clusters, first.capped_buckets, first.skipped_comparisons, first.marked) == (1, 0, 0, 4)
     # ORIG~COPY (distance 0) is found under every index key; NEAR, under the keys its edit misses (its two bits lie
-    # in the first block: 6 of the 10 keys, 3 of 4 bands with one block a key), is compared with the run of
+    # in the first block: 3 of the 4 bands with one block a key, 6 of 10 keys with two), is compared with the run of
     # identical SimHashes ORIG heads, not with COPY again.
     assert first.pairs == _keys_agreeing(base_conf, BASE, BASE) + _keys_agreeing(base_conf, BASE, PAGES[NEAR][1])
-    assert first.pairs == 10 + 6
+    assert first.pairs == 4 + 3
 
 
 def test_duplicates_priority_lowered_once_and_rerun_changes_nothing(dedup_crawl, base_conf):
@@ -121,7 +121,7 @@ def test_the_indexes_hold_each_urls_current_document(dedup_crawl, base_conf):
     banded = {u for u in rows if index[uid(u)]["clusters"]}
     assert banded == {ORIG, COPY, NEAR, UNIQUE, LATE, OLD}
     keys = rules.index_key_count(base_conf.dedup.max_hamming, base_conf.dedup.blocks_per_key)
-    assert all(len(index[uid(u)]["clusters"]) == keys == 10 for u in banded)
+    assert all(len(index[uid(u)]["clusters"]) == keys == 4 for u in banded)
     assert set(index[uid(COPY)]["clusters"].values()) == {uid(ORIG)}
     assert set(index[uid(NEAR)]["clusters"].values()) == {uid(NEAR)}  # changed into a unique page
 
@@ -174,16 +174,16 @@ def test_incremental_marks_equal_the_full_recompute_on_a_generated_corpus(dedup_
 
 
 def test_an_index_of_another_definition_is_refused_until_the_rebuild_re_keys_it(dedup_corpus):
-    """The generated corpus's first segment went into a classic index (one block a key: 4 rows a SimHash); dedup
-    with the defaults (two blocks a key: 10 rows) refused the second segment in one line naming the rebuild, which
-    re-keyed every URL's row (and, asked again, had nothing to do); the marks across it are the full recompute's
-    (the test above)."""
-    assert "dedup_bands holds an index of blocks_per_key 1, not this config's" in dedup_corpus["refused"]
+    """The generated corpus's first segment went into an index of two blocks a key (10 rows a SimHash); dedup with the
+    defaults (one block a key, classic banding: 4 rows) refused the second segment in one line naming the rebuild,
+    which re-keyed every URL's row (and, asked again, had nothing to do); the marks across it are the full
+    recompute's (the test above)."""
+    assert "dedup_bands holds an index of blocks_per_key 2, not this config's" in dedup_corpus["refused"]
     assert "run `crawl dedup --rebuild`" in dedup_corpus["refused"] and "\n" not in dedup_corpus["refused"]
     rebuilt = dedup_corpus["rebuilt"]
-    assert rebuilt.urls * 4 == dedup_corpus["classic_rows"] and rebuilt.rows == rebuilt.urls * 10
+    assert rebuilt.urls * 10 == dedup_corpus["wide_rows"] and rebuilt.rows == rebuilt.urls * 4
     assert dedup_corpus["rebuilt_rows"] == rebuilt.rows
-    assert '"blocks_per_key": 1' in rebuilt.previous and '"blocks_per_key": 2' in rebuilt.definition
+    assert '"blocks_per_key": 2' in rebuilt.previous and '"blocks_per_key": 1' in rebuilt.definition
     again = dedup_corpus["rebuilt_again"]
     assert (again.rows, again.previous) == (0, rebuilt.definition) and "nothing to rebuild" in again.summary()
 

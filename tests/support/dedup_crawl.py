@@ -168,12 +168,12 @@ def run_generated_corpus(spark, base_conf: Config, root: str) -> dict[str, Any]:
     the marks dedup left: url_id -> (duplicate_of, near_duplicate_cluster), under "marks". About two minutes of
     Spark, so it runs in the background too (`dedup_corpus_started` in `tests/conftest.py`, after the small crawl).
 
-    The first segment is deduplicated with classic banding (`dedup.blocks_per_key` 1), the later ones with the
-    defaults: the second is refused until `crawl dedup --rebuild` re-keys the index (each stage's answer kept), so
-    the marks also hold across a rebuild. Then the index's record is dropped (an index from before records) and
-    replaced by one of another fingerprint: what dedup and the rebuild say to each."""
+    The first segment is deduplicated with wide keys (`dedup.blocks_per_key` 2), the later ones with the defaults
+    (classic banding): the second is refused until `crawl dedup --rebuild` re-keys the index (each stage's answer
+    kept), so the marks also hold across a rebuild. Then the index's record is dropped (an index from before
+    records) and replaced by one of another fingerprint: what dedup and the rebuild say to each."""
     corpus, stages = generated_corpus(), {}
-    classic = base_conf.with_overrides({"dedup.blocks_per_key": 1})
+    wide = base_conf.with_overrides({"dedup.blocks_per_key": 2})
     for number, segment in enumerate(SEGMENTS):
         mine = [p for p in corpus if p["segment"] == segment]
         write_fetched(root, segment, 1, {p["url"]: (p["at"], 200) for p in mine})
@@ -181,11 +181,11 @@ def run_generated_corpus(spark, base_conf: Config, root: str) -> dict[str, Any]:
                                            for p in mine])
         if number == 1:
             stages["refused"] = _refusal(dedup.run, spark, base_conf, root, segment)
-            stages["classic_rows"] = tables.table_df(spark, root, "dedup_bands").count()
+            stages["wide_rows"] = tables.table_df(spark, root, "dedup_bands").count()
             stages["rebuilt"] = dedup.rebuild_index(spark, base_conf, root)
             stages["rebuilt_rows"] = tables.table_df(spark, root, "dedup_bands").count()
             stages["rebuilt_again"] = dedup.rebuild_index(spark, base_conf, root)
-        dedup.run(spark, classic if number == 0 else base_conf, root, segment)
+        dedup.run(spark, wide if number == 0 else base_conf, root, segment)
     stages["marks"] = {r.url_id: (r.duplicate_of, r.near_duplicate_cluster)
                        for r in tables.table_df(spark, root, "pages").collect()}
     stages["index"] = sorted(map(tuple, tables.table_df(spark, root, "dedup_bands").drop("segment_id").collect()))
