@@ -21,7 +21,7 @@ $(PY):
 # --no-compile: pip would byte-compile every file of every package (Airflow's alone are thousands) one by one, half
 # of the install's time; Python compiles what is imported, once, on first import instead (below).
 $(STAMP): pyproject.toml | $(PY)
-	$(PY) -m pip install --quiet --no-compile -e '.[dev,airflow]'
+	$(PY) -m pip install --quiet --no-compile -e '.[all,dev,airflow]'
 	touch $(STAMP)
 
 install: $(STAMP)

@@ -1,9 +1,11 @@
-"""What every command line of the engine shares: one-line argument errors, argument types for user-given names
-and times, and the one place a `UserError` becomes a line on stderr and exit 2 (`crawler/errors.py`)."""
+"""What every command line of the engine shares: `--version`, one-line argument errors, argument types for
+user-given names and times, and the one place a `UserError` becomes a line on stderr and exit 2
+(`crawler/errors.py`)."""
 
 from __future__ import annotations
 
 import argparse
+import importlib.metadata
 import sys
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
@@ -13,8 +15,21 @@ from crawler import layout
 from crawler.errors import EXIT_TRY_LATER, EXIT_USER_ERROR, TryLater, UserError
 
 
+def engine_version() -> str:
+    """The installed distribution's version (pyproject.toml), as `--version` prints it."""
+    try:
+        return importlib.metadata.version("cyclecrawl")
+    except importlib.metadata.PackageNotFoundError:  # run from a source tree that was never installed
+        return "unknown (not installed)"
+
+
 class Parser(argparse.ArgumentParser):
-    """argparse, with a mistake on the command line reported as one line (argparse prints the usage first)."""
+    """argparse, with `--version` and a mistake on the command line reported as one line (argparse prints the
+    usage first)."""
+
+    def __init__(self, *args: object, **kwargs: object):
+        super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+        self.add_argument("--version", action="version", version=f"%(prog)s {engine_version()}")
 
     def error(self, message: str) -> NoReturn:
         self.exit(EXIT_USER_ERROR, f"{self.prog}: {message} (see {self.prog} --help)\n")

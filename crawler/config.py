@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import copy
 import functools
+import importlib.resources
 import ipaddress
 import math
 import os
@@ -26,7 +27,15 @@ from crawler.errors import UserError
 from crawler.ownership import check_timing
 from crawler.settings import Settings
 
-DEFAULTS_PATH = Path(os.environ.get("CRAWL_DEFAULTS", Path(__file__).resolve().parents[1] / "conf" / "crawler.yaml"))
+
+def bundled(name: str) -> Path:
+    """A file of the bundled configuration (the package `cyclecrawl_conf`, the project's conf/ folder) as a path on
+    disk, the same from a clone's editable install and from a wheel (installed as files, never zipped: Spark and
+    Great Expectations are given these paths)."""
+    return Path(str(importlib.resources.files("cyclecrawl_conf").joinpath(name)))
+
+
+DEFAULTS_PATH = Path(os.environ.get("CRAWL_DEFAULTS") or bundled("crawler.yaml"))
 
 # `fetch.warc_gzip_level`'s range on each `fetch.warc_compressor`'s scale (fastest, smallest).
 WARC_GZIP_LEVELS = {"isal": (0, 3), "zlib": (1, 9)}

@@ -26,14 +26,14 @@ from pyspark.sql.pandas.types import from_arrow_schema
 
 from crawler import layout
 from crawler.bucketing import Bucketing
-from crawler.config import Config, ConfigError
+from crawler.config import Config, ConfigError, bundled
 from delta_tables import tables
 from jobs.storage import Storage
 
 log = logging.getLogger("jobs")
 
-IVY_SETTINGS = Path(__file__).resolve().parents[1] / "conf" / "ivysettings.xml"
-SCHEDULER_POOLS = Path(__file__).resolve().parents[1] / "conf" / "fairscheduler.xml"
+IVY_SETTINGS = bundled("ivysettings.xml")
+SCHEDULER_POOLS = bundled("fairscheduler.xml")
 # The AWS SDK's default chain, as boto3 uses it (env vars, profile, web identity, container, instance role).
 AWS_DEFAULT_CREDENTIALS = "software.amazon.awssdk.auth.credentials.DefaultCredentialsProvider"
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)

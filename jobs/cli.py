@@ -14,9 +14,11 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import importlib.util
 import math
 import os
 import re
+import shutil
 import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -224,10 +226,26 @@ def _check_before_spark(command: Command, args: argparse.Namespace, conf: config
         if args.segment in listing and storage.exists(layout.generating_marker(root, args.segment)):
             listing.remove(args.segment)  # not published yet (crawler.layout): no segment to work on
         layout.require_segment(args.segment, root, listing)
+    if command.spark:
+        check_spark_runtime()
     if command.checks_bucketing:
         from jobs.base import check_bucketing
 
         check_bucketing(conf, root, record=False)
+
+
+def check_spark_runtime(environ: Mapping[str, str] = os.environ) -> None:
+    """What Spark needs before it can start, each missing one a UserError naming it: pyspark (the `spark` extra,
+    absent from a fetch host's `cyclecrawl[fetchd]`) and a Java runtime (JAVA_HOME's, else `java` on PATH), which
+    pyspark would otherwise report as a Java gateway error after a pause."""
+    if importlib.util.find_spec("pyspark") is None:
+        raise UserError("this command runs on Spark, which is not installed here: pip install 'cyclecrawl[all]' "
+                        "(or the 'spark' extra)")
+    home = environ.get("JAVA_HOME")
+    java = os.path.join(home, "bin", "java") if home else shutil.which("java", path=environ.get("PATH"))
+    if not java or not os.access(java, os.X_OK):
+        where = f"JAVA_HOME is {home!r} and has no bin/java" if home else "JAVA_HOME is unset and no java is on PATH"
+        raise UserError(f"this command runs on Spark, which needs a Java runtime (17 or later): {where}")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -29,14 +29,14 @@ from typing import Any
 from pyspark.sql import DataFrame, SparkSession
 
 from crawler import layout
-from crawler.config import Config
+from crawler.config import Config, bundled
 from crawler.errors import UserError
 from jobs.base import read_table, step
 from jobs.storage import Storage
 
 os.environ["GX_ANALYTICS_ENABLED"] = "false"  # GX reads it when imported: nothing is sent anywhere
 
-BUNDLED_SUITES = Path(__file__).resolve().parents[1] / "conf" / "expectations"
+BUNDLED_SUITES = bundled("expectations")
 SITE = "crawl"
 EXAMPLE_MAX_CHARS = 120  # an unexpected value is cut to this many characters in the report
 EXIT_VALIDATION_FAILED = 1  # `crawl validate` when an expectation fails (2 stays a user mistake)

@@ -302,3 +302,23 @@ def test_any_other_failure_of_a_job_keeps_its_traceback(setting, monkeypatch):
     with pytest.raises(RuntimeError, match="a bug"):
         cli.main(["update", "--root", str(root), "--segment", KNOWN])
     assert cli.write_conflict(RuntimeError("ConcurrentAppendException at /tables/urls")) is None
+
+
+def test_a_spark_command_without_java_is_one_line_before_spark(setting, capsys, monkeypatch, tmp_path):
+    """No JAVA_HOME and no java on PATH (or a JAVA_HOME without one): exit 2 naming what is missing, before
+    Spark would start (pyspark would otherwise fail later with a Java gateway error)."""
+    root, _ = setting
+
+    def no_spark(*args, **kwargs):
+        raise SparkStarted
+
+    monkeypatch.setattr("jobs.base.spark_session", no_spark)
+    monkeypatch.delenv("JAVA_HOME", raising=False)
+    monkeypatch.setenv("PATH", str(tmp_path / "empty-bin"))
+    for java_home, word in ((None, "JAVA_HOME is unset and no java is on PATH"),
+                            (str(tmp_path / "no-jdk"), "has no bin/java")):
+        if java_home:
+            monkeypatch.setenv("JAVA_HOME", java_home)
+        assert _exit_code(cli.main, ["stats", "--root", str(root)]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and "needs a Java runtime (17 or later)" in err[0] and word in err[0]

@@ -182,8 +182,8 @@ def test_a_config_with_another_crawls_buckets_is_refused_before_spark_by_every_c
             continue
         argv = [command.name, "--root", segment_root]
         for argument in command.arguments:
-            if argument.settings.get("required"):
-                argv += [argument.flags[0], values[argument.flags[0]]]
+            if argument.settings.get("required") or (command.segment_folder and argument.flags[0] == "--segment"):
+                argv += [argument.flags[0], values[argument.flags[0]]]  # dedup's is optional (or --rebuild)
         try:
             code = cli.main(argv)
         except AssertionError as started:
