@@ -51,6 +51,10 @@ class TableDef:
 _COMMON_PROPS = {
     "delta.autoOptimize.optimizeWrite": "true",
 }
+# The tables that are only appended to, or replaced a segment at a time (never updated in place), whatever
+# `tables.deletion_vectors` says: vectors would buy them nothing, and without the reader feature every Delta reader
+# (delta-rs, polars) opens the outputs indexing pipelines consume (docs/outputs.md).
+_INSERT_ONLY_PROPS = {**_COMMON_PROPS, "delta.enableDeletionVectors": "false"}
 
 URLS = TableDef(
     "urls",
@@ -166,7 +170,7 @@ FETCHES = TableDef(
         ]
     ),
     partition_by=("segment_id",),
-    properties=_COMMON_PROPS,
+    properties=_INSERT_ONLY_PROPS,
     doc="Append-only log: one row per fetch attempt, unique per (url_id, state_version, segment_id).",
 )
 
@@ -223,7 +227,7 @@ LINKS = TableDef(
         ]
     ),
     partition_by=("segment_id",),
-    properties=_COMMON_PROPS,
+    properties=_INSERT_ONLY_PROPS,
     doc="Outlinks found by parse, one row per (page version, target).",
 )
 
@@ -245,7 +249,7 @@ INDEX_EVENTS = TableDef(
             _f("created_at", T, False),
         ]
     ),
-    properties={**_COMMON_PROPS, "delta.enableChangeDataFeed": "true"},
+    properties={**_INSERT_ONLY_PROPS, "delta.enableChangeDataFeed": "true"},
     doc="Outbox for indexing pipelines: exactly one row per (url_id, state_version).",
 )
 
@@ -277,7 +281,7 @@ RECORDS = TableDef(
     "records",
     from_arrow_schema(RECORD_INDEX),  # crawler/ccindex.py: Common Crawl's cc-index column names
     partition_by=("warc_segment",),
-    properties=_COMMON_PROPS,
+    properties=_INSERT_ONLY_PROPS,
     doc="Record index: one row per WARC record with a target URI, located by (warc_filename, warc_record_offset).",
 )
 
@@ -354,8 +358,8 @@ CYCLE_METRICS = TableDef(
             _f("discovery_durable_p99_s", D),  # update: p99 lag, judged against service_levels.discovery_durable_s
         ]
     ),
-    # Insert-only (never updated): no deletion vectors, so every reader (delta-rs in the DAG too) opens it.
-    properties={**_COMMON_PROPS, "delta.enableDeletionVectors": "false"},
+    # Insert-only (never updated): every reader (delta-rs in the DAG too) opens it.
+    properties=_INSERT_ONLY_PROPS,
     doc="Frontier figures: one row per generate or update run of a segment, for the report, the DAG and on-call.",
 )
 

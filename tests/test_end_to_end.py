@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pyarrow as pa
 import pytest
 from fastwarc.warc import ArchiveIterator
 
@@ -236,7 +237,8 @@ def test_an_independent_reader_opens_every_table_and_deletion_vectors_come_only_
                                                                                              tmp_path):
     """`tables.deletion_vectors` (off by default): the shared crawl's tables carry no deletionVectors reader feature
     and its MERGEs wrote no vectors, so delta-rs reads every table, row for row as Spark counts. Tables created with
-    it on carry the feature, and a DELETE or an UPDATE into them writes vectors that Spark applies."""
+    it on carry the feature (but the insert-only outbox tables never do), and a DELETE or an UPDATE into them writes
+    vectors that Spark applies."""
     from delta.tables import DeltaTable
     from deltalake import DeltaTable as RustTable
 
@@ -257,7 +259,22 @@ def test_an_independent_reader_opens_every_table_and_deletion_vectors_come_only_
     root = str(tmp_path / "root")
     with session_settings(spark, {"spark.databricks.delta.properties.defaults.enableDeletionVectors": "true"}):
         create_all(spark, root)
-    assert "deletionVectors" in (RustTable(table_path(root, "urls")).protocol().reader_features or [])
+
+    def reader_features(name: str) -> list[str]:
+        return RustTable(table_path(root, name)).protocol().reader_features or []
+
+    assert "deletionVectors" in reader_features("urls")
+    # The tables only appended to (the outbox among them) never take the feature: delta-rs reads index_events'
+    # Change Data Feed on this root.
+    assert not any("deletionVectors" in reader_features(name)
+                   for name in ("index_events", "fetches", "links", "records", "cycle_metrics"))
+    table_df(spark, crawled, "index_events").write.format("delta").mode("append").save(
+        table_path(root, "index_events"))
+    changes = pa.RecordBatchReader.from_stream(RustTable(table_path(root, "index_events")).load_cdf()).read_all()
+    assert changes.num_rows == counts["index_events"] > 0
+    assert set(changes.column("_change_type").to_pylist()) == {"insert"}
+    assert sorted(changes.column("url_id").to_pylist()) == sorted(
+        r["url_id"] for r in table_df(spark, crawled, "index_events").select("url_id").collect())
     for name in ("urls", "hosts"):
         table_df(spark, crawled, name).write.format("delta").mode("append").save(table_path(root, name))
     kept = table_df(spark, crawled, "urls").where("status != 'unfetched'").count()
