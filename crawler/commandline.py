@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.metadata
+import os
 import sys
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
@@ -13,6 +14,14 @@ from typing import NoReturn
 
 from crawler import layout
 from crawler.errors import EXIT_TRY_LATER, EXIT_USER_ERROR, TryLater, UserError
+
+# What every command's exit status means (crawler/errors.py), at the end of each command's --help.
+EXIT_CODES = """exit codes:
+  0   done
+  1   a bug: the traceback says where
+  2   a mistake in what was asked (argument, config key, file, segment): one line on stderr names it
+  75  try later: another command holds the crawl, backpressure, a lost Delta commit, a daemon whose crawl's
+      settings changed under it"""
 
 
 def engine_version() -> str:
@@ -70,6 +79,9 @@ def run(parser: argparse.ArgumentParser, argv: Sequence[str] | None,
     args = parser.parse_args(argv)
     try:
         return command(args)
+    except BrokenPipeError:  # the reader of stdout went away (`crawl config show | head`): not an error of ours
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # Python's flush at exit would fail again
+        return 0
     except (UserError, TryLater) as exc:
         name = " ".join(filter(None, (parser.prog, getattr(args, "command", None))))
         print(f"{name}: {exc}", file=sys.stderr)

@@ -268,9 +268,12 @@ class Config(Settings):
     """Validated configuration, read through its typed sections (`conf.fetch.concurrency`, `crawler.settings`);
     `conf["section.key"]` is for the edges that hold a key as text (config loading, the command line)."""
 
-    def __init__(self, data: Mapping[str, Any]):
+    def __init__(self, data: Mapping[str, Any], sources: Mapping[str, str] | None = None):
         self._data = copy.deepcopy(dict(data))
         super().__init__(self._data)
+        # Where each key's value came from (`load`, `from_arguments`): "default", "file PATH", "--set", "--root";
+        # "set by the caller" for keys a `with_overrides` changed.
+        self.sources: dict[str, str] = dict(sources or {})
 
     def __getitem__(self, dotted: str) -> Any:
         node: Any = self._data
@@ -283,12 +286,43 @@ class Config(Settings):
     def as_dict(self) -> dict[str, Any]:
         return copy.deepcopy(self._data)
 
-    def with_overrides(self, overrides: Mapping[str, Any]) -> Config:
-        """A new validated Config with `{"section.key": value}` overrides applied."""
+    def with_overrides(self, overrides: Mapping[str, Any], source: str = "set by the caller") -> Config:
+        """A new validated Config with `{"section.key": value}` overrides applied (their source: `source`)."""
         data = self.as_dict()
         for dotted, value in overrides.items():
             _set_dotted(data, dotted, value)
-        return validated(data)
+        changed = validated(data)
+        changed.sources = {**self.sources, **{dotted: source for dotted in overrides}} if self.sources else {}
+        return changed
+
+    def describe(self) -> list[str]:
+        """The effective config, one `key: value  # source` line per key in the defaults file's order (values as
+        YAML flow text), what `crawl config show` prints."""
+        lines = []
+        for dotted in leaf_keys(self._data):
+            value = yaml.safe_dump(self[dotted], default_flow_style=True, width=1 << 20).strip()
+            value = value.removesuffix("\n...").strip()
+            owner = next((self.sources[k] for k in _and_parents(dotted) if k in self.sources), "default")
+            lines.append(f"{dotted}: {value}  # {owner}")
+        return lines
+
+
+def leaf_keys(data: Mapping[str, Any], prefix: str = "") -> list[str]:
+    """The dotted keys of a config mapping's values: sections are walked, open mappings are values."""
+    keys = []
+    for key, value in data.items():
+        dotted = f"{prefix}{key}"
+        if isinstance(value, Mapping) and dotted not in _OPEN_MAPPINGS:
+            keys.extend(leaf_keys(value, dotted + "."))
+        else:
+            keys.append(dotted)
+    return keys
+
+
+def _and_parents(dotted: str) -> list[str]:
+    """`a.b.c`, `a.b`, `a`: an assignment into an open mapping (`fetch.static_hosts.h=...`) sets its parent."""
+    parts = dotted.split(".")
+    return [".".join(parts[:n]) for n in range(len(parts), 0, -1)]
 
 
 def _set_dotted(data: dict[str, Any], dotted: str, value: Any) -> None:
@@ -447,8 +481,11 @@ def parse_assignment(text: str) -> tuple[str, Any]:
 def load(path: str | Path | None = None, assignments: Iterable[str] = ()) -> Config:
     """Defaults, then the override file, then `--set key=value` assignments, validated."""
     data = defaults()
+    sources: dict[str, str] = {}
     if path is not None:
-        _merge(data, _read_yaml(Path(path)))
+        from_file = _read_yaml(Path(path))
+        _merge(data, from_file)
+        sources.update({dotted: f"file {path}" for dotted in leaf_keys(from_file)})
     for assignment in assignments:
         key, value = parse_assignment(assignment)
         head = data
@@ -461,7 +498,10 @@ def load(path: str | Path | None = None, assignments: Iterable[str] = ()) -> Con
         if parts[-1] not in head and ".".join(parts[:-1]) not in _OPEN_MAPPINGS:
             raise ConfigError(key, "unknown key (every key is listed in conf/crawler.yaml)")
         head[parts[-1]] = value
-    return validated(data)
+        sources[key] = "--set"
+    conf = validated(data)
+    conf.sources = sources
+    return conf
 
 
 def s3_endpoint(conf: Config, environ: Mapping[str, str] = os.environ) -> str:
@@ -485,5 +525,5 @@ def from_arguments(args: argparse.Namespace) -> Config:
     """The validated config for parsed `add_arguments` options; raises ConfigError naming a bad key."""
     conf = load(args.config, args.assignments)
     if args.root:
-        conf = conf.with_overrides({"storage.root": args.root})
+        conf = conf.with_overrides({"storage.root": args.root}, source="--root")
     return conf

@@ -23,8 +23,11 @@ def _parser() -> argparse.ArgumentParser:
     config_mod.add_arguments(common)
     parser = commandline.Parser(prog="fetchd", description="cyclecrawl fetch daemon (politeness owner).")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    sub.add_parser("serve", parents=[common], help="watch ROOT/segments and fetch every bucket without _DONE.json")
-    fetch = sub.add_parser("fetch", parents=[common], help="fetch one segment's pending buckets and exit")
+    for name, text in (("serve", "watch ROOT/segments and fetch every bucket without _DONE.json, until SIGTERM"),
+                       ("fetch", "fetch one segment's pending buckets and exit")):
+        sub.add_parser(name, parents=[common], help=text, description=text, epilog=commandline.EXIT_CODES,
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    fetch = sub.choices["fetch"]
     fetch.add_argument("--segment", type=commandline.segment_id, required=True, help="segment id")
     fetch.add_argument("--bucket", dest="buckets", type=int, action="append",
                        help="only this bucket (repeatable; default: every pending bucket)")

@@ -188,7 +188,17 @@ COMMANDS: tuple[Command, ...] = (
                 option("--fetch-only", action="store_true",
                        help="only stop the fetch (the marker); the segment is still parsed and merged (the DAG's "
                             "deadline)"))),
+    Command("config", "show: print the effective config, every key with its value and where it came from (the "
+                      "defaults file, --config FILE, --set, --root)",
+            "jobs.cli:config_command", checks_bucketing=False, arguments=(
+                option("action", choices=("show",), help="what to do with the config"),)),
 )
+
+
+def config_command(conf: config_mod.Config, root: str, action: str) -> int:
+    """`crawl config show`: the effective config, one `key: value  # source` line per key."""
+    print("\n".join(conf.describe()))
+    return 0
 
 
 def parser() -> argparse.ArgumentParser:
@@ -198,7 +208,9 @@ def parser() -> argparse.ArgumentParser:
     top = commandline.Parser(prog="crawl", description="Batch-incremental web crawl engine.")
     sub = top.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for command in COMMANDS:
-        command_parser = sub.add_parser(command.name, parents=[common], help=command.help)
+        command_parser = sub.add_parser(command.name, parents=[common], help=command.help, description=command.help,
+                                        epilog=commandline.EXIT_CODES,
+                                        formatter_class=argparse.RawDescriptionHelpFormatter)
         for argument in command.arguments:
             command_parser.add_argument(*argument.flags, **argument.settings)
     return top

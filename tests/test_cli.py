@@ -13,7 +13,7 @@ from jobs.generate import GenerateResult
 from jobs.update import UpdateResult
 
 COMMANDS = ("init", "inject", "generate", "fetch", "parse", "dedup", "update", "index", "cycle", "demo", "maintain",
-            "rebucket", "stats", "report", "fetchd", "validate", "close-segment")
+            "rebucket", "stats", "report", "fetchd", "validate", "close-segment", "config")
 
 
 def test_help_lists_every_command():
@@ -29,8 +29,30 @@ def test_every_command_takes_root_config_and_set():
             [sys.executable, "-m", "jobs.cli", command, "--help"], capture_output=True, text=True, timeout=60
         )
         assert result.returncode == 0, command
-        for option in ("--root", "--config", "--set"):
+        for option in ("--root", "--config", "--set", "--version"):
             assert option in result.stdout, (command, option)
+        # What it does, then what its exit status means.
+        assert "exit codes:" in result.stdout and "75  try later" in result.stdout, command
+        assert result.stdout.split("\n\n")[1].strip(), command
+
+
+def test_config_show_names_where_each_value_came_from(tmp_path):
+    """`crawl config show`: every key of the defaults file once, in its order, each value with its source."""
+    override = tmp_path / "crawl.yaml"
+    override.write_text("fetch:\n  concurrency: 17\nscope:\n  deny_domains: [spam.test]\n")
+    result = subprocess.run([sys.executable, "-m", "jobs.cli", "config", "show", "--config", str(override),
+                             "--set", "politeness.min_delay_s=2.5", "--root", str(tmp_path / "root")],
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    lines = dict(line.split(": ", 1) for line in result.stdout.splitlines())
+    from crawler import config
+
+    assert list(lines) == config.leaf_keys(config.defaults())
+    assert lines["fetch.concurrency"] == f"17  # file {override}"
+    assert lines["scope.deny_domains"] == f"[spam.test]  # file {override}"
+    assert lines["politeness.min_delay_s"] == "2.5  # --set"
+    assert lines["storage.root"] == f"{tmp_path / 'root'}  # --root"
+    assert lines["crawl.buckets"].endswith("  # default")
 
 
 def test_missing_required_argument_is_a_usage_error():
@@ -83,3 +105,20 @@ def test_cycle_report_reads_at_a_glance():
     assert "robots_denied=1, success=9" in text and "2.00 MB" in text
     assert "9 applied, 1 stale, 4 new URLs" in text
     assert describe("plain") == "plain"
+
+
+def test_log_lines_carry_an_iso_8601_utc_time():
+    """Every command line's log format (crawler.logs): the date, the time to the millisecond and the zone (UTC),
+    whatever the host's zone."""
+    import logging
+    import re
+    from datetime import UTC, datetime
+
+    from crawler import logs
+
+    record = logging.LogRecord("jobs", logging.INFO, __file__, 1, "a step: done", None, None)
+    record.created, record.msecs = 1796651102.118, 118.0  # 2026-12-07T13:45:02.118Z
+    line = logs.utc_formatter().format(record)
+    assert line == "2026-12-07T13:45:02.118Z INFO jobs: a step: done"
+    assert datetime.fromtimestamp(record.created, UTC).isoformat().startswith(line[:19])
+    assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z INFO jobs: .*", line)

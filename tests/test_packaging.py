@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib.metadata
 import os
+import shutil
 import subprocess
 import sys
 import zipfile
@@ -40,10 +41,16 @@ def test_the_bundled_config_is_read_through_its_package():
 
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory) -> Path:
-    """The project's wheel, built as a user's pip builds it (an isolated build environment)."""
+    """The project's wheel, built as a user's pip builds it (an isolated build environment), from a copy of the
+    work tree's sources: setuptools builds in place, and its build/ folder must neither appear in the work tree nor
+    carry a stale file into the wheel."""
     out = tmp_path_factory.mktemp("wheel")
+    source = out / "source"
+    shutil.copytree(PROJECT, source, ignore=shutil.ignore_patterns(
+        ".git", ".venv", "build", "*.egg-info", "__pycache__", ".pytest_cache", ".ruff_cache", "demo-crawl",
+        "crawl-data", "tests", "bench"))
     subprocess.run([sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--wheel-dir", str(out),
-                    str(PROJECT)], check=True, timeout=300)
+                    str(source)], check=True, timeout=300)
     (built,) = out.glob("cyclecrawl-*.whl")
     return built
 
