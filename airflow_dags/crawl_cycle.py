@@ -16,13 +16,22 @@ from __future__ import annotations
 
 import logging
 import os
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from airflow.providers.standard.operators.bash import BashOperator
 from airflow.sdk import DAG, BaseSensorOperator, Param, PokeReturnValue, task
 from airflow.sdk.exceptions import AirflowFailException, AirflowSensorTimeout
-from cyclecrawl_dags import CONFIG_ARGS, CRAWL_ENV, DEFAULT_ARGS, EXIT_TRY_LATER, SUBMIT, crawl_params
+from cyclecrawl_dags import (
+    CONFIG_ARGS,
+    CRAWL_ENV,
+    DEFAULT_ARGS,
+    EXIT_TRY_LATER,
+    EXIT_VALIDATION_FAILED,
+    STEP_TIMEOUT,
+    SUBMIT,
+    CrawlCommand,
+    crawl_params,
+)
 
 log = logging.getLogger(__name__)
 
@@ -80,9 +89,10 @@ def close_segment(params: dict[str, Any], dag_run: Any, reason: str) -> Any:
     return progress.close_segment(conf.storage.root, segment_id(dag_run), reason, conf)
 
 
-def spark_step(task_id: str, command: str, doc_md: str, **kwargs: Any) -> BashOperator:
-    return BashOperator(task_id=task_id, bash_command=f"{SUBMIT} {command} {CONFIG_ARGS}", env=STEP_ENV,
-                        append_env=True, doc_md=doc_md, **kwargs)
+def spark_step(task_id: str, command: str, doc_md: str, **kwargs: Any) -> CrawlCommand:
+    """A Spark step: `crawl-submit -- <command>`, bounded by STEP_TIMEOUT, exit 2 not retried (CrawlCommand)."""
+    return CrawlCommand(task_id=task_id, bash_command=f"{SUBMIT} {command} {CONFIG_ARGS}", env=STEP_ENV,
+                        append_env=True, doc_md=doc_md, execution_timeout=STEP_TIMEOUT, **kwargs)
 
 
 class SegmentFetchedSensor(BaseSensorOperator):
@@ -125,6 +135,8 @@ with DAG(
     start_date=datetime(2025, 1, 1, tzinfo=UTC),
     catchup=False,
     max_active_runs=1,  # cycles must not overlap: each one's generate leases what the previous one updated
+    # A run stuck past this fails, and the next one starts (its generate waits for what this one left open).
+    dagrun_timeout=timedelta(minutes=float(os.environ.get("CYCLECRAWL_CYCLE_TIMEOUT_MINUTES", "360"))),
     default_args=DEFAULT_ARGS,
     user_defined_macros={"segment_id": segment_id},
     tags=["cyclecrawl"],
@@ -150,8 +162,8 @@ with DAG(
     },
     doc_md=__doc__,
 ) as dag:
-    inject = BashOperator(
-        task_id="inject",
+    inject = CrawlCommand(
+        task_id="inject", execution_timeout=STEP_TIMEOUT,
         bash_command=(f'if [ -z "$SEEDS" ]; then echo "no seeds file: nothing to inject"; exit {NO_SEEDS}; fi\n'
                       f'{SUBMIT} inject --seeds "$SEEDS" {CONFIG_ARGS}'),
         env=STEP_ENV, append_env=True,
@@ -195,7 +207,7 @@ closed segment's bucket. The unfinished buckets' URLs are not lost: update compl
 results; the others keep their lease until it expires (generate.lease_seconds) and a later generate selects
 them again. A segment already closed when the sensor starts (a cleared task) is not waited for.""",
     )
-    fetch_segment = BashOperator(
+    fetch_segment = CrawlCommand(
         task_id="fetch_segment",
         bash_command=(f'timeout --kill-after=60 "$FETCH_DEADLINE_S" crawl fetch --segment "$SEGMENT" {CONFIG_ARGS}'
                       f' || {{ status=$?; [ $status -eq {EXIT_TIMEOUT} ] || exit $status;'
@@ -283,8 +295,10 @@ depends_on_past). Nothing measured (no page with outlinks, no URL decided) is no
     )
     validate = spark_step(
         "validate", 'validate ${VALIDATION_OUT:+--out "$VALIDATION_OUT"}',
-        "`crawl validate`: Great Expectations suites over the tables; a failed expectation fails the run here.",
+        "`crawl validate`: Great Expectations suites over the tables; a failed expectation (exit 3) fails the run "
+        "here, without retries (the data would fail again).",
         trigger_rule="none_failed_min_one_success",  # after update, and after index when it ran
+        fail_on_exit_code=(EXIT_VALIDATION_FAILED,),
     )
 
     @task.short_circuit(task_id="maintenance_due", trigger_rule="none_failed",

@@ -12,7 +12,8 @@ Airflow starts the driver every hour for `run_minutes` (55 by default); the driv
 next run resumes from the tables. `max_active_runs=1` keeps one driver per root (one writer per table); the task's
 `execution_timeout` (run_minutes + 4) ends a driver that did not stop: Airflow's SIGTERM stops it the same way, and
 a kill -9 loses nothing either (the next run resumes every open segment). Exit 75 (the crawl's settings changed
-under its daemon child, another command holding the writer lock) skips the run; any other failure is retried.
+under its daemon child, another command holding the writer lock) skips the run; exit 2 (a mistake in what was asked:
+a config key, a file) fails it without retries; any other failure is retried.
 
 With `daemons: false` the driver starts no fetch daemon: long-running `crawl fetchd` services fetch (the cycle
 DAG's `daemons` mode); with true (the default) it runs one as its child, for one machine.
@@ -25,9 +26,8 @@ from __future__ import annotations
 import os
 from datetime import UTC, datetime, timedelta
 
-from airflow.providers.standard.operators.bash import BashOperator
 from airflow.sdk import DAG, Param
-from cyclecrawl_dags import CONFIG_ARGS, CRAWL_ENV, DEFAULT_ARGS, EXIT_TRY_LATER, SUBMIT, crawl_params
+from cyclecrawl_dags import CONFIG_ARGS, CRAWL_ENV, DEFAULT_ARGS, EXIT_TRY_LATER, SUBMIT, CrawlCommand, crawl_params
 
 SCHEDULE = os.environ.get("CYCLECRAWL_RUN_SCHEDULE", "@hourly")
 RUN_MINUTES = float(os.environ.get("CYCLECRAWL_RUN_MINUTES", "55"))
@@ -46,6 +46,7 @@ with DAG(
     start_date=datetime(2025, 1, 1, tzinfo=UTC),
     catchup=False,
     max_active_runs=1,  # one driver per root
+    dagrun_timeout=timedelta(minutes=RUN_MINUTES + 2 * STOP_MARGIN_MINUTES),  # the task's own bound, and a margin
     default_args=DEFAULT_ARGS,
     tags=["cyclecrawl"],
     params={
@@ -58,7 +59,7 @@ with DAG(
     },
     doc_md=__doc__,
 ) as dag:
-    BashOperator(
+    CrawlCommand(
         task_id="run",
         bash_command=f'{SUBMIT} run --for "$RUN_SECONDS" $NO_DAEMON {CONFIG_ARGS}',
         env=STEP_ENV, append_env=True,

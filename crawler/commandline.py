@@ -20,6 +20,7 @@ EXIT_CODES = """exit codes:
   0   done
   1   a bug: the traceback says where
   2   a mistake in what was asked (argument, config key, file, segment): one line on stderr names it
+  3   crawl validate: an expectation failed (the data failed its gate; the report says which)
   75  try later: another command holds the crawl, backpressure, a lost Delta commit, a daemon whose crawl's
       settings changed under it"""
 

@@ -159,7 +159,7 @@ COMMANDS: tuple[Command, ...] = (
             "jobs.maintain:run_command", spark=True, arguments=(
                 TABLE,
                 option("--no-vacuum", action="store_false", dest="vacuum", help="compact only"))),
-    Command("validate", "run the Great Expectations suite of every table; exit 1 if any expectation fails",
+    Command("validate", "run the Great Expectations suite of every table; exit 3 if any expectation fails",
             "jobs.validate:run_command", spark=True, before_spark="jobs.validate:check_suites", arguments=(
                 TABLE,
                 option("--out", help="local folder for the report and Data Docs (default: ROOT/validation)",

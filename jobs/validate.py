@@ -39,7 +39,9 @@ os.environ["GX_ANALYTICS_ENABLED"] = "false"  # GX reads it when imported: nothi
 BUNDLED_SUITES = bundled("expectations")
 SITE = "crawl"
 EXAMPLE_MAX_CHARS = 120  # an unexpected value is cut to this many characters in the report
-EXIT_VALIDATION_FAILED = 1  # `crawl validate` when an expectation fails (2 stays a user mistake)
+# `crawl validate` when an expectation fails: the data failed its gate (1 stays a bug, 2 a user mistake, so the DAG
+# can tell a failed gate, which no retry fixes, from a crash).
+EXIT_VALIDATION_FAILED = 3
 
 # Written before GX opens the project, so analytics and progress bars are off from the first moment. Stores GX
 # needs only during the run live in memory; validation results go to files because Data Docs are built from them.

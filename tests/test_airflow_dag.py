@@ -15,8 +15,9 @@ from pathlib import Path
 import pytest
 
 from crawler import layout
-from crawler.errors import EXIT_TRY_LATER
+from crawler.errors import EXIT_TRY_LATER, EXIT_USER_ERROR
 from fetchd.progress import segment_progress
+from jobs import validate
 from sitefarm.judge import requested_url
 from tests.support import airflow
 from tests.support.airflow import DAGS, run_airflow_script
@@ -102,6 +103,9 @@ def test_dagbag_imports_the_cycle_in_order_with_retries(airflow_env, tmp_path):
         "params": sorted(dag.params),
         "retries": {t.task_id: [t.retries, t.retry_exponential_backoff, t.max_retry_delay is not None]
                     for t in dag.tasks},
+        "timeouts": {t.task_id: t.execution_timeout.total_seconds() for t in dag.tasks if t.execution_timeout},
+        "no_retry": {t.task_id: list(t.fail_on_exit_code) for t in dag.tasks if hasattr(t, "fail_on_exit_code")},
+        "run_timeout_s": dag.dagrun_timeout.total_seconds(),
         "undocumented": [t.task_id for t in dag.tasks if not t.doc_md] + ([] if dag.doc_md else ["<dag>"]),
     }))
     """, str(DAGS), timeout=120)
@@ -118,6 +122,51 @@ def test_dagbag_imports_the_cycle_in_order_with_retries(airflow_env, tmp_path):
     # CYCLECRAWL_RETRIES=0 in this environment: the policy's backoff and cap are still set on every task.
     assert all(backoff > 1 and capped for _, backoff, capped in found["retries"].values())
     assert found["undocumented"] == []
+    # Every Spark step is bounded, and so is a run; exit 2 is never retried, nor validate's failed expectation.
+    spark_steps = {"inject", "generate", "parse", "dedup", "update", "index", "validate", "maintain"}
+    assert set(found["timeouts"]) == spark_steps and len(set(found["timeouts"].values())) == 1
+    assert found["run_timeout_s"] >= 2 * 3600
+    assert set(found["no_retry"]) == spark_steps | {"fetch_segment"}
+    assert all(codes[0] == 2 for codes in found["no_retry"].values()) and found["no_retry"]["validate"] == [2, 3]
+
+
+ROOT_CHECKS = """
+    import copy, json, sys
+    from airflow.sdk.exceptions import ParamValidationError
+
+    bag = dag_bag(sys.argv[1])
+    found = {"errors": {k.rsplit("/", 1)[-1]: str(v).strip().splitlines()[-1] for k, v in bag.import_errors.items()},
+             "dags": sorted(bag.dags), "run_roots": {}}
+    for dag in bag.dags.values():
+        for root in sys.argv[2:]:
+            params = copy.deepcopy(dag.params)
+            try:
+                params.update({"root": root})
+                params.validate()
+                found["run_roots"][f"{dag.dag_id} {root}"] = "accepted"
+            except ParamValidationError:
+                found["run_roots"][f"{dag.dag_id} {root}"] = "refused"
+    print(json.dumps(found))
+    """
+
+
+def test_the_dags_refuse_a_root_that_is_not_absolute_or_s3(airflow_env, tmp_path):
+    """An empty or relative root would make every task write its tables into its own temporary working directory:
+    with CYCLECRAWL_ROOT unset or relative the DAG files do not load (their import error says why), and a run
+    triggered with such a `root` is refused by its param's pattern."""
+    for bad in ("", "crawl-data"):
+        found = run_airflow_script({**airflow_env, "CYCLECRAWL_ROOT": bad}, tmp_path, ROOT_CHECKS, str(DAGS))
+        assert found["dags"] == [] and set(found["errors"]) == {"crawl_cycle.py", "crawl_run.py"}
+        assert all(f"CYCLECRAWL_ROOT must be the crawl's storage root, an absolute folder or an s3:// URL, where the "
+                   f"DAGs are parsed (it is {bad!r})" in error for error in found["errors"].values())
+    found = run_airflow_script(airflow_env, tmp_path, ROOT_CHECKS, str(DAGS), "/srv/crawl", "s3://bucket/crawl",
+                               "", "crawl-data", "./x", "s3://")
+    assert found["errors"] == {}
+    for dag_id in ("crawl_cycle", "crawl_continuous"):
+        assert {root: found["run_roots"][f"{dag_id} {root}"] for root in (
+            "/srv/crawl", "s3://bucket/crawl", "", "crawl-data", "./x", "s3://")} == {
+            "/srv/crawl": "accepted", "s3://bucket/crawl": "accepted", "": "refused", "crawl-data": "refused",
+            "./x": "refused", "s3://": "refused"}
 
 
 def test_the_continuous_dag_runs_crawl_run_for_less_than_its_timeout_one_run_at_a_time(airflow_env, tmp_path):
@@ -323,18 +372,20 @@ def test_service_levels_task_alerts_when_a_segment_missed_a_level(airflow_env, t
 
 STEP_EXITS = """
     import json, os, sys
-    from airflow.exceptions import AirflowException, AirflowSkipException
+    from airflow.exceptions import AirflowException, AirflowFailException, AirflowSkipException
 
     tasks = dag_bag(sys.argv[1]).dags["crawl_cycle"].task_dict
     found = {}
     for task_id in sys.argv[2:]:
-        for status in ("75", "1", "0"):
+        for status in ("75", "3", "2", "1", "0"):
             os.environ["STUB_STATUS"] = status
             try:
                 tasks[task_id].execute({})
                 found[f"{task_id} {status}"] = "success"
             except AirflowSkipException:
                 found[f"{task_id} {status}"] = "skipped"
+            except AirflowFailException:
+                found[f"{task_id} {status}"] = "failed, no retry"
             except AirflowException:
                 found[f"{task_id} {status}"] = "failed"
     print(json.dumps(found))
@@ -345,17 +396,22 @@ def test_exit_75_skips_generate_and_inject_and_update_retries_it(airflow_env, tm
     """The real BashOperators, `crawl-submit` stubbed: exit 75 (crawler.errors.EXIT_TRY_LATER: backpressure, the
     crawl's writer lock held elsewhere) skips generate (and so the run: every later step needs it) and inject (its
     seeds wait for the next run); update fails on it like on any failure, to be retried (a segment must be merged
-    before generate leases anew). Any other failure fails each."""
+    before generate leases anew). Exit 2 (a mistake in what was asked) fails every step for good, as exit 3 (a
+    failed expectation) fails validate: a retry would repeat them. Any other failure fails each, to be retried."""
     stub = tmp_path / "bin" / "crawl-submit"
     stub.parent.mkdir()
     stub.write_text('#!/bin/sh\nexit "$STUB_STATUS"\n')
     stub.chmod(0o755)
     env = {**airflow_env, "PATH": f"{stub.parent}{os.pathsep}{os.environ['PATH']}"}
-    found = run_airflow_script(env, tmp_path, STEP_EXITS, str(DAGS), "generate", "inject", "update")
-    assert found == {"generate 75": "skipped", "generate 1": "failed", "generate 0": "success",
-                     "inject 75": "skipped", "inject 1": "failed", "inject 0": "success",
-                     "update 75": "failed", "update 1": "failed", "update 0": "success"}
-    assert EXIT_TRY_LATER == 75
+    found = run_airflow_script(env, tmp_path, STEP_EXITS, str(DAGS), "generate", "inject", "update", "validate")
+    retried_or_not = {"2": "failed, no retry", "1": "failed", "0": "success"}
+    expected = {}
+    for task_id, on_75, on_3 in (("generate", "skipped", "failed"), ("inject", "skipped", "failed"),
+                                 ("update", "failed", "failed"), ("validate", "failed", "failed, no retry")):
+        expected |= {f"{task_id} 75": on_75, f"{task_id} 3": on_3,
+                     **{f"{task_id} {code}": outcome for code, outcome in retried_or_not.items()}}
+    assert found == expected
+    assert (EXIT_TRY_LATER, EXIT_USER_ERROR, validate.EXIT_VALIDATION_FAILED) == (75, 2, 3)
 
 
 CLOSE = 'crawl close-segment --fetch-only --segment seg-1 --reason fetch deadline reached (fetch_segment) --root /r\n'

@@ -162,10 +162,11 @@ def test_cli_passes_on_a_root_with_empty_tables(spark, validate_runs, tables_roo
     assert next(Path(root, "validation").glob("*/data_docs/index.html")).is_file()
 
 
-def test_cli_exits_1_naming_the_failed_expectation(spark, validate_runs, tmp_path, capsys):
+def test_cli_exits_3_naming_the_failed_expectation(spark, validate_runs, tmp_path, capsys):
     root = str(validate_runs.defects.out_dir.parent.parent)
     out = tmp_path / "reports"
-    assert cli.main(["validate", "--root", root, "--table", "segments", "--out", str(out), *CLI_SETTINGS]) == 1
+    assert cli.main(["validate", "--root", root, "--table", "segments", "--out", str(out), *CLI_SETTINGS]) == 3
+    assert validate.EXIT_VALIDATION_FAILED == 3
     printed = capsys.readouterr().out
     assert "FAILED" in printed and "expect_column_values_to_be_between(updated_at)" in printed
     assert next(out.glob("*/report.md")).is_file()

@@ -43,6 +43,7 @@ def airflow_env(home: Path) -> dict[str, str]:
         "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
         "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{home}/airflow.db",
         "CYCLECRAWL_RETRIES": "0",
+        "CYCLECRAWL_ROOT": str(home / "crawl-root"),  # the DAGs load only with an absolute root
         "CYCLECRAWL_POKE_INTERVAL_S": "2",
         "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}",  # crawl, crawl-submit, fetchd of this venv
     }
