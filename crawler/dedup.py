@@ -211,7 +211,9 @@ class IndexDefinition:
 
     @classmethod
     def from_config(cls, conf: Settings) -> IndexDefinition:
-        return cls(SIMHASH_DEFINITION, int(conf.dedup.max_hamming), int(conf.dedup.blocks_per_key))
+        """The config's: the SimHash's definition with its shingle size (`parse.simhash_shingle`), and the keys'."""
+        fingerprint = f"{SIMHASH_DEFINITION}/shingle-{int(conf.parse.simhash_shingle)}"
+        return cls(fingerprint, int(conf.dedup.max_hamming), int(conf.dedup.blocks_per_key))
 
     def key_count(self) -> int:
         """Index rows a SimHash has (`index_key_count`)."""

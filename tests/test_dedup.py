@@ -307,3 +307,20 @@ def test_the_duplicate_verdict_names_the_representative_of_another_url():
     assert dedup.representative_of("u", None, "u") is None       # the representative of its own cluster
     assert dedup.representative_of("u", None, "q") == "q"       # a near duplicate
     assert dedup.representative_of("u", "r", "q") == "r"        # exact wins over near
+
+
+def test_an_index_definition_takes_its_own_index_or_an_empty_one_and_refuses_any_other():
+    """`crawler.dedup.IndexDefinition`: what `dedup_bands` records of its SimHashes (their definition and shingle
+    size) and keys; a config may add to an index of its own definition, or to an empty unrecorded one; anything else
+    is refused in one line naming the rebuild."""
+    mine = dedup.IndexDefinition.from_config(config.load())
+    assert dedup.IndexDefinition.parse(mine.identity()) == mine
+    assert mine.refusal(mine.identity(), has_rows=True) is None and mine.refusal(None, has_rows=False) is None
+    unrecorded = mine.refusal(None, has_rows=True)
+    assert "never recorded" in unrecorded and "`crawl dedup --rebuild`" in unrecorded
+    for assignment, said in (("parse.simhash_shingle=4", "shingle-4"), ("dedup.max_hamming=5", "max_hamming 5"),
+                             ("dedup.blocks_per_key=2", "blocks_per_key 2")):
+        other = dedup.IndexDefinition.from_config(config.load(assignments=[assignment]))
+        refused = mine.refusal(other.identity(), has_rows=False)  # a recorded definition counts, rows or not
+        assert refused is not None and said in refused and "\n" not in refused, assignment
+        assert "`crawl dedup --rebuild`" in refused

@@ -193,7 +193,7 @@ def test_an_unrecorded_index_is_refused_and_rebuilt_and_another_fingerprint_cann
     unrecorded = dedup_corpus["from_unrecorded"]
     assert unrecorded.previous is None and "was not recorded" in unrecorded.summary()
     assert dedup_corpus["index_from_unrecorded"] == dedup_corpus["index"] and dedup_corpus["recorded_again"]
-    assert "fingerprint 'simhash64/mmh3-x64-128/word-shingles/v0'" in dedup_corpus["foreign_dedup"]
+    assert "fingerprint 'simhash64/mmh3-x64-128/word-shingles/v0/shingle-3'" in dedup_corpus["foreign_dedup"]
     assert "keys cannot convert one into the other" in dedup_corpus["foreign_rebuild"]
 
 
