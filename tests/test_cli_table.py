@@ -19,7 +19,7 @@ from jobs import cli, submit
 
 REPO = Path(__file__).resolve().parents[1]
 COMMON = {"command", "root", "config", "assignments", "verbose"}
-SAMPLE_VALUES = {"--segment": "seg-1", "--seeds": "seeds.txt"}  # for the arguments a command requires
+SAMPLE_VALUES = {"--segment": "seg-1", "--seeds": "seeds.txt", "action": "show"}  # arguments a command requires
 
 
 def _subcommands(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
@@ -30,7 +30,9 @@ def _subcommands(parser: argparse.ArgumentParser) -> dict[str, argparse.Argument
 def _required_argv(command: cli.Command) -> list[str]:
     argv = [command.name]
     for argument in command.arguments:
-        if argument.settings.get("required"):
+        if not argument.flags[0].startswith("-"):  # a positional argument: always required
+            argv.append(SAMPLE_VALUES[argument.flags[0]])
+        elif argument.settings.get("required"):
             argv += [argument.flags[0], SAMPLE_VALUES[argument.flags[0]]]
     return argv
 
