@@ -482,9 +482,12 @@ class IndexRebuilt(TryLater):
 
 
 def _recorded_definition(spark: SparkSession, root: str) -> tuple[str | None, bool]:
-    """(the index's recorded definition, whether it has rows): rows are looked for only when none is recorded."""
+    """(the index's recorded definition, whether it has rows). Rows are looked for (a Spark job) only when none is
+    recorded and the table has a commit after its creation: a new root's first dedups need no job for it."""
     recorded = tables.table_property(spark, root, BANDS, INDEX_PROPERTY)
-    return recorded, recorded is None and bool(pinned_table(spark, root, BANDS).limit(1).count())
+    if recorded is not None or tables.table_version(spark, root, BANDS) == 0:
+        return recorded, False
+    return None, bool(pinned_table(spark, root, BANDS).limit(1).count())
 
 
 def _hold_definition(spark: SparkSession, root: str, definition: IndexDefinition) -> None:
