@@ -29,9 +29,10 @@ install: $(STAMP)
 demo: $(STAMP)
 	$(VENV)/bin/crawl demo --root $(ROOT)
 
-# Two lanes (tests/conftest.py): the Spark tests in one xdist worker, the daemon and pure tests in the other.
+# Two lanes (tests/conftest.py): the Spark tests in one xdist worker, the daemon and pure tests in the other. The
+# tests marked packaging (wheel installs in clean virtualenvs) run after the suite, in .ci/check-wheel.
 test: $(STAMP)
-	$(PY) -m pytest -n 2 --dist loadgroup --durations=25 $(if $(FAST),-m 'not slow',) $(PYTEST_ARGS)
+	$(PY) -m pytest -n 2 --dist loadgroup --durations=25 -m '$(if $(FAST),not slow and ,)not packaging' $(PYTEST_ARGS)
 
 test-fast:
 	$(MAKE) test FAST=1

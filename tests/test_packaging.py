@@ -1,8 +1,8 @@
 """The project as users install it: every command line's `--version`, a wheel that carries the bundled config
 (defaults, expectation suites, Ivy and scheduler settings) and declares its extras, and a fetch host's install
 (`cyclecrawl[fetchd]` in a clean virtualenv) that runs the daemon's code with no Spark and tells a Spark command
-what to install. The wheel with every extra, running `crawl init`, `inject` and `generate`, is CI's own step
-(`.ci/check-wheel`): it needs Spark's JVM three times."""
+what to install. The wheel's tests (marked `packaging`) run in CI after the suite, in `.ci/check-wheel`, with its
+own check: the wheel with every extra running `crawl init`, `inject` and `generate` (Spark's JVM three times)."""
 
 from __future__ import annotations
 
@@ -55,7 +55,7 @@ def wheel(tmp_path_factory) -> Path:
     return built
 
 
-@pytest.mark.slow
+@pytest.mark.packaging
 def test_the_wheel_carries_the_bundled_config_and_declares_its_extras(wheel):
     with zipfile.ZipFile(wheel) as archive:
         names = set(archive.namelist())
@@ -78,7 +78,7 @@ def test_the_wheel_carries_the_bundled_config_and_declares_its_extras(wheel):
     assert {"fetchd", "spark", "all", "dev", "airflow"} <= set(declared.get_all("Provides-Extra"))
 
 
-@pytest.mark.slow
+@pytest.mark.packaging
 def test_a_fetch_host_install_runs_the_daemon_without_spark(wheel, tmp_path):
     """A clean virtualenv outside the work tree with `cyclecrawl[fetchd]` only: the daemon's modules import, the
     bundled defaults come from the installed package, `fetchd --version` answers, pyspark is absent, and a Spark
