@@ -43,7 +43,7 @@ from __future__ import annotations
 
 import math
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from email.utils import parsedate_to_datetime
 
@@ -54,6 +54,7 @@ from crawler.status import HostState, is_transient_status
 BACKOFF_JITTER = 0.25  # exponential backoff is stretched by a random factor in [1, 1 + this)
 THROTTLE_STATUSES = frozenset({429, 503})  # statuses whose Retry-After header directs our backoff
 NEGLIGIBLE_BACKOFF_S = 0.01  # a recovering backoff this small is over even when the minimum delay is 0
+AUDIT_SLACK_S = 1e-6  # SendAudit: float rounding of a delay counted on one monotonic clock
 
 
 def effective_delay(
@@ -277,6 +278,35 @@ class SharedGate:
 
 
 @dataclass
+class SendAudit:
+    """A second opinion on a host's gate, from its requests as they were sent and ended (`fetchd_politeness_
+    violations_total`): a request sent while the host's concurrency was already taken, or sooner than the host's
+    delay floor after the end of its last request, is a violation. The floor is what the rules owe the host
+    whatever else happens (`HostGate.floor_delay_s`; backoff and response-time terms only add to it), and a send
+    is never earlier than the gate's start (a request may wait for a global slot after it), so a violation is a bug
+    in the gates or in their use, never a rule decided differently. Starts are not judged against each other: with
+    several requests allowed in flight, one that waited for a slot may be sent close behind the next. Per process,
+    on its clock: a live signal for operators; the tests judge politeness from the servers' logs."""
+
+    in_flight: int = 0
+    last_end_at: float | None = None
+
+    def sent(self, now: float, floor_s: float, max_concurrency: int) -> str | None:
+        """A request to the host is sent now: why that is too soon, or None."""
+        self.in_flight += 1
+        if self.in_flight > max_concurrency:
+            return f"{self.in_flight} requests in flight, at most {max_concurrency} allowed"
+        if self.last_end_at is not None and now - self.last_end_at < floor_s - AUDIT_SLACK_S:
+            return f"sent {now - self.last_end_at:.3f}s after the last request ended, the delay is {floor_s:g}s"
+        return None
+
+    def ended(self, now: float) -> None:
+        """A request sent to the host ended (answered, failed or cancelled) now."""
+        self.in_flight = max(0, self.in_flight - 1)
+        self.last_end_at = now if self.last_end_at is None else max(self.last_end_at, now)
+
+
+@dataclass
 class HostGate:
     """Politeness state of one host inside one daemon: when it may start its next request.
 
@@ -305,9 +335,14 @@ class HostGate:
     concurrency_cap: int = 0            # the configured concurrency (defaults to max_concurrency)
     address: SharedGate | None = None   # the per-IP guard of the address the host resolved to (None: off)
     domain: SharedGate | None = None    # the gate of the host's registered domain (politeness.key: domain)
+    sends: SendAudit = field(default_factory=SendAudit)  # the requests as sent, judged against the floor
 
     def __post_init__(self) -> None:
         self.concurrency_cap = self.concurrency_cap or self.max_concurrency
+
+    def floor_delay_s(self) -> float:
+        """The least delay the host is owed after a request ends, whatever backoff or response times add."""
+        return effective_delay(self.min_delay_s, self.crawl_delay_s, self.max_crawl_delay_s, 0.0)
 
     def _delay_without_backoff(self) -> float:
         return effective_delay(self.min_delay_s, self.crawl_delay_s, self.max_crawl_delay_s, 0.0,

@@ -145,6 +145,7 @@ class FetchSettings:
     staging_dir: str
     metrics_port: int
     metrics_host: str
+    metrics_label: str
 
 @dataclass(frozen=True)
 class OwnershipSettings:

@@ -37,7 +37,15 @@ from fetchd.bucketrun import BucketRun
 from fetchd.exchange import STOP_POLL_S
 from fetchd.fetcher import Fetcher, Transport
 from fetchd.hostprep import thread_memory
-from fetchd.metrics import DaemonState, Metrics, MetricsServer, progress_line, snapshot
+from fetchd.metrics import (
+    DaemonState,
+    Metrics,
+    MetricsServer,
+    metrics_label,
+    process_figures,
+    progress_line,
+    snapshot,
+)
 from fetchd.output import ResumeState, recover_bucket_output
 from fetchd.ownership import Lease
 from fetchd.processes import PUBLISH_S, peer_snapshots, publish_snapshot
@@ -213,6 +221,7 @@ class Daemon:
         live = [entry for entry in self.services.robots_cache.values() if entry.expires > now]
         return DaemonState(daemon_id=self.daemon_id, segment_id=self.segment_id, now=now,
                            metrics=self.metrics, buckets=[run.state() for run in self.runs],
+                           label=metrics_label(self.conf), process=process_figures(),
                            robots_ages=[now - e.good_at for e in live if e.good_at is not None],
                            robots_unreachable=sum(1 for e in live if e.unreachable))
 

@@ -102,7 +102,7 @@ class Exchange:
         try:
             async with self.slots:
                 self.unless_fenced()
-                response = await self.transport.get(url, None, max_bytes)
+                response = await self._send(url, None, max_bytes)
         except BaseException:
             # Cancelled, or fenced before it was sent: it never ends on the gate. The gate may be another bucket's
             # host (a robots.txt redirect), which the stopping bucket run does not release: give its place back here.
@@ -110,6 +110,20 @@ class Exchange:
             raise
         self.request_finished(gate, response, host_size_class)
         return response
+
+    async def _send(self, url: str, headers: dict[str, str] | None, max_bytes: int | None = None, *,
+                    page: bool = False) -> FetchResponse:
+        """Send a request whose gate the caller took, judged as it leaves by the host's `SendAudit`: a violation
+        is counted and logged (a bug), never held back, since the gate already decided."""
+        gate = self.gate_for(urls.host_key(url))
+        too_soon = gate.sends.sent(self.clock.monotonic(), gate.floor_delay_s(), gate.concurrency_cap)
+        if too_soon is not None:
+            self.metrics.politeness_violations += 1
+            log.error("politeness violation on %s: %s", urls.host_key(url), too_soon)
+        try:
+            return await self.transport.get(url, headers, max_bytes, page=page)
+        finally:
+            gate.sends.ended(self.clock.monotonic())
 
     def _retry_after(self, response: FetchResponse) -> float | None:
         if response.status not in THROTTLE_STATUSES:
@@ -170,8 +184,8 @@ class Exchange:
         self.unless_fenced()
         try:
             if sitemap:
-                return await self.transport.get(url, headers, self.conf.sitemaps.max_fetch_bytes)
-            return await self.transport.get(url, headers, page=True)
+                return await self._send(url, headers, self.conf.sitemaps.max_fetch_bytes)
+            return await self._send(url, headers, page=True)
         except Exception as exc:
             log.exception("fetching %s failed unexpectedly", url)
             return FetchResponse(url=url, started_at=self.clock.wall(), error=f"{type(exc).__name__}: {exc}")

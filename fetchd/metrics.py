@@ -12,32 +12,43 @@ lives; gauges are read from the buckets being fetched at the moment of the snaps
 
 A politeness wait is counted when a request is due on a host whose gate holds it: after one of its requests
 ended with URLs still queued, or when a robots.txt request or a redirect hop must wait for the gate; its
-seconds are the hold the gate imposed. Time past the gate's opening is ready lag, not a wait. The exposition
-format is Prometheus text 0.0.4, written by hand (prometheus_client is not a dependency).
+seconds are the hold the gate imposed. Time past the gate's opening is ready lag, not a wait. `/metrics` is
+rendered by prometheus_client from the snapshots (`SnapshotCollector`), in the format the scraper asks for.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
-import math
+import platform
+import socket
 from collections import Counter
 from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
+from prometheus_client import CollectorRegistry, ProcessCollector, generate_latest
+from prometheus_client.exposition import choose_encoder
+from prometheus_client.metrics_core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    InfoMetricFamily,
+    Metric,
+)
+from prometheus_client.registry import Collector
 
+from crawler.commandline import engine_version
 from crawler.politeness import THROTTLE_STATUSES
 from crawler.status import LiveHostState
 
 if TYPE_CHECKING:
+    from crawler.config import Config
     from crawler.scheduling import HostWork
 
 log = logging.getLogger("fetchd")
-
-CONTENT_TYPE_0_0_4 = "text/plain; version=0.0.4; charset=utf-8"
-
 
 FETCH_SECONDS_BOUNDS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 RESOLVE_SECONDS_BOUNDS = (0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0)
@@ -102,6 +113,7 @@ class Metrics:
     robots_denials: int = 0        # URLs not requested because robots.txt disallows them
     politeness_waits: int = 0      # times a host with URLs queued was held by its gate
     politeness_wait_s: float = 0.0  # seconds of those holds
+    politeness_violations: int = 0  # requests sent sooner than the rules allow (crawler.politeness.PolitenessAudit)
     storage_errors: int = 0        # times a bucket paused because its files could not be written
     storage_paused: int = 0        # buckets paused now, waiting for storage to work again
     started: float = 0.0           # the daemon's clock (monotonic) when it started
@@ -158,6 +170,8 @@ class DaemonState:
     now: float              # the daemon's clock (monotonic)
     metrics: Metrics
     buckets: list[BucketState]
+    label: str = ""         # the `daemon` label of its series (`metrics_label`); empty = daemon_id
+    process: dict[str, dict[str, Any]] = field(default_factory=dict)  # `process_figures()` of its process
     robots_ages: list[float] = field(default_factory=list)  # seconds since each cached robots copy in force was fetched
     robots_unreachable: int = 0  # hosts whose last robots.txt fetch found it unreachable
 
@@ -230,6 +244,9 @@ def snapshot(state: DaemonState) -> dict[str, Any]:
     hosts_by_state.update(host.state() for run in state.buckets for host in run.hosts if host.left)
     return {
         "daemon_id": state.daemon_id,
+        "daemon": state.label or state.daemon_id,
+        "build": build_info(),
+        "process": state.process,
         "segment_id": state.segment_id,
         "uptime_s": round(uptime, 3),
         "counters": {
@@ -242,6 +259,7 @@ def snapshot(state: DaemonState) -> dict[str, Any]:
             "robots_denials": m.robots_denials,
             "politeness_waits": m.politeness_waits,
             "politeness_wait_s": round(m.politeness_wait_s, 6),
+            "politeness_violations": m.politeness_violations,
             "storage_errors": m.storage_errors,
             "responses_by_class": dict(sorted(m.by_class.items())),
             "throttled": {str(code): m.throttled[code] for code in THROTTLE_CODES},
@@ -282,40 +300,46 @@ def progress_line(snap: dict[str, Any]) -> str:
     )
 
 
-# --- Prometheus text exposition format 0.0.4 ---------------------------------------------------------------
+# --- Prometheus exposition (prometheus_client) -------------------------------------------------------------
 
+# name, type, help, where the value comes from ("counters.x" / "gauges.x"). Names follow Prometheus's conventions
+# (base unit last, `_total` on counters only); docs/changelog.md lists the names they replaced.
 _FAMILIES: tuple[tuple[str, str, str, str], ...] = (
-    # name, type, help, where the value comes from ("counters.x" / "gauges.x")
     ("fetchd_urls_listed_total", "counter", "Fetch-list URLs taken on.", "counters.urls_listed"),
     ("fetchd_responses_total", "counter", "HTTP responses received (pages, robots.txt).", "counters.responses"),
-    ("fetchd_bytes_downloaded_total", "counter", "Response body bytes received, as encoded on the wire.",
+    ("fetchd_downloaded_bytes_total", "counter", "Response body bytes received, as encoded on the wire.",
      "counters.bytes_downloaded"),
-    ("fetchd_warc_bytes_written_total", "counter", "Bytes written to WARC files.", "counters.warc_bytes"),
+    ("fetchd_warc_written_bytes_total", "counter", "Bytes written to WARC files.", "counters.warc_bytes"),
     ("fetchd_robots_denials_total", "counter", "URLs not requested because robots.txt disallows them.",
      "counters.robots_denials"),
     ("fetchd_politeness_waits_total", "counter", "Times a host with URLs queued was held by its politeness gate.",
      "counters.politeness_waits"),
     ("fetchd_politeness_wait_seconds_total", "counter", "Seconds hosts with URLs queued were held by their gate.",
      "counters.politeness_wait_s"),
+    ("fetchd_politeness_violations_total", "counter", "Requests this daemon sent sooner than its own politeness "
+     "rules allow, as its request log judges them (crawler.politeness.PolitenessAudit); anything above 0 is a bug.",
+     "counters.politeness_violations"),
     ("fetchd_storage_errors_total", "counter", "Times a bucket paused because its files could not be written.",
      "counters.storage_errors"),
     ("fetchd_storage_paused_buckets", "gauge", "Buckets paused until storage works again.",
      "gauges.storage_paused_buckets"),
     ("fetchd_hosts_active", "gauge", "Hosts with URLs left in the buckets being fetched.", "gauges.active_hosts"),
     ("fetchd_hosts_ready", "gauge", "Hosts with URLs queued whose politeness gate is open.", "gauges.ready_hosts"),
-    ("fetchd_ready_lag_seconds_max", "gauge", "Largest now - gate opening time over ready hosts.",
+    ("fetchd_ready_lag_max_seconds", "gauge", "Largest now - gate opening time over ready hosts.",
      "gauges.ready_lag_max_s"),
-    ("fetchd_ready_lag_seconds_sum", "gauge", "Sum of now - gate opening time over ready hosts.",
-     "gauges.ready_lag_sum_s"),
+    ("fetchd_ready_hosts_lag_seconds", "gauge", "Now - gate opening time, summed over ready hosts (over "
+     "fetchd_hosts_ready: the mean lag).", "gauges.ready_lag_sum_s"),
     ("fetchd_urls_queued", "gauge", "URLs queued in the buckets being fetched.", "gauges.urls_queued"),
     ("fetchd_robots_cached_hosts", "gauge", "Hosts whose robots.txt copy is cached.", "gauges.robots_cached"),
-    ("fetchd_robots_cache_age_seconds_max", "gauge", "Age of the oldest robots.txt copy cached.",
+    ("fetchd_robots_cache_max_age_seconds", "gauge", "Age of the oldest robots.txt copy cached.",
      "gauges.robots_cache_age_max_s"),
     ("fetchd_robots_unreachable_hosts", "gauge", "Hosts whose last robots.txt fetch found it unreachable.",
      "gauges.robots_unreachable_hosts"),
 )
-# name, help, labelled values: (label name, "counters.x" / "gauges.x" holding {label value: number})
+# name, type, help, label, where the labelled values come from ("counters.x" / "gauges.x": {label value: number})
 _LABELLED: tuple[tuple[str, str, str, str, str], ...] = (
+    ("fetchd_fetches_total", "counter", "Fetch-list URLs finished, by outcome (robots_denied, deferred and blocked "
+     "were not requested).", "outcome", "counters.outcomes"),
     ("fetchd_requests_total", "counter", "Requests ended, by status class (none: no response).", "class",
      "counters.responses_by_class"),
     ("fetchd_throttled_responses_total", "counter", "429 and 503 responses (servers asking to slow down).", "code",
@@ -333,60 +357,97 @@ _HISTOGRAMS: tuple[tuple[str, str, str], ...] = (
      "fetch_seconds"),
     ("fetchd_resolve_seconds", "Seconds a host name took to resolve (the static map included).", "resolve_seconds"),
 )
+BUILD_INFO = "fetchd_build"  # exposed as fetchd_build_info{daemon,version,python_version} 1
 
 
-def _escape_label(value: str) -> str:
-    return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
+def metrics_label(conf: Config) -> str:
+    """The `daemon` label of a daemon's series: `fetch.metrics_label`, else `fetch.daemon_id`, else the host name.
+    Never the pid (the default daemon_id has it): a restarted daemon carries on its series instead of starting new
+    ones, and Prometheus's `instance` label tells daemons on one machine apart."""
+    return conf.fetch.metrics_label or conf.fetch.daemon_id or socket.gethostname()
 
 
-def _number(value: float) -> str:
-    if isinstance(value, int):
-        return str(value)
-    if math.isnan(value):
-        return "NaN"
-    if math.isinf(value):
-        return "+Inf" if value > 0 else "-Inf"
-    return repr(float(value))
+@functools.cache
+def build_info() -> dict[str, str]:
+    """What `fetchd_build_info` labels a daemon's series with."""
+    return {"version": engine_version(), "python_version": platform.python_version()}
+
+
+def process_figures() -> dict[str, dict[str, Any]]:
+    """This process's CPU, memory, file descriptors and start time, as prometheus_client's process collector reads
+    them (its names, types and help), kept in the snapshot so a command's processes each report their own."""
+    return {family.name: {"type": family.type, "help": family.documentation, "value": family.samples[0].value}
+            for family in ProcessCollector(registry=None).collect() if family.samples}
+
+
+def _family(kind: str, name: str, help_text: str, labels: list[str]) -> Metric:
+    if kind == "counter":
+        return CounterMetricFamily(name, help_text, labels=labels)
+    return GaugeMetricFamily(name, help_text, labels=labels)
+
+
+class SnapshotCollector(Collector):
+    """The figures of daemons' snapshots as prometheus_client metric families, one series per daemon (its `daemon`
+    label): a custom collector, so the snapshots of a command's other processes (`fetch.processes`), read from the
+    files they leave, are served at one endpoint beside this process's."""
+
+    def __init__(self, snaps: Iterable[dict[str, Any]]):
+        self.snaps = list(snaps)
+
+    def collect(self) -> Iterable[Metric]:
+        for name, kind, help_text, source in _FAMILIES:
+            section, key = source.split(".")
+            family = _family(kind, name, help_text, ["daemon"])
+            for snap in self.snaps:
+                family.add_metric([snap["daemon"]], snap[section][key])
+            yield family
+        for name, kind, help_text, value_label, source in _LABELLED:
+            section, key = source.split(".")
+            family = _family(kind, name, help_text, ["daemon", value_label])
+            for snap in self.snaps:
+                for value, count in snap[section][key].items():
+                    family.add_metric([snap["daemon"], value], count)
+            yield family
+        for name, help_text, key in _HISTOGRAMS:
+            histogram = HistogramMetricFamily(name, help_text, labels=["daemon"])
+            for snap in self.snaps:
+                figures = snap["histograms"][key]
+                histogram.add_metric([snap["daemon"]], list(figures["buckets"].items()), figures["sum"])
+            yield histogram
+        build = InfoMetricFamily(BUILD_INFO, "The engine version and Python of each daemon (value 1).",
+                                 labels=["daemon"])
+        for snap in self.snaps:
+            build.add_metric([snap["daemon"]], snap["build"])
+        yield build
+        yield from self._process_families()
+
+    def _process_families(self) -> Iterable[Metric]:
+        """process_* (CPU, memory, file descriptors, start time), per daemon process."""
+        families: dict[str, Metric] = {}
+        for snap in self.snaps:
+            for name, figure in snap["process"].items():
+                if name not in families:
+                    families[name] = _family(figure["type"], name, figure["help"], ["daemon"])
+                families[name].add_metric([snap["daemon"]], figure["value"])
+        yield from families.values()
+
+
+def _registry(snaps: Iterable[dict[str, Any]]) -> CollectorRegistry:
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(SnapshotCollector(snaps))
+    return registry
 
 
 def render_prometheus(*snaps: dict[str, Any]) -> str:
-    """Snapshots as Prometheus text format 0.0.4: each family once, with a series per daemon (its `daemon`
-    label), so the processes of one command (`fetch.processes`) are scraped at one endpoint."""
-    def label(snap: dict[str, Any]) -> str:
-        return f'daemon="{_escape_label(snap["daemon_id"])}"'
-
-    lines = [
-        "# HELP fetchd_fetches_total Fetch-list URLs finished, by outcome (robots_denied, deferred and blocked "
-        "were not requested).",
-        "# TYPE fetchd_fetches_total counter",
-    ]
-    for snap in snaps:
-        for outcome, count in snap["counters"]["outcomes"].items():
-            lines.append(f'fetchd_fetches_total{{{label(snap)},outcome="{_escape_label(outcome)}"}} {count}')
-    for name, kind, help_text, source in _FAMILIES:
-        section, key = source.split(".")
-        lines.append(f"# HELP {name} {help_text}")
-        lines.append(f"# TYPE {name} {kind}")
-        lines += [f"{name}{{{label(snap)}}} {_number(snap[section][key])}" for snap in snaps]
-    for name, kind, help_text, value_label, source in _LABELLED:
-        section, key = source.split(".")
-        lines += [f"# HELP {name} {help_text}", f"# TYPE {name} {kind}"]
-        lines += [f'{name}{{{label(snap)},{value_label}="{_escape_label(value)}"}} {_number(count)}'
-                  for snap in snaps for value, count in snap[section][key].items()]
-    for name, help_text, key in _HISTOGRAMS:
-        lines += [f"# HELP {name} {help_text}", f"# TYPE {name} histogram"]
-        for snap in snaps:
-            histogram = snap["histograms"][key]
-            lines += [f'{name}_bucket{{{label(snap)},le="{le}"}} {count}'
-                      for le, count in histogram["buckets"].items()]
-            lines.append(f"{name}_sum{{{label(snap)}}} {_number(histogram['sum'])}")
-            lines.append(f"{name}_count{{{label(snap)}}} {histogram['buckets']['+Inf']}")
-    return "\n".join(lines) + "\n"
+    """Snapshots in Prometheus's text format 0.0.4: each family once, with a series per daemon."""
+    return generate_latest(_registry(snaps)).decode("utf-8")
 
 
 def exported_families() -> set[str]:
-    """Every metric family name `/metrics` exposes (histograms also as _bucket/_sum/_count series)."""
-    names = {"fetchd_fetches_total", *(f[0] for f in _FAMILIES), *(f[0] for f in _LABELLED)}
+    """Every metric name `/metrics` exposes (histograms also as _bucket/_sum/_count series; process_* as this
+    platform has them)."""
+    names = {*(f[0] for f in _FAMILIES), *(f[0] for f in _LABELLED), f"{BUILD_INFO}_info"}
+    names |= {family.samples[0].name for family in ProcessCollector(registry=None).collect() if family.samples}
     for name, _, _ in _HISTOGRAMS:
         names |= {name, f"{name}_bucket", f"{name}_sum", f"{name}_count"}
     return names
@@ -416,9 +477,11 @@ class MetricsServer:
     async def close(self) -> None:
         await self.runner.cleanup()
 
-    async def _metrics(self, _request: web.Request) -> web.Response:
-        body = render_prometheus(snapshot(self.state()), *self.peers())
-        return web.Response(body=body.encode("utf-8"), headers={"Content-Type": CONTENT_TYPE_0_0_4})
+    async def _metrics(self, request: web.Request) -> web.Response:
+        """The text format the scraper asks for (`Accept`: OpenMetrics or Prometheus 0.0.4)."""
+        encode, content_type = choose_encoder(request.headers.get("Accept", ""))
+        body = encode(_registry([snapshot(self.state()), *self.peers()]))
+        return web.Response(body=body, headers={"Content-Type": content_type})
 
     async def _status(self, _request: web.Request) -> web.Response:
         status = snapshot(self.state())

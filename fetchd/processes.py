@@ -33,6 +33,7 @@ from typing import Any
 from crawler import logs
 from crawler.config import Config
 from crawler.errors import EXIT_TRY_LATER, TryLater
+from fetchd.metrics import metrics_label
 
 log = logging.getLogger(__name__)
 JOIN_POLL_S = 0.5
@@ -47,7 +48,8 @@ def process_count(conf: Config) -> int:
 
 def process_conf(conf: Config, number: int, count: int) -> Config:
     """The settings of process `number` of `count`: its own identity (`fetch.daemon_id` with `.number` added; the
-    default, hostname-pid, differs already), the metrics endpoint only in the first (the others report to it), and
+    default, hostname-pid, differs already) and metrics label (`.number` added to the first's), the metrics endpoint
+    only in the first (the others report to it), and
     no more than its share of the buckets at once (`ownership.max_buckets_per_daemon`, when that is looser), so a
     process that starts first does not take every bucket from the others."""
     share = -(-conf.crawl.buckets // count)
@@ -55,6 +57,7 @@ def process_conf(conf: Config, number: int, count: int) -> Config:
     overrides: dict[str, Any] = {"fetch.processes": 1, "ownership.max_buckets_per_daemon": min(limit or share, share)}
     if number:
         overrides["fetch.metrics_port"] = 0
+        overrides["fetch.metrics_label"] = f"{metrics_label(conf)}.{number}"
         if conf.fetch.daemon_id:
             overrides["fetch.daemon_id"] = f"{conf.fetch.daemon_id}.{number}"
     return conf.with_overrides(overrides)

@@ -32,6 +32,9 @@ LEASE_SERIES = (
     ("hp_lease_lag_p99_s", "crawl_lease_lag_p99_seconds", "p99 due -> lease lag of those leased at that generate"),
     ("lease_share_within", "crawl_lease_share_within_ratio",
      "leased within the target / (within + leased late + waiting late) at the last generate"),
+    ("due_urls", "crawl_frontier_due_urls", "URLs due at the last generate, leased or not"),
+    ("oldest_due_age_s", "crawl_frontier_oldest_due_age_seconds",
+     "now - the earliest next_fetch_at among the URLs due at the last generate"),
 )
 # ... and of the discovery level, from update's row.
 DISCOVERY_SERIES = (

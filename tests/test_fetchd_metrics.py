@@ -1,6 +1,6 @@
-"""Observability of the fetch daemon: `/metrics` (Prometheus text 0.0.4) and `/status` scraped from a daemon
-crawling the loopback site farm, during the crawl and after it, judged against the farm's own request log,
-the results files and the WARC files (read back with fastwarc)."""
+"""Observability of the fetch daemon: `/metrics` (Prometheus text 0.0.4, or OpenMetrics when asked) and `/status`
+scraped from a daemon crawling the loopback site farm, during the crawl and after it, judged against the farm's own
+request log, the results files and the WARC files (read back with fastwarc)."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ import logging
 import math
 import os
 import re
+import socket
 import threading
 import time
 from collections import Counter, defaultdict
@@ -20,9 +21,22 @@ import pytest
 from fastwarc.warc import ArchiveIterator, WarcRecordType
 
 from crawler import layout
+from crawler.commandline import engine_version
 from crawler.config import ConfigError
 from fetchd.commands import fetch_segment, serve
-from fetchd.metrics import DaemonState, Metrics, exported_families, host_class, render_prometheus, snapshot
+from fetchd.daemon import daemon_identity
+from fetchd.metrics import (
+    DaemonState,
+    Metrics,
+    exported_families,
+    host_class,
+    metrics_label,
+    process_figures,
+    render_prometheus,
+    snapshot,
+)
+from fetchd.processes import process_conf
+from sitefarm.judge import politeness_violations
 from sitefarm.server import SiteFarm, read_request_log
 from sitefarm.sites import FarmSpec
 from tests.support.fetchlists import read_results, write_fetchlist
@@ -117,6 +131,34 @@ def test_exposition_escapes_label_values():
         frozenset({("daemon", r'a\"b\\c\nd'), ("outcome", "success")}): 2.0}
     assert one(samples, "fetchd_politeness_wait_seconds_total") == 0.5
     assert values(samples, "fetchd_requests_total") == {frozenset({("daemon", r'a\"b\\c\nd'), ("class", "none")}): 1.0}
+
+
+def test_build_and_process_series_carry_each_daemons_label():
+    """fetchd_build_info (value 1, the engine's version) and prometheus_client's process_* figures, per daemon: a
+    command's processes each report their own process under their own label."""
+    first = snapshot(DaemonState(daemon_id="host-1234", segment_id=None, now=1.0, metrics=Metrics(), buckets=[],
+                                 label="host", process=process_figures()))
+    second = dict(first, daemon="host.1", process={**first["process"], "process_open_fds": {
+        **first["process"]["process_open_fds"], "value": 7}})
+    types, samples = parse_exposition(render_prometheus(first, second))
+    builds = values(samples, "fetchd_build_info")
+    assert {dict(labels)["daemon"] for labels in builds} == {"host", "host.1"} and set(builds.values()) == {1.0}
+    assert all(dict(labels)["version"] == engine_version() for labels in builds)
+    cpu = {dict(labels)["daemon"]: v for labels, v in values(samples, "process_cpu_seconds_total").items()}
+    assert set(cpu) == {"host", "host.1"} and cpu["host"] > 0 and types["process_cpu_seconds_total"] == "counter"
+    fds = {dict(labels)["daemon"]: v for labels, v in values(samples, "process_open_fds").items()}
+    assert fds["host.1"] == 7 and fds["host"] > 0
+    assert len(values(samples, "process_resident_memory_bytes")) == 2
+
+
+def test_the_daemon_label_outlives_a_restart(base_conf):
+    """The default identity (files, leases) has the pid; the label of the series does not, so a restarted daemon
+    carries on its series. Processes of one command add .N; fetch.metrics_label wins over both."""
+    host = socket.gethostname()
+    assert metrics_label(base_conf) == host and str(os.getpid()) in daemon_identity(base_conf)
+    assert metrics_label(base_conf.with_overrides({"fetch.daemon_id": "d7"})) == "d7"
+    assert metrics_label(base_conf.with_overrides({"fetch.daemon_id": "d7", "fetch.metrics_label": "edge"})) == "edge"
+    assert [metrics_label(process_conf(base_conf, n, 3)) for n in range(3)] == [host, f"{host}.1", f"{host}.2"]
 
 
 def test_throttles_are_counted_per_host_size_class():
@@ -246,8 +288,8 @@ def test_counters_equal_the_results_files(served):
     manifests = [read_manifest(root, b) for b in served["fetchlist"]]
     warc_sizes = sum(os.path.getsize(os.path.join(d, n))
                      for d, _, names in os.walk(layout.warc_dir(root, SEGMENT)) for n in names)
-    assert one(samples, "fetchd_warc_bytes_written_total") == warc_sizes == sum(m["warc_bytes"] for m in manifests)
-    assert one(samples, "fetchd_bytes_downloaded_total") == warc_payload_bytes(root, results) > 0
+    assert one(samples, "fetchd_warc_written_bytes_total") == warc_sizes == sum(m["warc_bytes"] for m in manifests)
+    assert one(samples, "fetchd_downloaded_bytes_total") == warc_payload_bytes(root, results) > 0
     assert served["after"]["types"]["fetchd_fetches_total"] == "counter"
     assert served["after"]["types"]["fetchd_hosts_ready"] == "gauge"
 
@@ -269,12 +311,29 @@ def test_counters_equal_the_farm_log(served):
     waits = one(samples, "fetchd_politeness_waits_total")
     assert 0 < waits <= len(log) - len(by_host)
     assert 0.5 * MIN_DELAY * waits <= one(samples, "fetchd_politeness_wait_seconds_total") <= gaps
+    # The live signal agrees with the server's log: no request sooner than the delay, none counted as such.
+    assert politeness_violations(log, lambda _host: MIN_DELAY) == []
+    assert one(samples, "fetchd_politeness_violations_total") == 0
+
+
+def test_an_openmetrics_scraper_gets_openmetrics(served):
+    """A scraper that asks for OpenMetrics (Prometheus does first) gets it: the same families, `# EOF` last."""
+    conn = http.client.HTTPConnection("127.0.0.1", served["conf"].fetch.metrics_port, timeout=5)
+    try:
+        conn.request("GET", "/metrics", headers={"Accept": "application/openmetrics-text; version=1.0.0"})
+        response = conn.getresponse()
+        body = response.read().decode("utf-8")
+    finally:
+        conn.close()
+    assert response.status == 200 and response.getheader("Content-Type").startswith("application/openmetrics-text")
+    assert body.endswith("# EOF\n") and "# TYPE fetchd_fetches counter" in body
+    assert re.search(r'^fetchd_fetches_total\{daemon="metrics-test",outcome="success"\} \d', body, re.M)
 
 
 def test_after_the_crawl_gauges_are_zero_and_status_shows_every_bucket(served):
     samples, status = served["after"]["samples"], served["after"]["status"]
-    for name in ("fetchd_hosts_active", "fetchd_hosts_ready", "fetchd_urls_queued", "fetchd_ready_lag_seconds_max",
-                 "fetchd_ready_lag_seconds_sum"):
+    for name in ("fetchd_hosts_active", "fetchd_hosts_ready", "fetchd_urls_queued", "fetchd_ready_lag_max_seconds",
+                 "fetchd_ready_hosts_lag_seconds"):
         assert one(samples, name) == 0, name
     assert status["daemon_id"] == "metrics-test" and status["segment_id"] == SEGMENT
     root = served["root"]
@@ -289,7 +348,7 @@ def test_after_the_crawl_gauges_are_zero_and_status_shows_every_bucket(served):
     counters = status["counters"]
     assert counters["urls_done"] == counters["urls_listed"] == sum(m["urls"] for m in manifests.values())
     assert counters["responses"] == one(samples, "fetchd_responses_total")
-    assert counters["warc_bytes"] == one(samples, "fetchd_warc_bytes_written_total")
+    assert counters["warc_bytes"] == one(samples, "fetchd_warc_written_bytes_total")
     assert math.isclose(counters["politeness_wait_s"], one(samples, "fetchd_politeness_wait_seconds_total"),
                         abs_tol=1e-5)
 
@@ -300,7 +359,7 @@ def test_scrapes_during_the_crawl_show_it_progressing(served):
     assert len(mid) >= 3, "the crawl lasts seconds: several scrapes must land inside it"
     assert any(one(s["samples"], "fetchd_hosts_active") > 0 and one(s["samples"], "fetchd_urls_queued") > 0
                for s in mid)
-    names = ("fetchd_responses_total", "fetchd_bytes_downloaded_total", "fetchd_warc_bytes_written_total",
+    names = ("fetchd_responses_total", "fetchd_downloaded_bytes_total", "fetchd_warc_written_bytes_total",
              "fetchd_politeness_waits_total", "fetchd_politeness_wait_seconds_total")
     for name in names:
         series = [one(s["samples"], name) for s in [*during, served["after"]]]
@@ -362,7 +421,7 @@ def test_ready_lag_grows_when_slots_are_the_bottleneck(root, base_conf):
         farm.stop()
     assert len(scrapes) >= 3
     assert max(one(s, "fetchd_hosts_ready") for s in scrapes) >= 2
-    lags = [(one(s, "fetchd_ready_lag_seconds_max"), one(s, "fetchd_ready_lag_seconds_sum")) for s in scrapes]
+    lags = [(one(s, "fetchd_ready_lag_max_seconds"), one(s, "fetchd_ready_hosts_lag_seconds")) for s in scrapes]
     assert max(lag for lag, _ in lags) > 0.0
     assert all(0 <= lag_max <= lag_sum for lag_max, lag_sum in lags)
     # the endpoint closed with the daemon
@@ -401,7 +460,7 @@ def test_responses_by_class_timings_hosts_and_robots_cache(served):
     hosts = {dict(labels)["state"]: v for labels, v in values(samples, "fetchd_hosts").items()}
     assert hosts == {"ok": 0, "backing_off": 0, "paused": 0, "robots_unreachable": 0, "blocked": 0}
     assert one(samples, "fetchd_robots_cached_hosts") == len({r["host"] for r in log})
-    assert 0 < one(samples, "fetchd_robots_cache_age_seconds_max") < 120
+    assert 0 < one(samples, "fetchd_robots_cache_max_age_seconds") < 120
     assert one(samples, "fetchd_robots_unreachable_hosts") == 0
 
 

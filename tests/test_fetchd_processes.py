@@ -151,6 +151,9 @@ def test_one_endpoint_serves_every_process_and_a_stop_ends_them_all(base_conf, r
     assert not thread.is_alive()
     assert not pending_work(root) and len(listed) >= 3  # more buckets than one process's share
     assert set(totals) == {"scraped", "scraped.1"} and all(totals.values())
+    # Each process reports its own process figures and build under its own label.
+    for series in ("process_cpu_seconds_total", "process_resident_memory_bytes", "fetchd_build_info"):
+        assert set(re.findall(rf'^{series}\{{daemon="([^"]+)"', text, re.M)) == {"scraped", "scraped.1"}, series
     assert sum(totals.values()) == len(read_results(root, "seg-metrics"))
     assert not multiprocessing.active_children()
 

@@ -12,6 +12,7 @@ from crawler.politeness import (
     HostBackoff,
     HostGate,
     PolitenessRules,
+    SendAudit,
     backoff_seconds,
     effective_delay,
     parse_retry_after,
@@ -298,3 +299,29 @@ def test_a_streak_of_failing_segments_makes_a_host_dead_and_one_answer_revives_i
     revived = RULES.host_backoff(state, 0, 1, None, None, "r")
     assert (revived.level, revived.failing_since) == (0, None)
     assert RULES.host_state(None, None, revived.failing_since, T0 + 9 * day) == "ok"
+
+
+def test_send_audit_counts_a_request_sent_sooner_than_the_floor_or_past_the_concurrency():
+    """`SendAudit` judges requests as sent: after an end, nothing before the floor; never more in flight than the
+    host allows; starts are not judged against each other (a request may wait for a slot after its gate)."""
+    audit = SendAudit()
+    assert audit.sent(0.0, 1.0, 1) is None          # the first request: nothing to be sooner than
+    audit.ended(0.5)
+    assert audit.sent(1.5, 1.0, 1) is None          # exactly the floor after the end
+    audit.ended(2.0)
+    assert "0.900s after the last request ended" in audit.sent(2.9, 1.0, 1)
+    audit.ended(3.0)
+    assert audit.sent(4.0, 1.0, 2) is None and audit.sent(4.0, 1.0, 2) is None  # two in flight allowed
+    assert "3 requests in flight, at most 2" in audit.sent(4.0, 1.0, 2)
+    for _ in range(3):
+        audit.ended(4.5)
+    assert audit.in_flight == 0 and audit.sent(5.5, 1.0, 1) is None
+
+
+def test_the_audit_floor_is_the_delay_without_backoff_or_response_time():
+    """Backoff and response-time terms only add; the floor is min delay or the capped Crawl-delay."""
+    gate = HostGate(min_delay_s=2.0, max_crawl_delay_s=30.0, max_concurrency=1, backoff_base_s=1.0,
+                    max_backoff_s=60.0, max_failures=5, crawl_delay_s=50.0, backoff_s=100.0, response_delay_s=40.0)
+    assert gate.floor_delay_s() == 30.0
+    gate.crawl_delay_s = None
+    assert gate.floor_delay_s() == 2.0

@@ -56,7 +56,8 @@ def test_steps_segments_and_service_levels_are_served(served):
         served.observe_step(step, "seg-1", seconds)
     served.observe_cycle_metrics({"segment_id": "seg-2", "step": "generate", "hp_eligible": 10,
                                   "hp_leased_within": 8, "hp_leased_late": 1, "hp_waiting_late": 1,
-                                  "hp_lease_lag_p99_s": 720.0, "lease_share_within": 0.8, "due_urls": 99})
+                                  "hp_lease_lag_p99_s": 720.0, "lease_share_within": 0.8, "due_urls": 99,
+                                  "oldest_due_age_s": 3600.0})
     served.observe_cycle_metrics({"segment_id": "seg-1", "step": "update", "discovery_pages": 12,
                                   "discovery_durable_p50_s": 9.0, "discovery_durable_p99_s": 31.0})
     after = scrape(served.port)
@@ -69,6 +70,7 @@ def test_steps_segments_and_service_levels_are_served(served):
     assert (after[("crawl_lease_eligible_high_priority_urls", ())], after[("crawl_lease_leased_within_urls", ())],
             after[("crawl_lease_leased_late_urls", ())], after[("crawl_lease_waiting_late_urls", ())]) == (10, 8, 1, 1)
     assert after[("crawl_lease_lag_p99_seconds", ())] == 720.0
+    assert (after[("crawl_frontier_due_urls", ())], after[("crawl_frontier_oldest_due_age_seconds", ())]) == (99, 3600)
     assert (after[("crawl_discovery_pages", ())], after[("crawl_discovery_durable_p50_seconds", ())],
             after[("crawl_discovery_durable_p99_seconds", ())]) == (12, 9.0, 31.0)
     assert after[("crawl_service_level_met", (("level", "lease"),))] == 0.0  # 80 % < 99 %
