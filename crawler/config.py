@@ -291,9 +291,7 @@ class Config(Settings):
         data = self.as_dict()
         for dotted, value in overrides.items():
             _set_dotted(data, dotted, value)
-        changed = validated(data)
-        changed.sources = {**self.sources, **{dotted: source for dotted in overrides}} if self.sources else {}
-        return changed
+        return validated(data, {**self.sources, **{dotted: source for dotted in overrides}})
 
     def describe(self) -> list[str]:
         """The effective config, one `key: value  # source` line per key in the defaults file's order (values as
@@ -456,13 +454,13 @@ def _parsed_defaults() -> dict[str, Any]:
     return _read_yaml(DEFAULTS_PATH)
 
 
-def validated(data: Mapping[str, Any]) -> Config:
-    """Check a full config mapping against the defaults file's schema."""
+def validated(data: Mapping[str, Any], sources: Mapping[str, str] | None = None) -> Config:
+    """Check a full config mapping against the defaults file's schema; `sources` says where set keys came from."""
     base = defaults()
     merged = copy.deepcopy(base)
     _merge(merged, data)
     _check(base, merged)
-    return Config(merged)
+    return Config(merged, sources)
 
 
 def parse_assignment(text: str) -> tuple[str, Any]:
@@ -499,9 +497,7 @@ def load(path: str | Path | None = None, assignments: Iterable[str] = ()) -> Con
             raise ConfigError(key, "unknown key (every key is listed in conf/crawler.yaml)")
         head[parts[-1]] = value
         sources[key] = "--set"
-    conf = validated(data)
-    conf.sources = sources
-    return conf
+    return validated(data, sources)
 
 
 def s3_endpoint(conf: Config, environ: Mapping[str, str] = os.environ) -> str:

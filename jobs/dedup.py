@@ -244,15 +244,15 @@ def bucket_edges(rows: pd.DataFrame, max_hamming: int, max_bucket_size: int) -> 
     return out
 
 
-def near_labels(spark: SparkSession, conf: Config, bands: DataFrame, docs: DataFrame, changed: DataFrame,
-                result: DedupResult) -> tuple[DataFrame, DataFrame]:
+def near_labels(spark: SparkSession, conf: Config, definition: IndexDefinition, bands: DataFrame, docs: DataFrame,
+                changed: DataFrame, result: DedupResult) -> tuple[DataFrame, DataFrame]:
     """(label per segment page that has a verified pair: url_id, cluster, cluster_us; the segment pages'
     candidates exploded into bands: url_id, seen_us, simhash, band, band_key)."""
     max_hamming, max_bucket_size = conf.dedup.max_hamming, conf.dedup.max_bucket_size
     shards = conf.spark.shuffle_partitions
     candidates = docs.where(F.col("simhash").isNotNull() & (F.col("simhash") != 0)).select(
         "url_id", F.unix_micros("seen").alias("seen_us"), "simhash")
-    new_rows = explode_bands(candidates, IndexDefinition.from_config(conf)).localCheckpoint()
+    new_rows = explode_bands(candidates, definition).localCheckpoint()
     hit = new_rows.select("band", "band_key").distinct()
     existing = (
         bands.join(F.broadcast(hit), ["band", "band_key"]).join(F.broadcast(changed.select("url_id")), "url_id",
@@ -388,7 +388,7 @@ def run(spark: SparkSession, conf: Config, root: str, segment_id: str) -> DedupR
         previous = hashes.join(F.broadcast(changed.select("url_id")), "url_id").localCheckpoint()
         docs, exact_relabelled = exact_marks(hashes, previous, documents, changed)
         docs, exact_relabelled = docs.localCheckpoint(), exact_relabelled.localCheckpoint()
-        labels, new_bands = near_labels(spark, conf, bands, docs, changed, result)
+        labels, new_bands = near_labels(spark, conf, definition, bands, docs, changed, result)
         marks = (
             docs.join(labels, "url_id", "left")
             .withColumn("duplicate_of", F.when(F.col("representative") != F.col("url_id"), F.col("representative")))

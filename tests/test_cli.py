@@ -55,6 +55,16 @@ def test_config_show_names_where_each_value_came_from(tmp_path):
     assert lines["crawl.buckets"].endswith("  # default")
 
 
+def test_an_override_of_a_config_from_defaults_alone_keeps_its_source(tmp_path):
+    """With no file and no --set, `--root` (a `with_overrides`) is still named as the root's source."""
+    from crawler import config
+
+    conf = config.load().with_overrides({"storage.root": str(tmp_path)}, source="--root")
+    assert f"storage.root: {tmp_path}  # --root" in conf.describe()
+    assert conf.with_overrides({"fetch.concurrency": 3}).sources == {"storage.root": "--root",
+                                                                     "fetch.concurrency": "set by the caller"}
+
+
 def test_missing_required_argument_is_a_usage_error():
     result = subprocess.run([sys.executable, "-m", "jobs.cli", "parse"], capture_output=True, text=True, timeout=60)
     assert result.returncode == 2
