@@ -316,7 +316,7 @@ _FAMILIES: tuple[tuple[str, str, str, str], ...] = (
      "counters.politeness_waits"),
     ("fetchd_politeness_wait_seconds_total", "counter", "Seconds hosts with URLs queued were held by their gate.",
      "counters.politeness_wait_s"),
-    ("fetchd_politeness_violations_total", "counter", "Requests this daemon sent sooner than its own politeness "
+    ("fetchd_politeness_self_violations_total", "counter", "Requests this daemon sent sooner than its own politeness "
      "rules allow, as its request log judges them (crawler.politeness.PolitenessAudit); anything above 0 is a bug.",
      "counters.politeness_violations"),
     ("fetchd_storage_errors_total", "counter", "Times a bucket paused because its files could not be written.",

@@ -73,7 +73,7 @@ def test_alert_rules_parse_and_query_only_exported_series():
         assert names and names <= known, (rule["alert"], sorted(names - known))
         queried |= names
     # What the issue asked to alert on: daemon down, self-violations, throttling, storage, the oldest due URL.
-    assert {"up", "fetchd_politeness_violations_total", "fetchd_throttled_responses_total",
+    assert {"up", "fetchd_politeness_self_violations_total", "fetchd_throttled_responses_total",
             "fetchd_storage_paused_buckets", "crawl_frontier_oldest_due_age_seconds"} <= queried
 
 

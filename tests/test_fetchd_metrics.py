@@ -313,7 +313,7 @@ def test_counters_equal_the_farm_log(served):
     assert 0.5 * MIN_DELAY * waits <= one(samples, "fetchd_politeness_wait_seconds_total") <= gaps
     # The live signal agrees with the server's log: no request sooner than the delay, none counted as such.
     assert politeness_violations(log, lambda _host: MIN_DELAY) == []
-    assert one(samples, "fetchd_politeness_violations_total") == 0
+    assert one(samples, "fetchd_politeness_self_violations_total") == 0
 
 
 def test_an_openmetrics_scraper_gets_openmetrics(served):
