@@ -8,8 +8,12 @@
 Every Spark step is `crawl-submit [--master M] -- <crawl command>`, one spark-submit per step, so the same DAG
 drives `local[*]` on one machine and a cluster master; the scheduler's workers need the cyclecrawl package
 (for `crawl`, `crawl-submit` and the fetch sensor) but no JVM of their own beyond spark-submit's driver.
-Deployment defaults come from the environment (CYCLECRAWL_*, read when the file is parsed); each run's
-params (or its conf) override them.
+Deployment defaults come from the Airflow Variable `cyclecrawl_root`, the Connection `cyclecrawl_spark` and the
+environment (CYCLECRAWL_*), read when the file is parsed (cyclecrawl_dags.py); each run's params (or its conf)
+override them. A task that fails for good, and a run not done `CYCLECRAWL_DEADLINE_MINUTES` after it was queued,
+alert through `cyclecrawl_dags.CrawlAlertNotifier` (a log line, and the `cyclecrawl_alerts` webhook). update and
+index update the Assets of `index_events` and `records`, which indexing DAGs can be scheduled on
+(docs/examples/index_consumer_dag.py).
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ from airflow.sdk.exceptions import AirflowFailException, AirflowSensorTimeout
 from cyclecrawl_dags import (
     CONFIG_ARGS,
     CRAWL_ENV,
+    CYCLE_DEADLINE,
     DEFAULT_ARGS,
     EXIT_TRY_LATER,
     EXIT_VALIDATION_FAILED,
@@ -31,6 +36,9 @@ from cyclecrawl_dags import (
     SUBMIT,
     CrawlCommand,
     crawl_params,
+    default_root,
+    missed_deadline,
+    table_asset,
 )
 
 log = logging.getLogger(__name__)
@@ -41,6 +49,9 @@ MAINTAIN_HOUR_UTC = int(os.environ.get("CYCLECRAWL_MAINTAIN_HOUR", "3"))
 FETCH_MODES = ("daemons", "task")
 EXIT_TIMEOUT = 124  # what coreutils `timeout` exits with when the deadline killed the command
 NO_SEEDS = 99  # the inject task's own exit when the run has no seeds file: BashOperator's default skip code
+ROOT = default_root()
+# What indexing pipelines consume, as Assets of the parse-time root: update's events, index's WARC records.
+INDEX_EVENTS, RECORDS = table_asset(ROOT, "index_events"), table_asset(ROOT, "records")
 
 # Values the cycle's command lines need beyond the crawl's (cyclecrawl_dags.CRAWL_ENV).
 STEP_ENV = {
@@ -137,11 +148,12 @@ with DAG(
     max_active_runs=1,  # cycles must not overlap: each one's generate leases what the previous one updated
     # A run stuck past this fails, and the next one starts (its generate waits for what this one left open).
     dagrun_timeout=timedelta(minutes=float(os.environ.get("CYCLECRAWL_CYCLE_TIMEOUT_MINUTES", "360"))),
+    deadline=missed_deadline(CYCLE_DEADLINE),  # a late run is an alert well before it times out
     default_args=DEFAULT_ARGS,
     user_defined_macros={"segment_id": segment_id},
     tags=["cyclecrawl"],
     params={
-        **crawl_params("YAML config file (absolute path) for every crawl command; empty = defaults"),
+        **crawl_params(ROOT, "YAML config file (absolute path) for every crawl command; empty = defaults"),
         "segment_max_urls": Param(None, type=["null", "integer"], minimum=1,
                                   description="generate.segment_max_urls for this run; empty = the config's"),
         "seeds": Param("", type="string", description="seeds file to inject first (absolute path); empty = none"),
@@ -236,7 +248,8 @@ through lease expiry, as with daemons).""",
         "update", 'update --segment "$SEGMENT"',
         "`crawl update`: results, discoveries and host state merged into the tables (idempotent MERGE). Exit 75 "
         "(the crawl's writer lock held elsewhere, a lost commit) is retried like a failure: the segment must be merged "
-        "before generate leases anew.",
+        "before generate leases anew. Updates the `index_events` Asset (extra: the run's root and segment).",
+        outlets=[INDEX_EVENTS],
     )
 
     @task(task_id="frontier", doc_md="""Reads the segment's frontier figures from `cycle_metrics` (written by generate
@@ -291,7 +304,9 @@ depends_on_past). Nothing measured (no page with outlinks, no URL decided) is no
 
     index = spark_step(
         "index", 'index --segment "$SEGMENT"',
-        "`crawl index`: the segment's closed WARC files into the `records` table and one CDXJ file each.",
+        "`crawl index`: the segment's closed WARC files into the `records` table and one CDXJ file each. Updates "
+        "the `records` Asset (extra: the run's root and segment).",
+        outlets=[RECORDS],
     )
     validate = spark_step(
         "validate", 'validate ${VALIDATION_OUT:+--out "$VALIDATION_OUT"}',

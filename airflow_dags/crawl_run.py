@@ -17,8 +17,10 @@ a config key, a file) fails it without retries; any other failure is retried.
 
 With `daemons: false` the driver starts no fetch daemon: long-running `crawl fetchd` services fetch (the cycle
 DAG's `daemons` mode); with true (the default) it runs one as its child, for one machine.
-Deployment defaults come from the environment (CYCLECRAWL_*), as for the cycle DAG. Use one of the two DAGs on a
-root, not both.
+Deployment defaults come from the Airflow Variable, Connection and environment, as for the cycle DAG, and so do its
+alerts: a run failed for good, or a driver not stopped `run_minutes` + 4 after its run was queued (the deadline).
+The run task updates the `index_events` Asset (not `records`: whether a run indexes is its config's
+`index.enabled`, known only to the run). Use one of the two DAGs on a root, not both.
 """
 
 from __future__ import annotations
@@ -27,11 +29,23 @@ import os
 from datetime import UTC, datetime, timedelta
 
 from airflow.sdk import DAG, Param
-from cyclecrawl_dags import CONFIG_ARGS, CRAWL_ENV, DEFAULT_ARGS, EXIT_TRY_LATER, SUBMIT, CrawlCommand, crawl_params
+from cyclecrawl_dags import (
+    CONFIG_ARGS,
+    CRAWL_ENV,
+    DEFAULT_ARGS,
+    EXIT_TRY_LATER,
+    SUBMIT,
+    CrawlCommand,
+    crawl_params,
+    default_root,
+    missed_deadline,
+    table_asset,
+)
 
 SCHEDULE = os.environ.get("CYCLECRAWL_RUN_SCHEDULE", "@hourly")
 RUN_MINUTES = float(os.environ.get("CYCLECRAWL_RUN_MINUTES", "55"))
 STOP_MARGIN_MINUTES = 4  # the step in progress and the daemon child's stop, after --for
+ROOT = default_root()
 
 STEP_ENV = {
     **CRAWL_ENV,
@@ -47,10 +61,11 @@ with DAG(
     catchup=False,
     max_active_runs=1,  # one driver per root
     dagrun_timeout=timedelta(minutes=RUN_MINUTES + 2 * STOP_MARGIN_MINUTES),  # the task's own bound, and a margin
+    deadline=missed_deadline(timedelta(minutes=RUN_MINUTES + STOP_MARGIN_MINUTES)),  # the driver overran its stop
     default_args=DEFAULT_ARGS,
     tags=["cyclecrawl"],
     params={
-        **crawl_params(),
+        **crawl_params(ROOT),
         "run_minutes": Param(RUN_MINUTES, type="number", exclusiveMinimum=0, maximum=RUN_MINUTES,
                              description="the driver stops itself (as on SIGTERM) after this long (at most "
                                          "CYCLECRAWL_RUN_MINUTES, which the task's execution_timeout follows)"),
@@ -65,6 +80,7 @@ with DAG(
         env=STEP_ENV, append_env=True,
         execution_timeout=timedelta(minutes=RUN_MINUTES + STOP_MARGIN_MINUTES),
         skip_on_exit_code=EXIT_TRY_LATER,
+        outlets=[table_asset(ROOT, "index_events")],
         doc_md="`crawl run --for run_minutes`: the continuous driver until then (docs/architecture.md, Continuous "
                "operation); exit 0 when it stopped itself, 75 skips the run, anything else is retried.",
     )

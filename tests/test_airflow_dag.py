@@ -11,6 +11,7 @@ import subprocess
 import sys
 from datetime import UTC, datetime
 from pathlib import Path
+from urllib.parse import quote
 
 import pytest
 
@@ -21,6 +22,7 @@ from jobs import validate
 from sitefarm.judge import requested_url
 from tests.support import airflow
 from tests.support.airflow import DAGS, run_airflow_script
+from tests.support.servers import free_port
 
 REPO = Path(__file__).resolve().parents[1]
 CYCLE_ORDER = ["inject", "generate", "fetch", "parse", "dedup", "update", "validate", "maintenance_due", "maintain"]
@@ -157,8 +159,9 @@ def test_the_dags_refuse_a_root_that_is_not_absolute_or_s3(airflow_env, tmp_path
     for bad in ("", "crawl-data"):
         found = run_airflow_script({**airflow_env, "CYCLECRAWL_ROOT": bad}, tmp_path, ROOT_CHECKS, str(DAGS))
         assert found["dags"] == [] and set(found["errors"]) == {"crawl_cycle.py", "crawl_run.py"}
-        assert all(f"CYCLECRAWL_ROOT must be the crawl's storage root, an absolute folder or an s3:// URL, where the "
-                   f"DAGs are parsed (it is {bad!r})" in error for error in found["errors"].values())
+        assert all(f"the crawl's storage root (the Airflow Variable cyclecrawl_root, else CYCLECRAWL_ROOT where the "
+                   f"DAGs are parsed) must be an absolute folder or an s3:// URL (it is {bad!r})" in error
+                   for error in found["errors"].values())
     found = run_airflow_script(airflow_env, tmp_path, ROOT_CHECKS, str(DAGS), "/srv/crawl", "s3://bucket/crawl",
                                "", "crawl-data", "./x", "s3://")
     assert found["errors"] == {}
@@ -199,6 +202,265 @@ def test_dag_default_retries_come_from_the_environment(airflow_env, tmp_path):
     print(json.dumps(sorted({t.retries for t in dag.tasks})))
     """, str(DAGS))
     assert found == [5]
+
+
+SETTINGS = """
+    import json, os, sys
+
+    found = {}
+    for name, settings in json.loads(sys.argv[2]).items():
+        for key in ("AIRFLOW_VAR_CYCLECRAWL_ROOT", "AIRFLOW_CONN_CYCLECRAWL_SPARK", "CYCLECRAWL_SPARK_MASTER"):
+            os.environ.pop(key, None)
+        os.environ.update(settings)
+        bag = dag_bag(sys.argv[1])
+        found[name] = {"errors": [str(e).strip().splitlines()[-1] for e in bag.import_errors.values()], **{
+            dag.dag_id: {"root": dag.params["root"], "spark_master": dag.params["spark_master"],
+                         "outlets": {t.task_id: [a.uri for a in t.outlets] for t in dag.tasks if t.outlets},
+                         "deadlines": [(type(d.reference).__name__, d.interval.total_seconds(), d.callback.path,
+                                        d.callback.kwargs) for d in dag.deadline or []]}
+            for dag in bag.dags.values()}}
+    print(json.dumps(found))
+    """
+
+
+def test_root_and_master_come_from_the_airflow_variable_and_connection_before_the_environment(airflow_env, tmp_path):
+    """The Variable `cyclecrawl_root` wins over CYCLECRAWL_ROOT, and the Connection `cyclecrawl_spark` over
+    CYCLECRAWL_SPARK_MASTER (here in their AIRFLOW_VAR_ / AIRFLOW_CONN_ environment forms, Airflow's own secrets
+    backend); without them the environment serves. A relative Variable is refused as a relative env var is, even
+    with an absolute one beside it. The Assets of the tables follow the parse-time root (s3a:// as s3://), and both
+    DAGs carry a deadline from the run's queueing whose callback is the alert notifier."""
+    settings = {
+        "variable": {"AIRFLOW_VAR_CYCLECRAWL_ROOT": "s3a://bucket/crawl", "CYCLECRAWL_ROOT": "/srv/env-root",
+                     "AIRFLOW_CONN_CYCLECRAWL_SPARK": "spark://master:7077", "CYCLECRAWL_SPARK_MASTER": "local[2]"},
+        "environment": {"CYCLECRAWL_ROOT": "/srv/env-root", "CYCLECRAWL_SPARK_MASTER": "local[2]"},
+        "relative variable": {"AIRFLOW_VAR_CYCLECRAWL_ROOT": "crawl-data", "CYCLECRAWL_ROOT": "/srv/env-root"},
+    }
+    env = {**airflow_env, "CYCLECRAWL_DEADLINE_MINUTES": "90", "CYCLECRAWL_RUN_MINUTES": "55"}
+    found = run_airflow_script(env, tmp_path, SETTINGS, str(DAGS), json.dumps(settings))
+
+    by_variable, by_env = found["variable"], found["environment"]
+    assert by_variable["errors"] == by_env["errors"] == []
+    for dag_id in ("crawl_cycle", "crawl_continuous"):
+        assert (by_variable[dag_id]["root"], by_variable[dag_id]["spark_master"]) == ("s3a://bucket/crawl",
+                                                                                      "spark://master:7077")
+        assert (by_env[dag_id]["root"], by_env[dag_id]["spark_master"]) == ("/srv/env-root", "local[2]")
+    assert by_variable["crawl_cycle"]["outlets"] == {"update": ["s3://bucket/crawl/tables/index_events"],
+                                                     "index": ["s3://bucket/crawl/tables/records"]}
+    assert by_env["crawl_cycle"]["outlets"] == {"update": ["file:///srv/env-root/tables/index_events"],
+                                                "index": ["file:///srv/env-root/tables/records"]}
+    assert by_env["crawl_continuous"]["outlets"] == {"run": ["file:///srv/env-root/tables/index_events"]}
+    notifier = ["cyclecrawl_dags.CrawlAlertNotifier", {"conn_id": "cyclecrawl_alerts"}]
+    assert by_env["crawl_cycle"]["deadlines"] == [["DagRunQueuedAtDeadline", 90 * 60, *notifier]]
+    assert by_env["crawl_continuous"]["deadlines"] == [["DagRunQueuedAtDeadline", (55 + 4) * 60, *notifier]]
+
+    errors = found["relative variable"]["errors"]
+    assert len(errors) == 2 and all("Airflow Variable cyclecrawl_root" in e and "(it is 'crawl-data')" in e
+                                    for e in errors)
+
+
+NOTIFY_DIRECTLY = """
+    import json, logging, os, sys
+    from types import SimpleNamespace
+
+    sys.path.insert(0, sys.argv[1])
+    from cyclecrawl_dags import CrawlAlertNotifier
+
+    class Lines(logging.Handler):
+        def emit(self, record):
+            lines.append(record.getMessage())
+
+    logging.getLogger("cyclecrawl_dags").addHandler(Lines())
+    ti = SimpleNamespace(dag_id="crawl_cycle", run_id="r1", task_id="update", try_number=2, log_url="http://x/log")
+    found = {}
+    for case, url in json.loads(sys.argv[2]).items():
+        os.environ.pop("AIRFLOW_CONN_CYCLECRAWL_ALERTS", None)
+        os.environ.update({"AIRFLOW_CONN_CYCLECRAWL_ALERTS": url} if url else {})
+        lines = []
+        CrawlAlertNotifier()({"ti": ti, "exception": RuntimeError("lost executor")})
+        found[case] = lines
+    print(json.dumps(found))
+    """
+
+
+def test_the_notifier_always_logs_its_alert_and_a_webhook_down_never_raises(airflow_env, tmp_path):
+    """No `cyclecrawl_alerts` connection: the log line is the alert. A webhook that fails (HTTP 500) or is not there
+    (a closed port) is logged and given up: the notifier returns, so nothing covers the failure it reports."""
+    from tests.support.airflow import webhook_receiver
+
+    with webhook_receiver(status=500) as failing:
+        cases = {"no connection": "", "HTTP 500": failing.url("/hook"),
+                 "closed port": f"http://127.0.0.1:{free_port()}/hook"}
+        found = run_airflow_script(airflow_env, tmp_path, NOTIFY_DIRECTLY, str(DAGS), json.dumps(cases))
+    alert = ('cyclecrawl alert: {"event": "task_failed", "dag_id": "crawl_cycle", "run_id": "r1", "task_id": '
+             '"update", "try_number": 2, "exception": "lost executor", "log_url": "http://x/log"}')
+    assert found["no connection"] == [alert]
+    for case in ("HTTP 500", "closed port"):
+        assert found[case][0] == alert and len(found[case]) == 2, found[case]
+        assert found[case][1].startswith("alert not sent to the webhook of connection cyclecrawl_alerts at 127.0.0.1:")
+    assert "HTTP Error 500" in found["HTTP 500"][1] and "Connection refused" in found["closed port"][1]
+    assert [body["task_id"] for _, body in failing.received] == ["update"]  # the 500 one was posted
+
+
+@pytest.fixture(scope="module")
+def airflow_db(tmp_path_factory) -> Path:
+    """A migrated metadata DB, copied by every test that runs DAGs (`deployment`): one migration per module."""
+    home = tmp_path_factory.mktemp("airflow_db")
+    airflow.migrate_airflow_db(airflow.airflow_env(home))
+    return home / "airflow.db"
+
+
+FAIL_FOR_GOOD = """
+    import json, sys
+
+    run = dag_bag(sys.argv[1]).dags["crawl_continuous"].test()
+    print(json.dumps({ti.task_id: str(ti.state) for ti in run.get_task_instances()}))
+    """
+
+
+def test_a_task_failed_for_good_posts_its_alert_to_the_webhook(airflow_db, tmp_path):
+    """`dag.test` runs crawl_continuous in a real Airflow with `crawl-submit` exiting 2 (a mistake in what was asked:
+    no retry); the task's on_failure_callback, the notifier, POSTs the alert to the webhook of the `cyclecrawl_alerts`
+    connection (its URI form): the run's ids, the try, the exception and the task's log URL."""
+    from tests.support.airflow import deployment, webhook_receiver
+
+    env = deployment(tmp_path, airflow_db)
+    stub = tmp_path / "bin" / "crawl-submit"
+    stub.parent.mkdir()
+    stub.write_text("#!/bin/sh\nexit 2\n")
+    stub.chmod(0o755)
+    with webhook_receiver() as webhook:
+        env |= {"AIRFLOW_CONN_CYCLECRAWL_ALERTS": webhook.url("/hooks/crawl"),
+                "PATH": f"{stub.parent}{os.pathsep}{env['PATH']}"}
+        found = run_airflow_script(env, tmp_path, FAIL_FOR_GOOD, env["AIRFLOW__CORE__DAGS_FOLDER"])
+    assert found == {"run": "failed"}
+    ((path, alert),) = webhook.received
+    assert path == "/hooks/crawl"
+    assert {k: alert[k] for k in ("event", "dag_id", "task_id", "try_number")} == {
+        "event": "task_failed", "dag_id": "crawl_continuous", "task_id": "run", "try_number": 1}
+    assert alert["exception"].startswith("Bash command failed. The command returned a non-zero exit code 2.")
+    assert alert["run_id"].startswith("manual__") and alert["log_url"].endswith(
+        f"/dags/crawl_continuous/runs/{quote(alert['run_id'], safe='')}/tasks/run?try_number=1")
+
+
+MISS_A_DEADLINE = """
+    import json, pathlib, sys, time
+    from datetime import datetime, timezone
+
+    import structlog
+    from sqlalchemy import select
+    from airflow.api.common.trigger_dag import trigger_dag
+    from airflow.dag_processing.bundles.manager import DagBundlesManager
+    from airflow.dag_processing.dagbag import BundleDagBag, sync_bag_to_db
+    from airflow.models.callback import CallbackState, ExecutorCallback
+    from airflow.models.deadline import Deadline
+    from airflow.sdk.execution_time.callback_supervisor import execute_callback
+    from airflow.utils.session import create_session
+    from airflow.utils.types import DagRunTriggeredByType
+
+    # The DAG processor's part: the bundle's DAGs, their deadline alerts with them, into the metadata DB.
+    folder = pathlib.Path(sys.argv[1])
+    DagBundlesManager().sync_bundles_to_db()
+    sync_bag_to_db(BundleDagBag(dag_folder=folder, bundle_path=folder, bundle_name="dags-folder"), "dags-folder", None)
+    # A triggered run is queued; its deadline is the queueing time plus the interval.
+    trigger_dag("crawl_cycle", run_id="late-cycle", triggered_by=DagRunTriggeredByType.TEST)
+    time.sleep(0.5)
+    # The scheduler's part, in its loop: the deadlines past and not handled yet become executor callbacks.
+    with create_session() as session:
+        for deadline in session.scalars(select(Deadline).where(Deadline.deadline_time < datetime.now(timezone.utc),
+                                                               ~Deadline.missed)):
+            deadline.handle_miss(session)
+    with create_session() as session:
+        pending = [callback.data for callback in session.scalars(
+            select(ExecutorCallback).where(ExecutorCallback.state == CallbackState.PENDING))]
+    # The executor's part: the callback process puts the bundle on sys.path and runs the callback by its path.
+    sys.path.append(str(folder))
+    results = [execute_callback(data["path"], data["kwargs"], "crawl_cycle.py", folder, structlog.get_logger())
+               for data in pending]
+    print(json.dumps({"callbacks": [data["path"] for data in pending], "results": results}))
+    """
+
+
+def test_a_cycle_past_its_deadline_alerts_through_the_same_notifier(airflow_db, tmp_path):
+    """A crawl_cycle run queued with a deadline of 0.001 min misses it: the scheduler's deadline handling queues the
+    DAG's SyncCallback for the executor, and the callback, the alert notifier, POSTs `deadline_missed` with the
+    run's ids and times to the same webhook."""
+    from tests.support.airflow import deployment, webhook_receiver
+
+    env = deployment(tmp_path, airflow_db) | {"CYCLECRAWL_DEADLINE_MINUTES": "0.001"}
+    with webhook_receiver() as webhook:
+        env["AIRFLOW_CONN_CYCLECRAWL_ALERTS"] = webhook.url("/hooks/late")
+        found = run_airflow_script(env, tmp_path, MISS_A_DEADLINE, env["AIRFLOW__CORE__DAGS_FOLDER"])
+    assert found == {"callbacks": ["cyclecrawl_dags.CrawlAlertNotifier"], "results": [[True, None]]}
+    ((path, alert),) = webhook.received
+    assert path == "/hooks/late"
+    assert {k: alert[k] for k in ("event", "dag_id", "run_id")} == {
+        "event": "deadline_missed", "dag_id": "crawl_cycle", "run_id": "late-cycle"}
+    queued_at, deadline_time = (datetime.fromisoformat(alert[k]) for k in ("queued_at", "deadline_time"))
+    assert abs((deadline_time - queued_at).total_seconds() - 0.06) < 0.01
+
+
+ASSET_CONSUMER = """
+    import json, sys
+    from datetime import datetime, timezone
+
+    from sqlalchemy import select
+    from airflow.cli.cli_parser import get_parser
+    from airflow.jobs.job import Job
+    from airflow.jobs.scheduler_job_runner import SchedulerJobRunner
+    from airflow.models.dagrun import DagRun
+    from airflow.models.xcom import XComModel
+    from airflow.utils.session import create_session
+    from airflow.utils.sqlalchemy import prohibit_commit
+
+    # The producer: a cycle whose update and index run (crawl-submit stubbed), every other task marked done.
+    cycle = dag_bag(sys.argv[1]).dags["crawl_cycle"]
+    run = cycle.test(logical_date=datetime(2026, 3, 1, 4, 0, tzinfo=timezone.utc), run_conf={"config": sys.argv[2]},
+                     mark_success_pattern=r"(?!update$|index$).*")
+    # The scheduler's step that creates runs, asset-triggered ones included (as in its loop).
+    with create_session() as session, prohibit_commit(session) as guard:
+        SchedulerJobRunner(job=Job(), executors=[])._create_dagruns_for_dags(guard, session)
+    with create_session() as session:
+        consumer_runs = [(r.run_id, str(r.run_type), [e.extra for e in r.consumed_asset_events])
+                         for r in session.scalars(select(DagRun).where(DagRun.dag_id == "index_consumer"))]
+    # The consumer's task in the run the Asset triggered: `airflow tasks test DAG TASK RUN_ID`.
+    args = get_parser().parse_args(["tasks", "test", "index_consumer", "plan_indexing", consumer_runs[0][0]])
+    args.func(args)
+    with create_session() as session:
+        plans = list(session.scalars(select(XComModel.value).where(XComModel.dag_id == "index_consumer")))
+    print(json.dumps({"producer": run.run_id, "tasks": {ti.task_id: str(ti.state) for ti in run.get_task_instances()},
+                      "consumer_runs": consumer_runs, "plans": plans}))
+    """
+
+
+def test_update_and_index_update_their_assets_and_the_example_consumer_runs_on_them(airflow_db, tmp_path):
+    """The cycle's update and index tasks (crawl-submit stubbed) record Asset events for `index_events` and
+    `records` with the run's root and segment; the scheduler creates a run of the example consumer
+    (docs/examples/index_consumer_dag.py) for the `index_events` one, and the consumer's task in that run reads
+    the triggering event and the Delta table (delta-rs) and plans the segment's rows."""
+    import pyarrow as pa
+    from deltalake import write_deltalake
+
+    from tests.support.airflow import deployment
+
+    env = deployment(tmp_path, airflow_db)
+    root = env["CYCLECRAWL_ROOT"]
+    segment = "seg-20260301T040000Z"
+    write_deltalake(layout.table_path(root, "index_events"),
+                    pa.table({"segment_id": [segment] * 3 + ["seg-20260301T030000Z"], "url": list("abcd")}))
+    config = tmp_path / "indexing.yaml"
+    config.write_text("index:\n  enabled: true\n")
+    stub = tmp_path / "bin" / "crawl-submit"
+    stub.parent.mkdir()
+    stub.write_text("#!/bin/sh\nexit 0\n")
+    stub.chmod(0o755)
+    env["PATH"] = f"{stub.parent}{os.pathsep}{env['PATH']}"
+    found = run_airflow_script(env, tmp_path, ASSET_CONSUMER, env["AIRFLOW__CORE__DAGS_FOLDER"], str(config),
+                               timeout=180)
+    assert found["tasks"]["update"] == found["tasks"]["index"] == "success"
+    ((run_id, run_type, consumed),) = found["consumer_runs"]
+    assert run_type == "asset_triggered" and consumed == [{"root": root, "segment_id": segment}]
+    assert found["plans"] == [[{"segment_id": segment, "rows": 3, "version": 0,
+                                "source": f"crawl_cycle/{found['producer']}/update"}]]
 
 
 SENSOR_AT_DEADLINE = """
@@ -372,6 +634,8 @@ def test_service_levels_task_alerts_when_a_segment_missed_a_level(airflow_env, t
 
 STEP_EXITS = """
     import json, os, sys
+    from collections import defaultdict
+    from types import SimpleNamespace
     from airflow.exceptions import AirflowException, AirflowFailException, AirflowSkipException
 
     tasks = dag_bag(sys.argv[1]).dags["crawl_cycle"].task_dict
@@ -380,7 +644,7 @@ STEP_EXITS = """
         for status in ("75", "3", "2", "1", "0"):
             os.environ["STUB_STATUS"] = status
             try:
-                tasks[task_id].execute({})
+                tasks[task_id].execute({"outlet_events": defaultdict(lambda: SimpleNamespace(extra={}))})
                 found[f"{task_id} {status}"] = "success"
             except AirflowSkipException:
                 found[f"{task_id} {status}"] = "skipped"
