@@ -227,6 +227,7 @@ _RULES: dict[str, tuple[Any, str]] = {
     "revisit.changed_factor": (lambda v: 0 < v <= 1, "must be in (0, 1]"),
     "revisit.unchanged_factor": (lambda v: v >= 1, "must be >= 1"),
     "revisit.retry_base_s": (_positive, "must be > 0"),
+    "revisit.retry_jitter": (lambda v: 0 <= v <= 1, "must be in [0, 1]"),
     "revisit.max_failures": (_positive, "must be > 0"),
     "revisit.failed_interval_s": (_positive, "must be > 0"),
     "revisit.gone_interval_s": (_positive, "must be > 0"),

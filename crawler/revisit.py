@@ -12,7 +12,8 @@ holds the two to the same answers). Pure: time is passed in.
   what it published, so one that keeps changing is re-read within minutes, not after the days a page waits.
 * 3xx: status redirect, default interval (the target is a URL of its own).
 * 404/410: tombstone `gone`, revisited after gone_interval_s. Other 4xx (but 429): `excluded`, failed_interval_s.
-* 5xx, 429, network error: transient. The n-th failure in a row retries after retry_base_s * 2^(n-1) with
+* 5xx, 429, network error: transient. The n-th failure in a row retries after retry_base_s * 2^(n-1), stretched
+  by up to retry_jitter of it (`retry_wait_us`: a hash of the URL and n, so a re-run decides the same), with
   status retry; the max_failures-th marks the URL failed, revisited after failed_interval_s.
 * robots_denied: status robots_denied, rechecked when the host's robots policy expires (a new robots.txt may
   allow it), or after robots_denied_interval_s when the expiry is unknown (no failure counted).
@@ -22,11 +23,20 @@ holds the two to the same answers). Pure: time is passed in.
 
 from __future__ import annotations
 
+import zlib
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from crawler.settings import Settings
 from crawler.status import FetchOutcome, UrlStatus, is_gone, is_gone_sql, is_transient, is_transient_sql
+
+# The jitter's resolution: its share in thousandths, its hash in 16 bits (products stay far inside a bigint).
+_JITTER_SCALE = 1000
+_HASH_BITS = 16
+
+
+def _jitter_key(url_id: str, failures: int) -> bytes:
+    return f"{url_id}:{failures}".encode()
 
 
 @dataclass(frozen=True)
@@ -38,6 +48,7 @@ class PreviousState:
     failure_count: int
     content_hash: str | None       # hash of the last content seen (None: never had content)
     is_sitemap: bool = False       # the row has a sitemap origin: a sitemap file, read for its entries
+    url_id: str = ""               # the URL's id: keys its retries' jitter (one URL's retries spread like any other's)
 
 
 @dataclass(frozen=True)
@@ -56,6 +67,7 @@ class RevisitPolicy:
     changed_factor: float
     unchanged_factor: float
     retry_base_s: int
+    retry_jitter: float
     max_failures: int
     failed_interval_s: int
     gone_interval_s: int
@@ -72,6 +84,22 @@ class RevisitPolicy:
                         else (self.min_interval_s, self.max_interval_s))
         return int(min(max(seconds, lower), upper))
 
+    def retry_wait_us(self, url_id: str, failures: int) -> int:
+        """Microseconds to wait after the `failures`-th transient failure in a row: retry_base_s * 2^(failures-1),
+        plus up to `retry_jitter` of that, chosen by a CRC-32 of the URL's id and `failures` (the same in SQL)."""
+        base_us = self.retry_base_s * 2 ** (failures - 1) * 1_000_000
+        share = zlib.crc32(_jitter_key(url_id, failures)) >> (32 - _HASH_BITS)
+        permille = round(self.retry_jitter * _JITTER_SCALE)
+        return base_us + (base_us // _JITTER_SCALE) * permille * share // (1 << _HASH_BITS)
+
+    def retry_wait_us_sql(self, url_id: str, failures: str) -> str:
+        """`retry_wait_us` over columns (`failures`: the failure count after this one)."""
+        base_us = f"({self.retry_base_s} * shiftleft(cast(1 as bigint), {failures} - 1) * 1000000)"
+        key = f"cast(concat({url_id}, ':', cast({failures} as string)) as binary)"
+        share = f"shiftright(crc32({key}), {32 - _HASH_BITS})"
+        permille = round(self.retry_jitter * _JITTER_SCALE)
+        return f"({base_us} + ({base_us} div {_JITTER_SCALE}) * {permille} * {share} div {1 << _HASH_BITS})"
+
     def decide(
         self,
         outcome: str,
@@ -85,8 +113,10 @@ class RevisitPolicy:
         `robots_expires_at` is when the host's robots policy in force expires (robots_denied only)."""
         interval = previous.fetch_interval_s
 
-        def after(status: str, stored_interval: int, wait_s: float, failures: int = 0) -> Decision:
-            return Decision(status, int(stored_interval), fetched_at + timedelta(seconds=wait_s), failures)
+        def after(status: str, stored_interval: int, wait_s: float, failures: int = 0, wait_us: int | None = None
+                  ) -> Decision:
+            wait = timedelta(seconds=wait_s) if wait_us is None else timedelta(microseconds=wait_us)
+            return Decision(status, int(stored_interval), fetched_at + wait, failures)
 
         sitemap = previous.is_sitemap
         if outcome == FetchOutcome.SUCCESS:
@@ -108,7 +138,7 @@ class RevisitPolicy:
             failures = previous.failure_count + 1
             if failures >= self.max_failures:
                 return after(UrlStatus.FAILED.value, self.failed_interval_s, self.failed_interval_s, failures)
-            return after(UrlStatus.RETRY.value, interval, self.retry_base_s * 2 ** (failures - 1), failures)
+            return after(UrlStatus.RETRY.value, interval, 0, failures, self.retry_wait_us(previous.url_id, failures))
         if is_gone(outcome, status_code):
             return after(UrlStatus.GONE.value, self.gone_interval_s, self.gone_interval_s)
         if outcome == FetchOutcome.HTTP_ERROR:
@@ -125,7 +155,8 @@ class RevisitPolicy:
         raise ValueError(f"unknown fetch outcome {outcome!r}")
 
     def decide_sql(self, outcome: str, status_code: str, prev_status: str, prev_interval: str, prev_failures: str,
-                   prev_hash: str, new_hash: str, robots_wait_us: str, is_sitemap: str) -> dict[str, str]:
+                   prev_hash: str, new_hash: str, robots_wait_us: str, is_sitemap: str, url_id: str
+                   ) -> dict[str, str]:
         """`decide` over columns, one SQL expression per field of the decision: `status`, `fetch_interval_s`,
         `failure_count`, and `wait_us`, the microseconds from the fetch to the next one (`robots_wait_us`: from
         the fetch to the expiry of the host's robots policy, null when unknown). An unknown outcome fails the
@@ -149,7 +180,7 @@ class RevisitPolicy:
         unchanged = scaled(self.unchanged_factor)
         failures = f"({prev_failures} + 1)"
         gives_up = f"{failures} >= {self.max_failures}"
-        retry_wait = f"({self.retry_base_s} * shiftleft(cast(1 as bigint), {failures} - 1))"
+        retry_wait_us = self.retry_wait_us_sql(url_id, failures)
         robots_wait = (f"(case when {robots_wait_us} is null then {self.robots_denied_interval_s * 1_000_000}"
                        f" else greatest({robots_wait_us}, 0) end)")
 
@@ -167,7 +198,7 @@ class RevisitPolicy:
             (is_transient_sql(outcome, status_code),
              f"case when {gives_up} then {status(UrlStatus.FAILED)} else {status(UrlStatus.RETRY)} end",
              f"case when {gives_up} then {self.failed_interval_s} else {prev_interval} end",
-             f"case when {gives_up} then {self.failed_interval_s * 1_000_000} else {retry_wait} * 1000000 end",
+             f"case when {gives_up} then {self.failed_interval_s * 1_000_000} else {retry_wait_us} end",
              failures),
             (is_gone_sql(outcome, status_code), status(UrlStatus.GONE), str(self.gone_interval_s),
              str(self.gone_interval_s * 1_000_000), "0"),

@@ -183,6 +183,7 @@ class RevisitSettings:
     changed_factor: float
     unchanged_factor: float
     retry_base_s: int
+    retry_jitter: float
     max_failures: int
     failed_interval_s: int
     gone_interval_s: int

@@ -215,7 +215,7 @@ def completion_rows(live: DataFrame, policy: RevisitPolicy) -> DataFrame:
     changed = has_new & ~F.col("prev_hash").eqNullSafe(F.col("new_hash"))
     decision = policy.decide_sql("outcome", "status_code", "prev_status", "prev_interval", "prev_failures",
                                  "prev_hash", "new_hash", "(unix_micros(robots_expires_at) - unix_micros(fetched_at))",
-                                 "(sitemap_origin is not null)")
+                                 "(sitemap_origin is not null)", "url_id")
     d = F.struct(*[F.expr(sql).alias(name) for name, sql in decision.items()])
     return live.withColumn("d", d).select(
         "url_id", "url", F.col("state_version").alias("c_version"), F.col("u_bucket").alias("bucket"),

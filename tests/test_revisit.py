@@ -68,17 +68,37 @@ def test_intervals_are_clamped(policy):
 
 
 def test_transient_failures_back_off_then_fail(policy):
-    state = prev("fetched", 4 * DAY, 0)
+    state = PreviousState("fetched", 4 * DAY, 0, "h1", url_id="u1")
     waits = []
     for code in (503, 429, None):
         outcome = "network_error" if code is None else "http_error"
         d = policy.decide(outcome, code, state, T0)
         assert d.status == "retry" and d.fetch_interval_s == 4 * DAY
         waits.append((d.next_fetch_at - T0).total_seconds())
-        state = PreviousState(d.status, d.fetch_interval_s, d.failure_count, "h1")
-    assert waits == [3600, 7200, 14400]
+        state = PreviousState(d.status, d.fetch_interval_s, d.failure_count, "h1", url_id="u1")
+    # retry_base_s doubled per failure, stretched by up to retry_jitter (0.25) of it
+    assert [int(w // 3600) for w in waits] == [1, 2, 4]
+    assert all(base <= w < 1.25 * base for w, base in zip(waits, (3600, 7200, 14400), strict=True))
     final = policy.decide("http_error", 500, state, T0)
     assert (final.status, final.failure_count, final.fetch_interval_s) == ("failed", 4, 2592000)
+
+
+def test_retries_spread_over_the_jitter_window_and_repeat_for_a_url_and_attempt(policy):
+    """A host's URLs failing together do not come due together: their waits spread over [base, 1.25 base); the
+    same URL at the same attempt always waits the same (a re-run of update decides the same)."""
+    def wait_us(url_id: str, failures: int = 0) -> int:
+        d = policy.decide("http_error", 503, PreviousState("fetched", 4 * DAY, failures, "h1", url_id=url_id), T0)
+        return (d.next_fetch_at - T0) // timedelta(microseconds=1)
+
+    waits = [wait_us(f"{n:032x}") for n in range(2000)]
+    base = 3600 * 1_000_000
+    assert base <= min(waits) < 1.01 * base and 1.24 * base < max(waits) < 1.25 * base
+    assert len(set(waits)) > 1900
+    quarter = [sum(base * (1 + q / 16) <= w < base * (1 + (q + 1) / 16) for w in waits) for q in range(4)]
+    assert all(400 < count < 600 for count in quarter), quarter  # about evenly spread
+    assert wait_us("abc", 1) == wait_us("abc", 1) != wait_us("abc", 2)
+    assert RevisitPolicy.from_config(config_mod.load().with_overrides({"revisit.retry_jitter": 0})).retry_wait_us(
+        "abc", 2) == 7200 * 1_000_000
 
 
 def test_success_resets_failures(policy):

@@ -84,9 +84,9 @@ def test_status_rules_agree(spark):
 
 
 REVISIT = RevisitPolicy(default_interval_s=86_400, min_interval_s=3_600, max_interval_s=2_592_000, changed_factor=0.5,
-                        unchanged_factor=1.5, retry_base_s=300, max_failures=3, failed_interval_s=604_800,
-                        gone_interval_s=1_209_600, robots_denied_interval_s=86_400, sitemap_min_interval_s=900,
-                        sitemap_max_interval_s=86_400)
+                        unchanged_factor=1.5, retry_base_s=300, retry_jitter=0.25, max_failures=3,
+                        failed_interval_s=604_800, gone_interval_s=1_209_600, robots_denied_interval_s=86_400,
+                        sitemap_min_interval_s=900, sitemap_max_interval_s=86_400)
 
 
 # Factors whose products are not exact in binary (86400 * 0.7 = 60479.99... as a float, which the rule truncates).
@@ -100,16 +100,16 @@ def test_revisit_decision_and_index_event_kind_agree(spark, factors):
                 ("retry", 2_000_000, 2, "h1"), ("not_modified", 100, 0, "h1"), ("fetched", 86_400, 1, None)]
     contents = [None, "h1", "h2"]
     robots_waits = [None, -5_000_000, 0, 123_456_789]
-    cases = [(o.value, code, *prev, new, wait, sitemap, duplicate)
+    cases = [(o.value, code, *prev, new, wait, sitemap, duplicate, f"{code}{prev}{new}")
              for o, code in itertools.product(FetchOutcome, STATUSES)
              for prev, new, wait, sitemap, duplicate in itertools.product(
                  previous, contents, robots_waits, (False, True), (None, "rep"))
              if o in (FetchOutcome.SUCCESS, FetchOutcome.ROBOTS_DENIED) or (wait is None and new in (None, "h2"))]
     frame = spark.createDataFrame(cases, "outcome string, status_code int, prev_status string, prev_interval long, "
                                          "prev_failures int, prev_hash string, new_hash string, robots_wait_us long, "
-                                         "sitemap boolean, duplicate_of string")
+                                         "sitemap boolean, duplicate_of string, url_id string")
     decision = policy.decide_sql("outcome", "status_code", "prev_status", "prev_interval", "prev_failures",
-                                 "prev_hash", "new_hash", "robots_wait_us", "sitemap")
+                                 "prev_hash", "new_hash", "robots_wait_us", "sitemap", "url_id")
     kind = frontier.index_event_kind_sql("outcome", "status_code", "prev_hash", "new_hash", "duplicate_of",
                                          "case when sitemap then 'robots' end")
     got = frame.selectExpr("*", *[f"{sql} as d_{name}" for name, sql in decision.items()], f"{kind} as kind").collect()
@@ -117,7 +117,8 @@ def test_revisit_decision_and_index_event_kind_agree(spark, factors):
     for row in got:
         robots_expiry = None if row.robots_wait_us is None else T0 + timedelta(microseconds=row.robots_wait_us)
         expected = policy.decide(row.outcome, row.status_code, PreviousState(
-            row.prev_status, row.prev_interval, row.prev_failures, row.prev_hash, row.sitemap), T0, row.new_hash,
+            row.prev_status, row.prev_interval, row.prev_failures, row.prev_hash, row.sitemap, row.url_id), T0,
+            row.new_hash,
             robots_expiry)
         wait_us = (expected.next_fetch_at - T0) // timedelta(microseconds=1)
         assert (row.d_status, row.d_fetch_interval_s, row.d_wait_us, row.d_failure_count) == (
@@ -127,7 +128,8 @@ def test_revisit_decision_and_index_event_kind_agree(spark, factors):
 
 
 def test_an_unknown_outcome_fails_the_revisit_decision_as_in_python(spark):
-    decision = REVISIT.decide_sql("outcome", "code", "'fetched'", "86400", "0", "null", "null", "null", "false")
+    decision = REVISIT.decide_sql("outcome", "code", "'fetched'", "86400", "0", "null", "null", "null", "false",
+                                  "'u'")
     with pytest.raises(ValueError, match="unknown fetch outcome 'teleported'"):
         REVISIT.decide("teleported", None, PreviousState("fetched", 86_400, 0, None), T0)
     with pytest.raises(Exception, match="unknown fetch outcome teleported"):

@@ -23,7 +23,7 @@ ROBOTS_EXPIRES_AT = FETCHED_AT + timedelta(hours=5)  # the host's robots policy 
 
 POLICY = RevisitPolicy(
     default_interval_s=7 * DAY, min_interval_s=1 * DAY, max_interval_s=30 * DAY, changed_factor=0.5,
-    unchanged_factor=1.5, retry_base_s=1 * HOUR, max_failures=4, failed_interval_s=30 * DAY,
+    unchanged_factor=1.5, retry_base_s=1 * HOUR, retry_jitter=0.0, max_failures=4, failed_interval_s=30 * DAY,
     gone_interval_s=90 * DAY, robots_denied_interval_s=1 * DAY, sitemap_min_interval_s=15 * 60,
     sitemap_max_interval_s=1 * DAY,
 )

@@ -315,7 +315,7 @@ class Frontier:
         now_content = int(self.content_at(url, at))
         before = bool(self.fetched_before[url])
         previous = PreviousState("fetched" if before else "unfetched", int(self.interval[url]),
-                                 int(self.failures[url]), str(seen) if before else None)
+                                 int(self.failures[url]), str(seen) if before else None, url_id=str(url))
         decision = self.revisit.decide(outcome, status, previous, moment(at), str(now_content))
         if decision.status == "fetched":
             if before:
