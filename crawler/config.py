@@ -25,6 +25,7 @@ from crawler.bucketing import POLITENESS_KEYS
 from crawler.dedup import MAX_BLOCKS_PER_KEY, MAX_INDEX_KEYS, MAX_SUPPORTED_HAMMING, index_key_count
 from crawler.errors import UserError
 from crawler.ownership import check_timing
+from crawler.robots import MAX_USE_CACHED_DAYS
 from crawler.settings import Settings
 
 
@@ -219,7 +220,9 @@ _RULES: dict[str, tuple[Any, str]] = {
     "robots.max_bytes": (lambda v: v >= 512000, "must be >= 512000 (RFC 9309 asks for at least 500 KiB)"),
     "robots.cache_ttl_s": (lambda v: 0 < v <= 86400, "must be in (0, 86400] (RFC 9309: cache at most 24 h)"),
     "robots.max_redirects": (lambda v: 0 <= v <= 5, "must be between 0 and 5"),
-    "robots.unreachable_use_cached_days": (_non_negative, "must be >= 0 (0 = never use a cached copy)"),
+    "robots.unreachable_use_cached_days": (lambda v: 0 <= v <= MAX_USE_CACHED_DAYS,
+                                           f"must be in [0, {MAX_USE_CACHED_DAYS}]: RFC 9309 lets a cached copy stand "
+                                           "in for an unreachable robots.txt for at most 30 days (0 = never)"),
     "robots.unreachable_retry_s": (_positive, "must be > 0"),
     "revisit.default_interval_s": (_positive, "must be > 0"),
     "revisit.min_interval_s": (_positive, "must be > 0"),

@@ -32,10 +32,11 @@ FETCHLIST = pa.schema(
         ("max_concurrency", pa.int32()), # the host's own cap on requests in flight (hosts.max_concurrency; null: none)
         ("last_fetch_at", TS),           # the URL's previous fetch (null if none): a 304's WARC-Refers-To-Date
         ("sitemap_origin", pa.string()), # non-null: a sitemap (fetched with sitemaps.max_fetch_bytes, parsed as one)
-        # The host's stored robots.txt while in force (hosts.robots_*), on its first row in the list only (null on
-        # the others and when none is in force): a daemon new to the host (its bucket came from another process)
-        # obeys it instead of fetching robots.txt again after the longest Crawl-delay the previous owner may have
-        # obeyed.
+        # The host's stored robots.txt (crawler.robots.handed_over: in force, else its last good copy, expired), on
+        # its first row in the list only (null on the others and when there is none): a daemon new to the host (its
+        # bucket came from another process, or it restarted) obeys a copy in force instead of fetching robots.txt
+        # again after the longest Crawl-delay the previous owner may have obeyed, and keeps the last good copy in
+        # force through an outage (crawler.robots.adopt).
         ("robots_status_code", pa.int32()),
         ("robots_body", pa.string()),
         ("robots_fetched_at", TS),

@@ -214,6 +214,40 @@ def observation_reusable_sql(status_code: str, expires_at: str, now: str) -> str
     return f"coalesce({expires_at} > {now} and {status_code} between 200 and 499 and {status_code} != 429, false)"
 
 
+def handed_over(status_code: int | None, body: str | None, fetched_at: datetime | None,
+                expires_at: datetime | None, good_status_code: int | None, good_at: datetime | None,
+                now: datetime) -> tuple[int | None, str | None, datetime | None, datetime | None] | None:
+    """The robots.txt a host's `hosts` row hands the daemons (generate puts it on the host's first fetch-list row,
+    as status code, body, fetched at, expires at): the last observation while it may stand in for a fetch
+    (`observation_reusable`), else the last good copy, expired (the daemon fetches again and keeps the copy through
+    an outage: `adopt`), else nothing. A row older than the good-copy columns: its last observation if reachable."""
+    if observation_reusable(status_code, expires_at, now):
+        return status_code, body, fetched_at, expires_at
+    if good_at is None and fetched_at is not None and not is_unreachable(status_code):
+        good_status_code, good_at = status_code, fetched_at
+    return None if good_at is None else (good_status_code, body, good_at, good_at)
+
+
+def handed_over_sql(status_code: str, body: str, fetched_at: str, expires_at: str, good_status_code: str,
+                    good_at: str, now: str) -> str:
+    """`handed_over` over the `hosts` columns: a struct of the fetch list's robots_* names, or null."""
+    reachable = f"coalesce({status_code} between 200 and 499 and {status_code} != 429, false)"
+    good = f"coalesce({good_at}, case when {reachable} then {fetched_at} end)"
+
+    def copy(status: str, at: str, until: str) -> str:
+        return (f"named_struct('robots_status_code', {status}, 'robots_body', {body}, 'robots_fetched_at', {at}, "
+                f"'robots_expires_at', {until})")
+
+    return (f"case when {observation_reusable_sql(status_code, expires_at, now)} "
+            f"then {copy(status_code, fetched_at, expires_at)} "
+            f"when {good} is not null then {copy(f'coalesce({good_status_code}, {status_code})', good, good)} end")
+
+
+# RFC 9309 2.3.1.4: while robots.txt is unreachable, a cached copy may stand in for at most 30 days (the config
+# cannot raise it: robots.unreachable_use_cached_days).
+MAX_USE_CACHED_DAYS = 30
+
+
 @dataclass(frozen=True)
 class RobotsCacheRules:
     """How long a daemon trusts what it learned of a host's robots.txt (`robots.*`)."""
@@ -239,6 +273,24 @@ class CachedRobots:
     good: RobotsPolicy | None = None
     good_at: float | None = None
     unreachable: int = 0
+
+
+def adopt(cached: CachedRobots | None, stored: RobotsPolicy, stored_at: float, stored_until: float, now: float,
+          rules: RobotsCacheRules) -> CachedRobots | None:
+    """What a daemon knows of a host's robots.txt once it meets a stored reachable copy it did not fetch itself (the
+    bucket's earlier run's, or the `hosts` copy generate handed over): `stored`, fetched at `stored_at` and in
+    force until `stored_until`, on the daemon's clock. The copy decides while in force, and after that it is the
+    last good copy, so an outage keeps it in force as long as `remember` allows (up to `use_cached_s` after
+    `stored_at`) instead of disallowing all: a restarted daemon keeps the rules a running one would. A good copy
+    the daemon holds that is as recent wins (None: keep `cached`)."""
+    if cached is not None and cached.good_at is not None and cached.good_at >= stored_at:
+        return None
+    streak = cached.unreachable if cached is not None else 0
+    if cached is None or cached.expires <= now:
+        return CachedRobots(stored, stored_until, stored, stored_at, streak)
+    if streak and now - stored_at < rules.use_cached_s:  # disallowing all for an outage: the copy stands in
+        return CachedRobots(stored, cached.expires, stored, stored_at, streak)
+    return CachedRobots(cached.policy, cached.expires, stored, stored_at, streak)
 
 
 def remember(previous: CachedRobots | None, fetched: RobotsPolicy, status_code: int | None, now: float,

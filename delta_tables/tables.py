@@ -167,6 +167,11 @@ HOSTS = TableDef(
                                          "(crawler.politeness; null: it answered when last tried)"),
             _f("domain", S, True, "registered domain (crawler.urls.registered_domain), set when the row is created "
                                   "(null on rows older than the column: maintain fills them)"),
+            _f("robots_good_at", T, True, "when the last reachable robots.txt answer (robots_body's) was fetched: the "
+                                          "last good copy a daemon keeps in force through an outage "
+                                          "(crawler.robots.adopt; null: none since the column exists)"),
+            _f("robots_good_status_code", INT, True, "HTTP status of that answer (2xx: robots_body's rules; 4xx: "
+                                                     "allow all)"),
         ]
     ),
     partition_by=("bucket",),

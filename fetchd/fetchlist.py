@@ -15,6 +15,7 @@ from typing import Any
 import mmh3
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from crawler import layout, records, urls
@@ -112,13 +113,20 @@ class FetchList:
         return ListedUrls(keys[:filled]), todo
 
     def rows(self, done: KeySet) -> Iterator[dict[str, Any]]:
-        """The rows (FETCHLIST columns) whose result is not in `done`, a batch at a time."""
+        """The rows (FETCHLIST columns) whose result is not in `done`, a batch at a time. The stored robots.txt
+        generate put on a host's first row moves to the host's first row left when that one was reported already
+        (a resumed bucket), so the host still gets it (`handed_over_robots`)."""
+        carried: dict[str, dict[str, Any]] = {}
         for batch in self._batches(records.FETCHLIST.names):
             table = _conformed(pa.Table.from_batches([batch]))
             reported = done.member(_result_keys(table))
             if reported.any():
+                carried.update(_robots_of(table.filter(pa.array(reported))))
                 table = table.filter(pa.array(~reported))
-            yield from table.to_pylist()
+            for row in table.to_pylist():
+                if carried and handed_over_robots(row) is None and row["host_key"] in carried:
+                    row.update(carried.pop(row["host_key"]))
+                yield row
 
 
 def handed_over_robots(row: dict[str, Any]) -> dict[str, Any] | None:
@@ -127,6 +135,13 @@ def handed_over_robots(row: dict[str, Any]) -> dict[str, Any] | None:
     if row.get("robots_expires_at") is None:
         return None
     return {name.removeprefix("robots_"): row[name] for name in records.FETCHLIST_ROBOTS}
+
+
+def _robots_of(table: pa.Table) -> dict[str, dict[str, Any]]:
+    """host_key -> the robots columns of `table`'s rows that carry a handed-over robots.txt."""
+    carrying = table.filter(pc.is_valid(table.column("robots_expires_at")))
+    return {row["host_key"]: {name: row[name] for name in records.FETCHLIST_ROBOTS}
+            for row in carrying.select(["host_key", *records.FETCHLIST_ROBOTS]).to_pylist()}
 
 
 def _conformed(table: pa.Table) -> pa.Table:

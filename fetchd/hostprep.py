@@ -7,10 +7,10 @@ pages, `fetchd.exchange`; a redirect to another host goes through that host's ga
 owns that host's bucket: RFC 9309 asks crawlers to follow robots.txt redirects, and politeness asks that one
 daemon alone sends a host requests, so a redirect into a bucket another daemon holds is not followed and the
 robots.txt counts as unreachable this time), recorded as a robots row and applied (policy, Crawl-delay); how long
-an answer holds,
-and which copy is in force while robots.txt is unreachable, is `crawler.robots.remember`. Gates and the robots
-cache outlive a bucket run: they are the host memory of the thread that runs the daemons (a daemon that restarts
-forgets its copies: an outage then means disallow all until robots.txt answers again).
+an answer holds, and which copy is in force while robots.txt is unreachable, is `crawler.robots.remember`. Gates
+and the robots cache outlive a bucket run: they are the host memory of the thread that runs the daemons. A daemon
+that restarts forgets them, but the last good copy is stored (`hosts`) and handed over in the fetch list, so an
+outage across a restart keeps the rules in force (`crawler.robots.adopt`).
 """
 
 from __future__ import annotations
@@ -27,7 +27,8 @@ from crawler.robots import (
     ROBOTS_PATH,
     CachedRobots,
     RobotsPolicy,
-    observation_reusable,
+    adopt,
+    is_unreachable,
     policy_for_status,
     remember,
 )
@@ -99,20 +100,24 @@ class HostPreparer:
         self.previous_end = previous_end
 
     def take_over(self, host: HostWork, handed_over: dict[str, Any] | None = None) -> None:
-        """Carry politeness and robots.txt across owners and runs, for a host this run just met: its next request
-        waits one delay after the previous owner's last possible request end, and a robots.txt an earlier run of
-        this bucket published (else the stored copy generate `handed_over` on the host's first fetch-list row) is
-        reused while it is in force, so neither a resumed bucket nor a new owner fetches it again."""
+        """Carry politeness and robots.txt across owners, runs and restarts, for a host this run just met: its next
+        request waits one delay after the previous owner's last possible request end, and the robots.txt an earlier
+        run of this bucket published or the stored copy generate `handed_over` on the host's first fetch-list row
+        (`hosts`: in force, else its last good copy) is adopted (`crawler.robots.adopt`): reused while in force, so
+        neither a resumed bucket nor a new owner fetches it again, and kept as the last good copy after, so an
+        outage across a restart keeps its rules in force as long as RFC 9309 allows."""
         wall_now, mono_now = self.clock.wall(), self.clock.monotonic()
-        row = self.previous_robots.pop(host.host_key, None) or handed_over
-        cached = self.robots_cache.get(host.host_key)
-        if (row is not None and observation_reusable(row["status_code"], row["expires_at"], utc(wall_now))
-                and (cached is None or cached.expires <= mono_now)):
-            policy = policy_for_status(row["status_code"], row["body"], self.conf.crawl.robots_token,
+        for row in (self.previous_robots.pop(host.host_key, None), handed_over):
+            if row is None or row["fetched_at"] is None or is_unreachable(row["status_code"]):
+                continue
+            stored = policy_for_status(row["status_code"], row["body"], self.conf.crawl.robots_token,
                                        self.conf.robots.max_bytes)
-            self.robots_cache[host.host_key] = CachedRobots(
-                policy, mono_now + row["expires_at"].timestamp() - wall_now, policy,
-                mono_now - (wall_now - row["fetched_at"].timestamp()))
+            until = row["expires_at"] or row["fetched_at"]
+            adopted = adopt(self.robots_cache.get(host.host_key), stored,
+                            mono_now - (wall_now - row["fetched_at"].timestamp()),
+                            mono_now + until.timestamp() - wall_now, mono_now, self.cache_rules)
+            if adopted is not None:
+                self.robots_cache[host.host_key] = adopted
         if self.previous_end is not None:
             cached = self.robots_cache.get(host.host_key)
             host.gate.ended_elsewhere(mono_now + self.previous_end - wall_now,

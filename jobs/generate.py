@@ -58,7 +58,7 @@ from crawler.frontier import (
 from crawler.leases import due_from_sql, is_due_sql, leased_version_sql
 from crawler.politeness import PolitenessRules, is_backing_off_sql
 from crawler.records import FETCHLIST_ROBOTS
-from crawler.robots import allowed_by_stored_rules, observation_reusable_sql, rules_in_force_sql
+from crawler.robots import allowed_by_stored_rules, handed_over_sql, rules_in_force_sql
 from crawler.service_levels import due_since_sql, is_eligible_sql, is_high_priority_sql
 from crawler.status import FINISHED_SEGMENT_STATES, SegmentState
 from crawler.writelock import holder
@@ -160,8 +160,8 @@ def select_due(spark: SparkSession, conf: Config, root: str, segment_id: str, no
         F.col("max_concurrency").alias("h_max_concurrency"),
         F.col("backoff_until").alias("h_backoff_until"),
         F.when(rules_in_force, F.col("robots_body")).alias("h_robots_rules"),
-        F.when(F.expr(observation_reusable_sql("robots_status_code", "robots_expires_at", "gen_now")),
-               F.struct(*FETCHLIST_ROBOTS)).alias("h_robots"),  # the `hosts` columns of the fetch list's names
+        F.expr(handed_over_sql("robots_status_code", "robots_body", "robots_fetched_at", "robots_expires_at",
+                               "robots_good_status_code", "robots_good_at", "gen_now")).alias("h_robots"),
         F.expr(politeness.is_dead_sql("failing_since", "gen_now")).alias("h_dead"),
         F.col("domain").alias("h_domain"),
         F.expr(politeness.host_state_sql("robots_state", "backoff_until", "failing_since", "gen_now")).alias("h_state"),

@@ -26,6 +26,8 @@ from jobs.base import (
 )
 from jobs.discover import hosts_part
 
+# The last good copy's columns (hosts: the robots_body's fetch time and status), from a reachable observation's.
+GOOD_COPY_COLUMNS = {"robots_good_at": "robots_fetched_at", "robots_good_status_code": "robots_status_code"}
 ROBOTS_COLUMNS = ["robots_state", "robots_body", "robots_status_code", "robots_fetched_at", "robots_expires_at",
                   "robots_crawl_delay_s"]
 
@@ -120,8 +122,10 @@ def merge_hosts(spark: SparkSession, root: str, segment_id: str, fetch_counts: D
     seg = F.lit(segment_id)
     fetched = F.col("s.has_fetch").isNotNull()
     fetch = fetched & ~F.col("t.last_segment").eqNullSafe(seg)
-    # An unreachable robots.txt (5xx, network) disallows all for now, but the last good copy stays stored: it is
-    # what the host said, and generate ignores it while the state is disallow_all.
+    # An unreachable robots.txt (5xx, network) disallows all for now, but the last good copy stays stored (its body,
+    # when and with what status it was fetched): it is what the host said; generate's rules ignore it while the
+    # state is disallow_all, and generate hands it to the daemons (crawler.robots.adopt keeps it in force through
+    # an outage as RFC 9309 allows).
     has_robots = F.coalesce("s.has_robots", F.lit(False))
     new_body = has_robots & (F.col("s.robots_state") != RobotsState.DISALLOW_ALL.value)
     robots_changed = new_body & ~F.col("t.robots_body").eqNullSafe(F.col("s.robots_body"))
@@ -138,6 +142,8 @@ def merge_hosts(spark: SparkSession, root: str, segment_id: str, fetch_counts: D
         **{c: when_fetch(c, from_robots(c)) for c in ROBOTS_COLUMNS[:5] if c != "robots_body"},
         "robots_body": when_fetch("robots_body", F.when(new_body, F.col("s.robots_body")).otherwise(
             F.col("t.robots_body"))),
+        **{c: when_fetch(c, F.when(new_body, F.col(f"s.{source}")).otherwise(F.col(f"t.{c}")))
+           for c, source in GOOD_COPY_COLUMNS.items()},
         "crawl_delay_s": when_fetch("crawl_delay_s", from_robots("crawl_delay_s", "robots_crawl_delay_s")),
         "policy_version": when_fetch("policy_version", F.col("t.policy_version") + F.when(robots_changed, 1).otherwise(
             0)),
@@ -155,6 +161,7 @@ def merge_hosts(spark: SparkSession, root: str, segment_id: str, fetch_counts: D
         **{c: F.coalesce(f"s.{c}", F.lit(0)).cast("bigint") for c in HOST_COUNTERS},
         **{c: F.col(f"s.{c}") for c in ROBOTS_COLUMNS[:5] if c != "robots_body"},
         "robots_body": F.when(new_body, F.col("s.robots_body")),
+        **{c: F.when(new_body, F.col(f"s.{source}")) for c, source in GOOD_COPY_COLUMNS.items()},
         "crawl_delay_s": F.col("s.robots_crawl_delay_s"),
         "last_fetch_at": F.col("s.last_fetch_at"),
         "policy_version": F.when(new_body, 1).otherwise(0).cast("bigint"),

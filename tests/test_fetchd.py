@@ -25,10 +25,11 @@ import pytest
 from fastwarc.warc import ArchiveIterator, WarcRecordType
 
 from crawler import layout, records, urls
-from crawler.robots import RobotsPolicy
+from crawler.robots import RobotsPolicy, handed_over
 from fetchd import cli
 from fetchd import daemon as fetchd_daemon
 from fetchd.commands import fetch_segment, serve
+from fetchd.hostprep import forget_hosts
 from fetchd.output import recover_bucket_output
 from fetchd.ownership import LeaseStore
 from sitefarm.judge import politeness_violations
@@ -693,6 +694,41 @@ def test_robots_is_fetched_again_after_its_ttl_and_an_outage_keeps_the_last_good
                         "seg-c": {"three": "deferred"}}
     kept = read_results(root, "seg-b", kind="robots")[0]
     assert kept["status_code"] == 503 and "the copy fetched" in kept["error"]
+
+
+def test_a_daemon_restarted_during_an_outage_keeps_the_stored_copy_in_force(base_conf, root):
+    """A daemon restarted (its host memory gone) while robots.txt answers 503 keeps the last good copy in force, as
+    a running one does: generate hands it over from `hosts` (crawler.robots.handed_over: the row after update
+    merged the 503, whose body and good-copy columns still hold the rules) and the daemon adopts it. Judged from
+    the server's log: /two fetched, /secret never requested. The control, a restart with nothing handed over,
+    defers the host's URLs (disallow all)."""
+    server = OutageServer()
+    conf = edge_conf(base_conf, **{"fetch.static_hosts": {"outage.test": "127.0.0.1"},
+                                   "robots.unreachable_retry_s": 0.2, "politeness.backoff_base_s": 0.2})
+    try:
+        write_fetchlist(root, "seg-a", [{"url": server.url("outage.test", "/one")}], conf.crawl.buckets)
+        fetch_segment(conf, root, "seg-a")
+        good = read_results(root, "seg-a", kind="robots")[0]
+        assert good["status_code"] == 200 and "/secret" in good["body"]
+        # `hosts` once update merged a later 503 (the last observation) over that answer (the last good copy).
+        now = datetime.now(UTC)
+        status, body, fetched_at, expires_at = handed_over(503, good["body"], now, now + timedelta(days=1), 200,
+                                                           good["fetched_at"], now)
+        copy = {"status_code": status, "body": body, "fetched_at": fetched_at, "expires_at": expires_at}
+        forget_hosts()  # the restart
+        write_fetchlist(root, "seg-b", [{"url": server.url("outage.test", "/two"), "robots": copy},
+                                        {"url": server.url("outage.test", "/secret")}], conf.crawl.buckets)
+        fetch_segment(conf, root, "seg-b")
+        forget_hosts()
+        write_fetchlist(root, "seg-c", [{"url": server.url("outage.test", "/three")}], conf.crawl.buckets)
+        fetch_segment(conf, root, "seg-c")
+    finally:
+        server.stop()
+    assert [r["path"] for r in sorted(server.requests("outage.test"), key=lambda r: r["start"])] == [
+        "/robots.txt", "/one", "/robots.txt", "/two", "/robots.txt"]
+    outcomes = {s: {u.rsplit("/", 1)[1]: r["outcome"] for u, r in by_url(read_results(root, s)).items()}
+                for s in ("seg-b", "seg-c")}
+    assert outcomes == {"seg-b": {"two": "success", "secret": "robots_denied"}, "seg-c": {"three": "deferred"}}
 
 
 def test_rows_are_published_within_results_publish_s_of_their_fetch_exactly_on_the_virtual_clock(base_conf, root):

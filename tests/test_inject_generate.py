@@ -233,11 +233,16 @@ def test_generate_skips_urls_the_stored_robots_rules_deny_until_they_expire(spar
     assert handed == {
         "http://a.test": {"status_code": 200, "body": rules, "fetched_at": fetched, "expires_at": expires},
         "http://c.test": {"status_code": 404, "body": "not found", "fetched_at": fetched, "expires_at": expires}}
-    # Once the stored policy has expired the daemon fetches robots.txt again, so the URLs go out with it.
+    # Once the stored policy has expired the daemon fetches robots.txt again, so the URLs go out with it, and with
+    # the stored copy as the last good one (expired: fetched_at = expires_at), which keeps its rules in force should
+    # robots.txt be unreachable (crawler.robots.handed_over, adopt).
     generate.run(spark, base_conf, root, "seg-r2", expires + timedelta(minutes=1))
     rows = [r for rows in fetchlist_rows(root, "seg-r2").values() for r in rows]
     assert {r["url"] for r in rows} == {"http://a.test/2", "http://a.test/4"}
-    assert all(r["robots_expires_at"] is None for r in rows)
+    handed = [handed_over_robots(row) for bucket in fetchlist_rows(root, "seg-r2")
+              for row in FetchList(root, "seg-r2", bucket).rows(KeySet())]
+    assert [robots for robots in handed if robots is not None] == [
+        {"status_code": 200, "body": rules, "fetched_at": fetched, "expires_at": fetched}]
 
 
 @pytest.mark.slow

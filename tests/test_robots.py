@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+from datetime import UTC, datetime, timedelta
+
 import pytest
 
+from crawler.config import ConfigError
 from crawler.robots import (
     RobotsCacheRules,
     RobotsPolicy,
     RobotsState,
+    adopt,
+    handed_over,
     is_allowed,
     is_unreachable,
     policy_for_status,
@@ -377,3 +382,50 @@ def test_unreachable_with_no_copy_disallows_all_and_a_4xx_answer_is_a_copy_too()
     never = RobotsCacheRules(ttl_s=DAY, use_cached_s=0.0, retry_s=600.0)  # unreachable_use_cached_days: 0
     kept = remember(None, GOOD, 200, 0.0, never)
     assert remember(kept, GOOD, 503, 1.0, never).policy.state is RobotsState.DISALLOW_ALL
+
+
+def test_a_stored_copy_is_adopted_in_force_then_kept_through_an_outage_as_a_running_daemon_would():
+    """`adopt` on an injected clock: a daemon that never saw the host (restarted) meets the stored copy."""
+    in_force = adopt(None, GOOD, stored_at=-100.0, stored_until=DAY - 100.0, now=0.0, rules=CACHE)
+    assert (in_force.policy, in_force.expires, in_force.good_at) == (GOOD, DAY - 100.0, -100.0)
+    # Expired two days ago: fetched again at once; a 503 then keeps the copy (younger than 30 days) ...
+    expired = adopt(None, GOOD, stored_at=-3 * DAY, stored_until=-2 * DAY, now=0.0, rules=CACHE)
+    assert expired.expires <= 0.0 and expired.good == GOOD
+    outage = remember(expired, RobotsPolicy.disallow_all(), 503, 0.0, CACHE)
+    assert outage.policy == GOOD and outage.unreachable == 1
+    # ... which a daemon without it would not: disallow all.
+    assert remember(None, RobotsPolicy.disallow_all(), 503, 0.0, CACHE).policy.state is RobotsState.DISALLOW_ALL
+    # A copy older than 30 days is adopted but never put in force by an outage.
+    old = adopt(None, GOOD, stored_at=-31 * DAY, stored_until=-30 * DAY, now=0.0, rules=CACHE)
+    assert remember(old, RobotsPolicy.disallow_all(), 503, 0.0, CACHE).policy.state is RobotsState.DISALLOW_ALL
+
+
+def test_a_daemon_keeps_what_it_knows_unless_the_stored_copy_is_newer_or_rescues_an_outage():
+    own = remember(None, GOOD, 200, 0.0, CACHE)
+    assert adopt(own, RobotsPolicy.allow_all(), stored_at=-5.0, stored_until=DAY, now=10.0, rules=CACHE) is None
+    # Disallowing all for an outage with no copy of its own: a young stored copy stands in until the next retry.
+    blind = remember(None, RobotsPolicy.disallow_all(), 503, 0.0, CACHE)
+    rescued = adopt(blind, GOOD, stored_at=-DAY, stored_until=-DAY + 1.0, now=10.0, rules=CACHE)
+    assert (rescued.policy, rescued.expires, rescued.unreachable) == (GOOD, blind.expires, 1)
+    too_old = adopt(blind, GOOD, stored_at=-40 * DAY, stored_until=-39 * DAY, now=10.0, rules=CACHE)
+    assert too_old.policy.state is RobotsState.DISALLOW_ALL and too_old.good == GOOD
+
+
+def test_the_stored_copy_a_hosts_row_hands_over():
+    """In force: the last observation; else the last good copy, expired; a row from before the good-copy columns
+    hands over its last observation when it was reachable; an unreachable one with no good copy: nothing."""
+    now = datetime(2026, 3, 1, 12, tzinfo=UTC)
+    hour = timedelta(hours=1)
+    assert handed_over(200, "b", now - hour, now + hour, 200, now - hour, now) == (200, "b", now - hour, now + hour)
+    good_at = now - 48 * hour
+    assert handed_over(503, "b", now - hour, now + hour, 200, good_at, now) == (200, "b", good_at, good_at)
+    assert handed_over(200, "b", now - 30 * hour, now - 6 * hour, None, None, now) == (
+        200, "b", now - 30 * hour, now - 30 * hour)
+    assert handed_over(503, None, now - hour, now + hour, None, None, now) is None
+    assert handed_over(None, None, None, None, None, None, now) is None
+
+
+def test_the_cached_copy_limit_cannot_pass_30_days(base_conf):
+    assert base_conf.with_overrides({"robots.unreachable_use_cached_days": 30}).robots.unreachable_use_cached_days == 30
+    with pytest.raises(ConfigError, match=r"robots.unreachable_use_cached_days.*at most 30 days"):
+        base_conf.with_overrides({"robots.unreachable_use_cached_days": 365})

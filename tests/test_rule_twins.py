@@ -31,6 +31,8 @@ from crawler.politeness import PolitenessRules, is_backing_off, is_backing_off_s
 from crawler.revisit import PreviousState, RevisitPolicy
 from crawler.robots import (
     RobotsState,
+    handed_over,
+    handed_over_sql,
     observation_reusable,
     observation_reusable_sql,
     rules_in_force,
@@ -347,6 +349,24 @@ def test_robots_observation_reusable_agrees(spark):
                                observation_reusable_sql("robots_status_code", "robots_expires_at", "now"))
     assert got == {i: observation_reusable(status, expires, ROBOTS_NOW) for i, (status, expires) in enumerate(cases)}
     assert sorted(cases[i][0] for i, reusable in got.items() if reusable) == [200, 301, 404, 499]
+
+
+def test_robots_handed_over_agrees(spark):
+    hour = timedelta(hours=1)
+    cases = [case for case in itertools.product(
+        [None, 200, 404, 503], ["b", None], [None, ROBOTS_NOW - hour], [None, ROBOTS_NOW - hour, ROBOTS_NOW + hour],
+        [None, 200], [None, ROBOTS_NOW - 48 * hour]) if (case[4] is None) == (case[5] is None)]
+    frame = spark.createDataFrame([(i, *case) for i, case in enumerate(cases)],
+                                  "i int, sc int, body string, fa timestamp, ea timestamp, gsc int, ga timestamp")
+    sql = handed_over_sql("sc", "body", "fa", "ea", "gsc", "ga", "now")
+    got = {row.i: None if row.got is None else tuple(row.got)
+           for row in frame.withColumn("now", F.lit(ROBOTS_NOW)).selectExpr("i", f"{sql} as got").collect()}
+    expected = {i: handed_over(*case, ROBOTS_NOW) for i, case in enumerate(cases)}
+    def aware(moment: datetime | None) -> datetime | None:  # collected naive, in this process's time zone
+        return None if moment is None else moment.astimezone(UTC)
+
+    assert {i: None if v is None else (v[0], v[1], aware(v[2]), aware(v[3])) for i, v in got.items()} == expected
+    assert sum(v is not None for v in expected.values()) > len(cases) // 3
 
 
 def test_segment_order_agrees(spark):

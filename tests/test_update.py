@@ -357,6 +357,8 @@ def test_failures_back_hosts_off_across_segments_and_a_long_streak_makes_a_host_
     assert rows["http://n.test"].failing_since == naive  # untouched by a segment that got no result from it
     r = rows["http://r.test"]
     assert (r.robots_state, r.robots_status_code, r.robots_body, r.policy_version) == ("disallow_all", 503, good, 1)
+    assert (r.robots_good_at, r.robots_good_status_code) == (naive, 200)  # the last good copy's, for the daemons
+    assert rows["http://d.test"].robots_good_status_code == 404  # a 404 is a good copy too: allow all
     assert (r.backoff_level, r.failing_since) == (1, at2.replace(tzinfo=None))
 
     # The frontier figures of both steps (jobs/cycle_metrics.py), from the tables as each step saw them.
