@@ -13,14 +13,17 @@ from datetime import UTC, datetime
 from typing import NoReturn
 
 from crawler import layout
-from crawler.errors import EXIT_TRY_LATER, EXIT_USER_ERROR, TryLater, UserError
+from crawler.errors import EXIT_GATE_CLOSED, EXIT_TRY_LATER, EXIT_USER_ERROR, GateClosed, TryLater, UserError
 
 # What every command's exit status means (crawler/errors.py), at the end of each command's --help.
 EXIT_CODES = """exit codes:
   0   done
   1   a bug: the traceback says where
   2   a mistake in what was asked (argument, config key, file, segment): one line on stderr names it
-  3   crawl validate: an expectation failed (the data failed its gate; the report says which)
+  3   crawl validate (or the validation of crawl cycle): an expectation failed (the report says which); the
+      quality gate is closed until a validation passes
+  4   the quality gate is closed: generate (crawl run, crawl cycle) makes no new segment; one line names the table
+      and expectation (crawl generate --override-gate REASON lets one run through)
   75  try later: another command holds the crawl, backpressure, a lost Delta commit, a daemon whose crawl's
       settings changed under it"""
 
@@ -76,14 +79,16 @@ def positive_int(text: str) -> int:
 def run(parser: argparse.ArgumentParser, argv: Sequence[str] | None,
         command: Callable[[argparse.Namespace], int]) -> int:
     """Parse `argv` and run `command` on it; a UserError it raises is one line on stderr and exit 2 (TryLater, e.g.
-    backpressure: exit 75). Any other exception is a bug and keeps its traceback."""
+    backpressure: exit 75; GateClosed: exit 4). Any other exception is a bug and keeps its traceback."""
     args = parser.parse_args(argv)
     try:
         return command(args)
     except BrokenPipeError:  # the reader of stdout went away (`crawl config show | head`): not an error of ours
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # Python's flush at exit would fail again
         return 0
-    except (UserError, TryLater) as exc:
+    except (UserError, TryLater, GateClosed) as exc:
         name = " ".join(filter(None, (parser.prog, getattr(args, "command", None))))
         print(f"{name}: {exc}", file=sys.stderr)
+        if isinstance(exc, GateClosed):
+            return EXIT_GATE_CLOSED
         return EXIT_TRY_LATER if isinstance(exc, TryLater) else EXIT_USER_ERROR

@@ -17,6 +17,10 @@ EXIT_USER_ERROR = 2
 # daemon whose crawl's settings changed under it. Nothing is wrong with what was asked. 75 is sysexits' EX_TEMPFAIL
 # ("try again later"); the DAG skips its generate on it instead of failing and retrying.
 EXIT_TRY_LATER = 75
+# Generate refuses a new segment because the data failed its validation (crawler.gate): nothing a retry or a wait
+# fixes, and no mistake in what was asked; an operator fixes the data (then `crawl validate` reopens the gate) or
+# overrides it. The DAG skips its generate on it, with the line as the reason.
+EXIT_GATE_CLOSED = 4
 # How many existing segments an UnknownSegment message names (the latest ones, by id).
 NAMED_SEGMENTS = 5
 
@@ -28,6 +32,11 @@ class UserError(Exception):
 class TryLater(Exception):
     """The command cannot go on now but may later; the message says why and what to wait for. One line on stderr
     and `EXIT_TRY_LATER`, like a UserError but not the user's mistake."""
+
+
+class GateClosed(Exception):
+    """The quality gate is closed (crawler.gate): the message names the table and expectation that failed and what
+    reopens it. One line on stderr and `EXIT_GATE_CLOSED`."""
 
 
 class Backpressure(TryLater):

@@ -12,6 +12,8 @@
     ROOT/segments/<segment_id>/_GENERATING.json            generate has not published the segment yet: every reader
                                                            takes it for absent
     ROOT/locks/writer/epoch-NNNNNNNNNN.json                the crawl's writer lock (crawler.writelock)
+    ROOT/_gate.json                                        the quality gate is closed: the tables and expectations
+                                                           that failed validation (crawler.gate); absent: open
 
 CDXJ files live in their own folder, not next to the WARC files: the daemon owns its warc/ folder (its resume
 removes and renames files there), and a replay tool can be pointed at cdxj/ alone. The WARC paths a CDXJ line
@@ -46,6 +48,7 @@ DONE_MANIFEST = "_DONE.json"
 CLOSED_MARKER = "_CLOSED.json"
 CRAWL_RECORD = "_crawl.json"
 GENERATING_MARKER = "_GENERATING.json"
+GATE_RECORD = "_gate.json"
 # A segment id names a folder and goes into SQL predicates: letters, digits, '_', '.', '-', starting with a letter or
 # digit (so never '.', '..', a hidden name or an option), at most 128 characters.
 SEGMENT_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,127}$")
@@ -184,6 +187,11 @@ def done_manifest(root: str, segment_id: str, bucket: int) -> str:
 def crawl_record(root: str) -> str:
     """`_crawl.json`: the bucketing a crawl was started with (crawler.bucketing)."""
     return join(root, CRAWL_RECORD)
+
+
+def gate_record(root: str) -> str:
+    """`_gate.json`: what holds the quality gate closed (crawler.gate)."""
+    return join(root, GATE_RECORD)
 
 
 def closed_marker(root: str, segment_id: str) -> str:

@@ -12,6 +12,9 @@ file context in a temporary folder; only its Data Docs site is kept, under the r
 
 --out DIR puts the run folder under a local DIR instead. For an s3:// root the run is built in a local temporary
 folder (GX writes Data Docs as local files) and then copied to ROOT/validation/<UTC timestamp>/.
+
+Every run then closes or reopens the quality gate (crawler.gate, `ROOT/_gate.json` through jobs/gate.py): a table
+that failed holds it closed, and generate makes no new segment, until a run in which that table passes.
 """
 
 from __future__ import annotations
@@ -31,6 +34,8 @@ from pyspark.sql import DataFrame, SparkSession
 from crawler import layout
 from crawler.config import Config, bundled
 from crawler.errors import UserError
+from crawler.gate import GateFailure, GateRecord
+from jobs import gate
 from jobs.base import read_table, step
 from jobs.storage import Storage
 
@@ -123,6 +128,7 @@ class ValidationResult:
     out_dir: Path  # where the report and Data Docs were built (a local folder)
     tables: list[TableValidation] = field(default_factory=list)
     published_to: str | None = None  # ROOT/validation/<stamp> when they were copied to an s3:// root
+    gate: GateRecord | None = None  # the quality gate after this run (None: open)
 
     @property
     def location(self) -> str:
@@ -144,17 +150,28 @@ class ValidationResult:
     def data_docs_index(self) -> Path:
         return self.out_dir / "data_docs" / "index.html"
 
-    def summary(self) -> str:
-        """A few lines for the terminal; the report has the rest."""
+    def verdict(self) -> str:
+        """Passed, or how many expectations failed in which tables: one line."""
         total = sum(t.evaluated for t in self.tables)
         if self.success:
-            head = f"validate: passed: {total} expectations on {len(self.tables)} tables"
-        else:
-            per_table = ", ".join(f"{t.table}: {len(t.failures)}" for t in self.tables if t.failures)
-            head = f"validate: FAILED: {len(self.failures)} of {total} expectations failed ({per_table})"
-        lines = [head, *(f"  {f.table}: {f.describe()}" for f in self.failures)]
+            return f"passed: {total} expectations on {len(self.tables)} tables"
+        per_table = ", ".join(f"{t.table}: {len(t.failures)}" for t in self.tables if t.failures)
+        return f"FAILED: {len(self.failures)} of {total} expectations failed ({per_table})"
+
+    def headline(self) -> str:
+        """One line for a progress line or a cycle report (`jobs.cycle.describe`): the verdict, the report, and
+        the quality gate when it is closed."""
+        closed = f"; quality gate closed by {', '.join(self.gate.tables)}" if self.gate is not None else ""
+        return f"{self.verdict()}; report {self.location}/report.md{closed}"
+
+    def summary(self) -> str:
+        """A few lines for the terminal; the report has the rest."""
+        lines = [f"validate: {self.verdict()}", *(f"  {f.table}: {f.describe()}" for f in self.failures)]
         lines += [f"validate: report {self.location}/report.md",
                   f"validate: data docs {self.location}/data_docs/index.html"]
+        if self.gate is not None:
+            lines.append(f"validate: quality gate closed by {', '.join(self.gate.tables)}: generate makes no new "
+                         "segment until they pass validation")
         return "\n".join(lines)
 
 
@@ -269,6 +286,9 @@ def run(spark: SparkSession, conf: Config, root: str, tables: list[str] | None =
         result.published_to = _publish(result.out_dir, layout.join(root, "validation", result.out_dir.name),
                                        Storage.from_conf(conf))
         shutil.rmtree(staging, ignore_errors=True)
+    result.gate = gate.record_validation(
+        Storage.from_conf(conf), root, names, [GateFailure(f.table, f.name, f.rule) for f in result.failures],
+        started, f"{result.location}/report.md")
     return result
 
 
@@ -363,7 +383,7 @@ def check_suites(conf: Config, root: str, tables: list[str] | None, out: str | N
 
 
 def run_command(spark: SparkSession, conf: Config, root: str, tables: list[str] | None, out: str | None) -> int:
-    """`crawl validate`: the summary; exit 0 when every expectation holds, 1 when one fails."""
+    """`crawl validate`: the summary; exit 0 when every expectation holds, 3 when one fails."""
     result = run(spark, conf, root, tables=tables, out=out)
     print(result.summary())
     return 0 if result.success else EXIT_VALIDATION_FAILED
