@@ -168,6 +168,7 @@ _RULES: dict[str, tuple[Any, str]] = {
     "cycle.poll_s": (_positive, "must be > 0"),
     "cycle.metrics_port": (lambda v: 0 <= v <= 65535, "must be between 0 (no endpoint) and 65535"),
     "cycle.metrics_host": (_ip, "must be an IP address such as 127.0.0.1"),
+    "cycle.validate_every_s": (_non_negative, "must be >= 0 (0: after every merged segment)"),
     "service_levels.discovery_durable_s": (_positive, "must be > 0"),
     "service_levels.lease_within_s": (_positive, "must be > 0"),
     "service_levels.lease_share": (lambda v: 0 < v <= 1, "must be in (0, 1]"),

@@ -91,6 +91,7 @@ class CycleSettings:
     poll_s: float
     metrics_port: int
     metrics_host: str
+    validate_every_s: float
 
 @dataclass(frozen=True)
 class ServiceLevelsSettings:

@@ -435,6 +435,9 @@ CYCLE_METRICS = TableDef(
             _f("discovery_durable_p50_s", D, True, "update: median of that lag, seconds (null: no page measured)"),
             _f("discovery_durable_p99_s", D, True, "update: p99 of that lag, seconds, judged against "
                                                    "service_levels.discovery_durable_s (null: no page measured)"),
+            _f("gate_override", S, True, "generate: the reason an operator gave for making this segment while the "
+                                         "quality gate was closed (crawl generate --override-gate; null: the gate "
+                                         "was open)"),
         ]
     ),
     # Insert-only (never updated): every reader (delta-rs in the DAG too) opens it.

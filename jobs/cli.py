@@ -65,7 +65,8 @@ class Command:
     # `segments` table, jobs/report.py; `fetch` is checked by the daemon's fetch_segment, for `fetchd fetch` too.)
     segment_folder: bool = False
     # "module:function", called as function(conf, root, **options) before Spark starts: the command's own checks
-    # beyond its arguments' (validate: every suite it will run is there and well-formed).
+    # beyond its arguments' (validate: every suite it will run is there and well-formed; generate: the quality gate
+    # is open or overridden, so a refused generate costs no JVM start).
     before_spark: str | None = None
     # It reads or writes rows by bucket: refused before Spark starts when the config's `crawl.buckets` or
     # `politeness.key` is not the crawl's (`jobs/base.py::check_bucketing`). Not `init` (no rows yet); the commands
@@ -98,6 +99,13 @@ def _wait_seconds(seconds: float) -> None:
         raise UserError(f"--wait-for-daemons must be a number of seconds, 0 or more: {seconds}")
 
 
+def _reason(text: str) -> str:
+    """--override-gate: a reason someone can read later in `cycle_metrics` (a usage error, exit 2, when blank)."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError("give the reason for overriding the quality gate (it is recorded)")
+    return text.strip()
+
+
 def _run_seconds(text: str) -> float:
     """--for: a finite number of seconds above 0 (a usage error, exit 2, otherwise)."""
     try:
@@ -118,10 +126,15 @@ COMMANDS: tuple[Command, ...] = (
     Command("inject", "add seed URLs (one per line, tab-separated metadata)",
             "jobs.inject:run_command", spark=True, arguments=(
                 option("--seeds", required=True, help="seeds file", check=_seeds_file),)),
-    Command("generate", "select due URLs into a new segment's fetch list",
-            "jobs.generate:run_command", spark=True, arguments=(
+    Command("generate", "select due URLs into a new segment's fetch list (refused, exit 4, while the quality gate "
+                        "is closed)",
+            "jobs.generate:run_command", spark=True, before_spark="jobs.gate:check_before_generate", arguments=(
                 option("--segment", type=commandline.segment_id, help="segment id (default: seg-<UTC timestamp>)"),
-                option("--now", type=commandline.iso_time, help="ISO-8601 time to generate as of (default: now)"))),
+                option("--now", type=commandline.iso_time, help="ISO-8601 time to generate as of (default: now)"),
+                option("--override-gate", type=_reason, metavar="REASON",
+                       help="make this one segment although the quality gate is closed (a failed validation, "
+                            "ROOT/_gate.json); the reason is recorded in its cycle_metrics row, the gate stays "
+                            "closed"))),
     Command("fetch", "run a fetch daemon in the foreground until the segment's buckets are done",
             "jobs.fetch:fetch_command", checks_bucketing=False, arguments=(SEGMENT,)),
     Command("parse", "parse the segment's WARC records into pages and links",

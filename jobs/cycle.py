@@ -1,5 +1,9 @@
 """One crawl cycle on the embedded default: inject (if seeds) -> generate -> fetch -> parse -> dedup -> update
-(-> index, when index.enabled).
+(-> index, when index.enabled); `crawl cycle` then validates every table, as the DAG's validate step does.
+
+A failed validation closes the quality gate (crawler.gate): `crawl cycle` stops there with exit 3 (the cycles left
+are not run), and while the gate is closed its generate refuses (exit 4, the line naming the table and expectation).
+The validation is `run_command`'s, not `run_cycle`'s: the steps alone are what the tests' crawls run.
 
 The fetch step runs a daemon in this process; on a cluster the same steps run as separate Spark
 submissions and long-lived daemons (see airflow_dags/ and docs/architecture.md).
@@ -37,7 +41,9 @@ class CycleReport:
 
 
 def describe(result: Any) -> str:
-    """One line for a step's result: its `summary()`, or the daemon's summary dict."""
+    """One line for a step's result: its `headline()` or `summary()`, or the daemon's summary dict."""
+    if hasattr(result, "headline"):
+        return result.headline()
     if hasattr(result, "summary"):
         return result.summary()
     if isinstance(result, dict) and "outcomes" in result:
@@ -93,7 +99,20 @@ def run_cycle(spark: SparkSession, conf: Config, root: str, seeds: str | None = 
 
 
 def run_command(spark: SparkSession, conf: Config, root: str, seeds: str | None, cycles: int) -> int:
-    """`crawl cycle`: `cycles` cycles, the seeds injected in the first, each cycle's report as it ends."""
+    """`crawl cycle`: `cycles` cycles, the seeds injected in the first, each validated once merged, each cycle's
+    report as it ends; a failed validation ends the command (exit 3) with its summary."""
+    from jobs import validate
+
     for number in range(1, cycles + 1):
-        print(run_cycle(spark, conf, root, seeds=seeds if number == 1 else None).render(number))
+        report = run_cycle(spark, conf, root, seeds=seeds if number == 1 else None)
+        if report.segment_id is None:  # nothing was generated: nothing changed to validate
+            print(report.render(number))
+            continue
+        started = time.monotonic()
+        validation = validate.run(spark, conf, root)
+        report.seconds["validate"], report.steps["validate"] = time.monotonic() - started, validation
+        print(report.render(number))
+        if not validation.success:
+            print(validation.summary())
+            return validate.EXIT_VALIDATION_FAILED
     return 0

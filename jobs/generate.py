@@ -17,7 +17,10 @@ figures at this moment (backlog, oldest due URL, high-priority URLs left out) go
 
 Before any of that, backpressure (crawler.frontier.backpressure): no new segment while an earlier one has
 finished fetching without being merged, or while more than generate.max_unmerged_segments are still open; the
-refusal is `crawler.errors.Backpressure` (a `TryLater`: exit 75), which the DAG turns into a skipped run.
+refusal is `crawler.errors.Backpressure` (a `TryLater`: exit 75), which the DAG turns into a skipped run. Before
+backpressure, the quality gate (crawler.gate): no new segment while a table failed its validation and has not passed
+one since (`crawler.errors.GateClosed`, exit 4, naming the table and expectation), unless the operator overrides it
+for this run (`override_gate`: the reason, recorded in the segment's `cycle_metrics` row).
 
 The whole job holds the crawl's writer lock (crawler.writelock), so no other command rewrites `urls` or leases
 meanwhile. The segment is published only once its leases are committed: its folder carries `_GENERATING.json`
@@ -40,6 +43,7 @@ from datetime import UTC, datetime, timedelta
 from pyspark.sql import Column, DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 
+from crawler import gate as crawler_gate
 from crawler import layout
 from crawler.config import Config
 from crawler.errors import Backpressure, UserError
@@ -63,7 +67,7 @@ from crawler.service_levels import due_since_sql, is_eligible_sql, is_high_prior
 from crawler.status import FINISHED_SEGMENT_STATES, SegmentState
 from crawler.writelock import holder
 from delta_tables import tables
-from jobs import cycle_metrics
+from jobs import cycle_metrics, gate
 from jobs.base import check_bucketing, merge_counts, pinned_table, sized_to_input, step, table_turn
 from jobs.storage import Storage
 from jobs.writelock import HeldLock, writer_lock
@@ -83,6 +87,7 @@ class GenerateResult:
     # (crawler.leases.due_from; None: no URL comes due by time alone). What `crawl run` waits on between merges.
     urls_version: int | None = None
     next_due_at: datetime | None = None
+    gate_override: str | None = None  # the operator's reason for generating while the quality gate was closed
 
     @property
     def empty(self) -> bool:
@@ -345,23 +350,29 @@ def unmerged_segments(conf: Config, root: str, open_ids: list[str]) -> dict[str,
 
 
 def run(spark: SparkSession, conf: Config, root: str, segment_id: str | None = None,
-        now: datetime | None = None, merging: frozenset[str] = frozenset()) -> GenerateResult:
+        now: datetime | None = None, merging: frozenset[str] = frozenset(),
+        override_gate: str | None = None) -> GenerateResult:
     """Select, write and lease the next segment's fetch list, holding the crawl's writer lock (crawler.writelock:
     no other generate, rebucket, update, inject or dedup commit runs meanwhile). `merging`: the segments the caller
-    is merging itself (`crawl run`), which backpressure does not take for stalled."""
+    is merging itself (`crawl run`), which backpressure does not take for stalled. `override_gate`: the operator's
+    reason for going through a closed quality gate (crawler.gate) this once."""
     now = as_utc(now or datetime.now(UTC))
     segment_id = layout.check_segment_id(segment_id or default_segment_id(now))
     tables.ensure_tables(spark, root)
     # Its work follows the due URLs it reads: sized by as many as the last generate found.
     with writer_lock(conf, root, "generate") as lock, sized_to_input(
             spark, conf, lambda: cycle_metrics.last_due_urls(spark, root)):
-        return _generate(spark, conf, root, segment_id, now, lock, merging)
+        return _generate(spark, conf, root, segment_id, now, lock, merging, override_gate)
 
 
 def _generate(spark: SparkSession, conf: Config, root: str, segment_id: str, now: datetime,
-              lock: HeldLock, merging: frozenset[str]) -> GenerateResult:
+              lock: HeldLock, merging: frozenset[str], override_gate: str | None) -> GenerateResult:
     # Asked again under the lock: a rebucket this generate waited for may have changed the crawl's bucketing.
     check_bucketing(conf, root, record=False)
+    storage = Storage.from_conf(conf)
+    result = GenerateResult(segment_id, gate_override=crawler_gate.check(gate.read(storage, root), override_gate))
+    if result.gate_override is not None:
+        log.warning("generate %s: the quality gate is closed and overridden: %s", segment_id, result.gate_override)
     own_states, open_ids, recorded = segment_states(spark, root, segment_id)
     if own_states - {SegmentState.GENERATED.value}:
         raise UserError(f"segment {segment_id} is past the generated state; generate a new segment instead")
@@ -369,9 +380,7 @@ def _generate(spark: SparkSession, conf: Config, root: str, segment_id: str, now
     if refusal:
         log.warning("generate %s refused: %s", segment_id, refusal)
         raise Backpressure(f"no new segment: {refusal}")
-    storage = Storage.from_conf(conf)
     remove_unpublished(storage, root, recorded)
-    result = GenerateResult(segment_id)
     # The due URLs are read once, for the selection, its second look at the eligible ones, and the figures.
     due = due_urls(spark, root, segment_id, now).persist()
     try:
@@ -437,6 +446,7 @@ def _write_and_lease(spark: SparkSession, conf: Config, root: str, segment_id: s
         with step(f"generate {segment_id}: frontier figures"):
             figures = cycle_metrics.generate_figures(spark, conf, root, segment_id, now, due, selected, per_bucket,
                                                      eligible_high, len(open_ids))
+            figures["gate_override"] = result.gate_override
         with step(f"generate {segment_id}: lease"):
             lock.check(f"leasing segment {segment_id}")
             leased = lease(spark, root, selected, segment_id, now, conf.generate.lease_seconds)
@@ -468,8 +478,9 @@ def remove_unpublished(storage: Storage, root: str, recorded: set[str]) -> None:
             storage.delete_folder(layout.segment_dir(root, segment_id))
 
 
-def run_command(spark: SparkSession, conf: Config, root: str, segment: str | None, now: datetime | None) -> int:
+def run_command(spark: SparkSession, conf: Config, root: str, segment: str | None, now: datetime | None,
+                override_gate: str | None) -> int:
     """`crawl generate`: the new segment's id (the next steps need it) and what it holds."""
-    result = run(spark, conf, root, segment_id=segment, now=now)
+    result = run(spark, conf, root, segment_id=segment, now=now, override_gate=override_gate)
     print(f"generate: segment {result.segment_id}: {result.summary()}")
     return 0

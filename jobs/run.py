@@ -19,6 +19,14 @@ commit takes its table's turn (`jobs.base.table_turn`), so the lanes' commits ne
 refused (exit 75's reasons: too many open segments, the writer lock held elsewhere) the driver waits for the next
 tick.
 
+Validation gates the next segment (crawler.gate). After a segment is merged, once `cycle.validate_every_s` have
+passed since the driver started or last validated, the main lane validates every table (`crawl validate`'s suites,
+about 11 s on a small crawl: at every 30 s cycle it would hold the merges and generates up for a third of the time).
+A failed validation closes the quality gate, and so does one run elsewhere (`crawl validate`); once the driver knows
+the gate is closed (its own validation, or generate refusing with `GateClosed`) it generates no more, merges the
+segments it has open, and stops with exit 4 and the refusal's line: the data needs a person, and a driver waiting
+on a closed gate would only look alive. A restart while the gate is still closed merges nothing new and stops again.
+
 The driver keeps no state of its own: every step is idempotent per segment (docs/architecture.md, Idempotence and
 completion), and at start it reads the open segments from the `segments` table and their fetch progress from the
 segment folders once, then runs each one's remaining steps in order. From then on it knows what it generated and
@@ -27,8 +35,8 @@ merged, and looks at nothing but the fetching segments' folders (`fetchd.progres
 Exit status: 0 when stopped (SIGTERM, SIGINT, --for, --until-idle, or the daemon child stopped by a signal),
 after the steps in progress (both lanes') and the daemon child's own stop; the daemon child's status when it ended
 otherwise (75 when the crawl's settings changed under it, 1 when it failed or was killed); 75 when a step cannot go
-on now (another command's commit won, the writer lock held elsewhere: `crawler.errors.TryLater`); 2 for a user
-mistake; 1 for any other failure. A restart resumes.
+on now (another command's commit won, the writer lock held elsewhere: `crawler.errors.TryLater`); 4 when the quality
+gate is closed (after merging the open segments); 2 for a user mistake; 1 for any other failure. A restart resumes.
 """
 
 from __future__ import annotations
@@ -50,7 +58,7 @@ from typing import TYPE_CHECKING, Any
 
 from crawler import layout, logs
 from crawler.config import Config
-from crawler.errors import EXIT_TRY_LATER, TryLater
+from crawler.errors import EXIT_TRY_LATER, GateClosed, TryLater
 from crawler.frontier import backpressure
 from crawler.status import FINISHED_SEGMENT_STATES, SegmentState
 from jobs.cycle import CycleReport, describe
@@ -64,6 +72,7 @@ log = logging.getLogger("jobs.run")
 
 INJECT, GENERATE, FETCH = "inject", "generate", "fetch"
 PARSE, DEDUP, UPDATE, INDEX = "parse", "dedup", "update", "index"
+VALIDATE = "validate"
 PROGRESS = "run:"  # every progress line on stdout starts with it
 BATCH_STEPS = (GENERATE, PARSE, DEDUP, UPDATE)  # the steps the driver's metrics time
 PARSE_POOL = "parse"  # the parse lane's Spark scheduler pool
@@ -142,6 +151,8 @@ class Driver:
         # of the two moves, a generate would find nothing again, so the ticks leave it out.
         self.quiet: tuple[int, datetime | None] | None = None
         self.merged = 0
+        self.validated_at = time.monotonic()  # the driver's start, then its last validation (cycle.validate_every_s)
+        self.gate_closed: GateClosed | None = None  # once set: no more generates; stop when nothing is open
 
     # -- start: what the tables and folders say is left -------------------------------------------------------
 
@@ -185,6 +196,8 @@ class Driver:
         self.resume()
         try:
             while not self.stop.is_set() and time.monotonic() < deadline:
+                if self.gate_closed is not None and not self.open:
+                    raise self.gate_closed
                 if self.daemon is not None and self.daemon.exitcode is not None:
                     # 0: it was stopped (a SIGTERM to the whole process group reaches it too); else it failed
                     status = self.daemon.exitcode
@@ -263,7 +276,24 @@ class Driver:
             self.quiet = None
             self.merged_since_generate = True
             print(segment.report.render(self.merged), flush=True)
+            self._validate_if_due()
         return True
+
+    def _validate_if_due(self) -> None:
+        """Validate every table once `cycle.validate_every_s` have passed since the last validation (or the start);
+        a failure closes the quality gate (crawler.gate), which ends the generates."""
+        from jobs import validate
+
+        if time.monotonic() - self.validated_at < self.conf.cycle.validate_every_s:
+            return
+        result = self._step(VALIDATE, None, validate.run, self.spark, self.conf, self.root).result
+        self.validated_at = time.monotonic()
+        if result.gate is not None:
+            self._close_gate(result.gate.refusal())
+
+    def _close_gate(self, refusal: GateClosed) -> None:
+        log.error("run: %s; no new segment: stopping once the %d open segments are merged", refusal, len(self.open))
+        self.gate_closed = refusal
 
     @staticmethod
     def _job(name: str) -> Callable[..., Any]:
@@ -280,6 +310,8 @@ class Driver:
         generate.max_unmerged_segments. A refusal waits for the next tick. False when nothing was tried."""
         from jobs import generate
 
+        if self.gate_closed is not None:
+            return False
         if time.monotonic() < self.next_tick and (self.open or not self.merged_since_generate):
             return False
         merging = frozenset(self.open)
@@ -292,9 +324,11 @@ class Driver:
         self.merged_since_generate = False
         segment_id, now = self.regenerate[0] if self.regenerate else (None, None)
         record = self._step(GENERATE, segment_id, generate.run, self.spark, self.plan, self.root, segment_id, now,
-                            merging, refusal=TryLater)
+                            merging, refusal=(TryLater, GateClosed))
         result = record.result
-        if isinstance(result, TryLater):
+        if isinstance(result, GateClosed):
+            self._close_gate(result)
+        if isinstance(result, Exception):
             return True
         if self.regenerate:
             self.regenerate.pop(0)
@@ -328,16 +362,16 @@ class Driver:
     # -- steps and their observers -----------------------------------------------------------------------
 
     def _step(self, name: str, segment: OpenSegment | str | None, func: Callable[..., Any], *args: Any,
-              refusal: type[Exception] | None = None) -> StepRecord:
-        """Run one step, print its start, and tell every observer once it is over. With `refusal`, an exception
-        of that class is the step's result (reported) instead of the driver's end."""
+              refusal: tuple[type[Exception], ...] = ()) -> StepRecord:
+        """Run one step, print its start, and tell every observer once it is over. An exception of a `refusal`
+        class is the step's result (reported) instead of the driver's end."""
         segment_id = segment.segment_id if isinstance(segment, OpenSegment) else segment
         print(f"{PROGRESS} {name} {segment_id or '-'} started", flush=True)
         started = time.monotonic()
         try:
             result = func(*args)
         except Exception as exc:
-            if refusal is None or not isinstance(exc, refusal):
+            if not isinstance(exc, refusal):
                 raise
             result = exc
         seconds = time.monotonic() - started
