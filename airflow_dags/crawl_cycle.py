@@ -30,6 +30,7 @@ from cyclecrawl_dags import (
     CRAWL_ENV,
     CYCLE_DEADLINE,
     DEFAULT_ARGS,
+    EXIT_GATE_CLOSED,
     EXIT_TRY_LATER,
     EXIT_VALIDATION_FAILED,
     STEP_TIMEOUT,
@@ -189,9 +190,11 @@ with DAG(
         'generate --segment "$SEGMENT" ${SEGMENT_MAX_URLS:+--set generate.segment_max_urls="$SEGMENT_MAX_URLS"}',
         "`crawl generate --segment seg-<run time>`: due URLs into the segment's fetch lists, leased to it. Exit 75 "
         "(backpressure: an earlier segment finished fetching but is not merged, or too many are open) skips the run "
-        "instead of failing it: no retries, no new leases, the next run asks again.",
+        "instead of failing it: no retries, no new leases, the next run asks again. Exit 4 (the quality gate is "
+        "closed: an earlier run's validate failed, crawler/gate.py) skips it too, the skip's reason naming the table "
+        "and expectation, until `crawl validate` passes again (or an operator runs `crawl generate --override-gate`).",
         trigger_rule="none_failed",  # runs after a skipped inject
-        skip_on_exit_code=EXIT_TRY_LATER,
+        skip_on_exit_code=[EXIT_TRY_LATER, EXIT_GATE_CLOSED],
     )
 
     @task.branch(task_id="fetch", doc_md="Chooses the fetch by the `fetch_mode` param; skips the rest of the "
@@ -311,7 +314,8 @@ depends_on_past). Nothing measured (no page with outlinks, no URL decided) is no
     validate = spark_step(
         "validate", 'validate ${VALIDATION_OUT:+--out "$VALIDATION_OUT"}',
         "`crawl validate`: Great Expectations suites over the tables; a failed expectation (exit 3) fails the run "
-        "here, without retries (the data would fail again).",
+        "here, without retries (the data would fail again), and closes the quality gate: the next runs' generate "
+        "skips (exit 4) until a validation passes.",
         trigger_rule="none_failed_min_one_success",  # after update, and after index when it ran
         fail_on_exit_code=(EXIT_VALIDATION_FAILED,),
     )

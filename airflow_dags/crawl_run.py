@@ -13,7 +13,9 @@ next run resumes from the tables. `max_active_runs=1` keeps one driver per root 
 `execution_timeout` (run_minutes + 4) ends a driver that did not stop: Airflow's SIGTERM stops it the same way, and
 a kill -9 loses nothing either (the next run resumes every open segment). Exit 75 (the crawl's settings changed
 under its daemon child, another command holding the writer lock) skips the run; exit 2 (a mistake in what was asked:
-a config key, a file) fails it without retries; any other failure is retried.
+a config key, a file) and exit 4 (the quality gate closed: the driver's own validation, or a `crawl validate`, failed;
+the driver merged its open segments and stopped, crawler/gate.py) fail it without retries, the alert naming the table
+and expectation (there is no validate task here to alert); any other failure is retried.
 
 With `daemons: false` the driver starts no fetch daemon: long-running `crawl fetchd` services fetch (the cycle
 DAG's `daemons` mode); with true (the default) it runs one as its child, for one machine.
@@ -33,6 +35,7 @@ from cyclecrawl_dags import (
     CONFIG_ARGS,
     CRAWL_ENV,
     DEFAULT_ARGS,
+    EXIT_GATE_CLOSED,
     EXIT_TRY_LATER,
     SUBMIT,
     CrawlCommand,
@@ -80,7 +83,9 @@ with DAG(
         env=STEP_ENV, append_env=True,
         execution_timeout=timedelta(minutes=RUN_MINUTES + STOP_MARGIN_MINUTES),
         skip_on_exit_code=EXIT_TRY_LATER,
+        fail_on_exit_code=(EXIT_GATE_CLOSED,),
         outlets=[table_asset(ROOT, "index_events")],
         doc_md="`crawl run --for run_minutes`: the continuous driver until then (docs/architecture.md, Continuous "
-               "operation); exit 0 when it stopped itself, 75 skips the run, anything else is retried.",
+               "operation); exit 0 when it stopped itself, 75 skips the run, 4 (the quality gate closed) fails it "
+               "without retries, anything else is retried.",
     )

@@ -18,9 +18,11 @@ import os
 import re
 import urllib.request
 from datetime import datetime, timedelta
+from functools import cached_property
 from typing import Any
 from urllib.parse import urlsplit
 
+from airflow.providers.standard.hooks.subprocess import SubprocessHook, SubprocessResult
 from airflow.providers.standard.operators.bash import BashOperator
 from airflow.sdk import (
     Asset,
@@ -44,6 +46,7 @@ log = logging.getLogger(__name__)
 EXIT_TRY_LATER = 75  # crawler.errors.EXIT_TRY_LATER: another command holds the writer lock, or the like; a skip
 EXIT_USER_ERROR = 2  # crawler.errors.EXIT_USER_ERROR: a mistake in what was asked (config key, file, argument)
 EXIT_VALIDATION_FAILED = 3  # jobs.validate.EXIT_VALIDATION_FAILED: an expectation failed
+EXIT_GATE_CLOSED = 4  # crawler.errors.EXIT_GATE_CLOSED: a failed validation holds the quality gate closed; a skip
 # A storage root every task can share: an absolute folder or an S3 URL. A relative one (or none, the config's
 # default ./crawl-data) would be each task's own working directory, Airflow's temporary folder, deleted after it.
 ROOT_PATTERN = r"^(/|s3a?://[^/]+)"
@@ -196,27 +199,48 @@ def crawl_params(root: str, config_doc: str = "YAML config file (absolute path);
     }
 
 
+class LastResultHook(SubprocessHook):
+    """Airflow's subprocess hook, keeping what the command last returned: its exit code and last line of output
+    (stderr is merged into it), which a crawl command's refusal is."""
+
+    last: SubprocessResult | None = None
+
+    def run_command(self, *args: Any, **kwargs: Any) -> SubprocessResult:
+        self.last = super().run_command(*args, **kwargs)
+        return self.last
+
+
 class CrawlCommand(BashOperator):
-    """A task running a `crawl` command line. Exit 75 skips where the task says so (`skip_on_exit_code`); exit 2 (a
-    mistake in what was asked) and the codes in `fail_on_exit_code` fail the task for good (AirflowFailException):
-    they are deterministic, and a retry would only repeat them. Any other failure is retried (DEFAULT_ARGS). A task
-    with outlets (the tables it writes, `table_asset`) gives each Asset event the run's root and segment as extra,
-    so a consumer knows what changed without asking the DAG."""
+    """A task running a `crawl` command line. Exit 75 (try later) and 4 (the quality gate closed) skip where the
+    task says so (`skip_on_exit_code`), the skip's reason being the command's last line (the refusal it printed on
+    stderr); exit 2 (a mistake in what was asked) and the codes in `fail_on_exit_code` fail the task for good
+    (AirflowFailException): they are deterministic, and a retry would only repeat them. Any other failure is retried
+    (DEFAULT_ARGS). A task with outlets (the tables it writes, `table_asset`) gives each Asset event the run's root
+    and segment as extra, so a consumer knows what changed without asking the DAG."""
 
     def __init__(self, *, fail_on_exit_code: tuple[int, ...] = (), **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.fail_on_exit_code = (EXIT_USER_ERROR, *fail_on_exit_code)
 
+    @cached_property
+    def subprocess_hook(self) -> LastResultHook:
+        return LastResultHook()
+
     def execute(self, context: Any) -> Any:
         try:
             result = super().execute(context)
-        except AirflowSkipException:
-            raise
+        except AirflowSkipException as exc:
+            last = self.subprocess_hook.last
+            if last is None or not last.output:
+                raise
+            raise AirflowSkipException(f"exit {last.exit_code}: {last.output}") from exc
         except AirflowException as exc:  # BashOperator's "... returned a non-zero exit code N."
             found = re.search(r"exit code (\d+)", str(exc))
             if found and int(found.group(1)) in self.fail_on_exit_code:
+                last = self.subprocess_hook.last
                 why = (f"{exc} Not retried: exit {found.group(1)} is deterministic (2: a mistake in what was asked, "
-                       "named on stderr; 3: a failed validation)")
+                       "named on stderr; 3: a failed validation; 4: the quality gate closed)"
+                       + (f": {last.output}" if last is not None and last.output else ""))
                 raise AirflowFailException(why) from exc
             raise
         written = {key: self.env[name] for key, name in (("root", "CRAWL_ROOT"), ("segment_id", "SEGMENT"))

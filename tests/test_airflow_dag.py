@@ -16,7 +16,7 @@ from urllib.parse import quote
 import pytest
 
 from crawler import layout
-from crawler.errors import EXIT_TRY_LATER, EXIT_USER_ERROR
+from crawler.errors import EXIT_GATE_CLOSED, EXIT_TRY_LATER, EXIT_USER_ERROR
 from fetchd.progress import segment_progress
 from jobs import validate
 from sitefarm.judge import requested_url
@@ -174,7 +174,8 @@ def test_the_dags_refuse_a_root_that_is_not_absolute_or_s3(airflow_env, tmp_path
 
 def test_the_continuous_dag_runs_crawl_run_for_less_than_its_timeout_one_run_at_a_time(airflow_env, tmp_path):
     """`crawl_continuous` (airflow_dags/crawl_run.py): one task, `crawl run --for` the run's minutes (with or without
-    its own daemon), stopped by its execution_timeout only past them, exit 75 a skip, one run at a time."""
+    its own daemon), stopped by its execution_timeout only past them, exit 75 a skip, exit 4 (the quality gate
+    closed: the driver stopped) a failure without retries, one run at a time."""
     found = run_airflow_script(airflow_env, tmp_path, """
     import json, sys
 
@@ -183,7 +184,8 @@ def test_the_continuous_dag_runs_crawl_run_for_less_than_its_timeout_one_run_at_
     (task,) = dag.tasks
     print(json.dumps({"errors": {str(k): str(v) for k, v in bag.import_errors.items()}, "task": task.task_id,
                       "command": task.bash_command, "env": task.env, "skip": task.skip_on_exit_code,
-                      "timeout_s": task.execution_timeout.total_seconds(), "max_active_runs": dag.max_active_runs,
+                      "fail": task.fail_on_exit_code, "timeout_s": task.execution_timeout.total_seconds(),
+                      "max_active_runs": dag.max_active_runs,
                       "schedule": str(dag.schedule), "run_minutes": dag.params["run_minutes"],
                       "documented": bool(task.doc_md and dag.doc_md)}))
     """, str(DAGS), timeout=120)
@@ -191,7 +193,7 @@ def test_the_continuous_dag_runs_crawl_run_for_less_than_its_timeout_one_run_at_
     assert ' run --for "$RUN_SECONDS" $NO_DAEMON ' in found["command"]
     assert found["env"]["RUN_SECONDS"] == "{{ (params.run_minutes * 60) | int }}"
     assert "--no-daemon" in found["env"]["NO_DAEMON"]
-    assert found["skip"] == [EXIT_TRY_LATER]
+    assert found["skip"] == [EXIT_TRY_LATER] and found["fail"] == [EXIT_USER_ERROR, EXIT_GATE_CLOSED]
     assert found["max_active_runs"] == 1 and found["schedule"] == "@hourly"
     assert found["run_minutes"] * 60 < found["timeout_s"] <= 3600
 
@@ -641,13 +643,14 @@ STEP_EXITS = """
     tasks = dag_bag(sys.argv[1]).dags["crawl_cycle"].task_dict
     found = {}
     for task_id in sys.argv[2:]:
-        for status in ("75", "3", "2", "1", "0"):
+        for status in ("75", "4", "3", "2", "1", "0"):
             os.environ["STUB_STATUS"] = status
             try:
                 tasks[task_id].execute({"outlet_events": defaultdict(lambda: SimpleNamespace(extra={}))})
                 found[f"{task_id} {status}"] = "success"
-            except AirflowSkipException:
+            except AirflowSkipException as skip:
                 found[f"{task_id} {status}"] = "skipped"
+                found[f"{task_id} {status} reason"] = str(skip)
             except AirflowFailException:
                 found[f"{task_id} {status}"] = "failed, no retry"
             except AirflowException:
@@ -660,22 +663,29 @@ def test_exit_75_skips_generate_and_inject_and_update_retries_it(airflow_env, tm
     """The real BashOperators, `crawl-submit` stubbed: exit 75 (crawler.errors.EXIT_TRY_LATER: backpressure, the
     crawl's writer lock held elsewhere) skips generate (and so the run: every later step needs it) and inject (its
     seeds wait for the next run); update fails on it like on any failure, to be retried (a segment must be merged
-    before generate leases anew). Exit 2 (a mistake in what was asked) fails every step for good, as exit 3 (a
-    failed expectation) fails validate: a retry would repeat them. Any other failure fails each, to be retried."""
+    before generate leases anew). Exit 4 (crawler.errors.EXIT_GATE_CLOSED: an earlier validation failed) skips
+    generate too, the skip's reason the refusal's line. Exit 2 (a mistake in what was asked) fails every step for
+    good, as exit 3 (a failed expectation) fails validate: a retry would repeat them. Any other failure fails each,
+    to be retried."""
     stub = tmp_path / "bin" / "crawl-submit"
     stub.parent.mkdir()
-    stub.write_text('#!/bin/sh\nexit "$STUB_STATUS"\n')
+    stub.write_text('#!/bin/sh\nwhile [ "$1" != "--" ]; do shift; done\n'
+                    'echo "crawl $2: refused with $STUB_STATUS" >&2\nexit "$STUB_STATUS"\n')
     stub.chmod(0o755)
     env = {**airflow_env, "PATH": f"{stub.parent}{os.pathsep}{os.environ['PATH']}"}
     found = run_airflow_script(env, tmp_path, STEP_EXITS, str(DAGS), "generate", "inject", "update", "validate")
     retried_or_not = {"2": "failed, no retry", "1": "failed", "0": "success"}
     expected = {}
-    for task_id, on_75, on_3 in (("generate", "skipped", "failed"), ("inject", "skipped", "failed"),
-                                 ("update", "failed", "failed"), ("validate", "failed", "failed, no retry")):
-        expected |= {f"{task_id} 75": on_75, f"{task_id} 3": on_3,
+    for task_id, on_75, on_4, on_3 in (("generate", "skipped", "skipped", "failed"),
+                                       ("inject", "skipped", "failed", "failed"),
+                                       ("update", "failed", "failed", "failed"),
+                                       ("validate", "failed", "failed", "failed, no retry")):
+        expected |= {f"{task_id} 75": on_75, f"{task_id} 4": on_4, f"{task_id} 3": on_3,
                      **{f"{task_id} {code}": outcome for code, outcome in retried_or_not.items()}}
+        expected |= {f"{task_id} {code} reason": f"exit {code}: crawl {task_id}: refused with {code}"
+                     for code, outcome in (("75", on_75), ("4", on_4)) if outcome == "skipped"}
     assert found == expected
-    assert (EXIT_TRY_LATER, EXIT_USER_ERROR, validate.EXIT_VALIDATION_FAILED) == (75, 2, 3)
+    assert (EXIT_TRY_LATER, EXIT_USER_ERROR, validate.EXIT_VALIDATION_FAILED, EXIT_GATE_CLOSED) == (75, 2, 3, 4)
 
 
 CLOSE = 'crawl close-segment --fetch-only --segment seg-1 --reason fetch deadline reached (fetch_segment) --root /r\n'
