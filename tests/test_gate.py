@@ -84,6 +84,32 @@ def test_generate_exits_4_before_spark_naming_the_table_and_expectation(root, ca
     assert "4   the quality gate is closed" in commandline.EXIT_CODES
 
 
+def test_the_driver_validates_at_most_every_validate_every_s_and_stops_generating_once_the_gate_closes(
+        base_conf, root, monkeypatch):
+    """`crawl run`'s side without a JVM: a session stand-in for its parse lane, validate's result stubbed."""
+    from types import SimpleNamespace
+
+    from jobs import run, validate
+
+    lane_session = SimpleNamespace(sparkContext=SimpleNamespace(setLocalProperty=lambda *_: None))
+    validations = []
+    failed = SimpleNamespace(gate=gate.GateRecord((URLS_UNIQUE,), AT, "/r/1"), headline=lambda: "FAILED")
+    monkeypatch.setattr(validate, "run", lambda *args: validations.append(args) or failed)
+    for every_s, expected in ((600.0, 0), (0.0, 1)):
+        conf = base_conf.with_overrides({"cycle.validate_every_s": every_s})
+        driver = run.Driver(SimpleNamespace(newSession=lambda: lane_session), conf, root, [])
+        try:
+            driver._validate_if_due()
+            assert len(validations) == expected
+            assert (driver.gate_closed is not None) == bool(expected)
+            if expected:
+                assert "table urls expectation expect_column_values_to_be_unique(url_id)" in str(driver.gate_closed)
+                assert driver._generate_if_due() is False  # no generate is even tried
+        finally:
+            driver.parse_lane.stop()
+        validations.clear()
+
+
 # ---- on Spark ----------------------------------------------------------------------------------------------------
 
 
