@@ -79,6 +79,19 @@ class ConfigError(UserError, ValueError):
         self.key = key
 
 
+# Keys the defaults file no longer has, and what took their place: a config that still sets one is told where to go.
+_REPLACED = {
+    "fetch.dns_cache_ttl_s": "was removed: DNS answers are now kept for their records' TTL, bounded by "
+                             "fetch.dns_min_ttl_s and fetch.dns_max_ttl_s (fetch.dns_negative_ttl_s for names "
+                             "without an address); set those instead",
+}
+
+
+def _unknown_key(dotted: str) -> ConfigError:
+    """The error for a key the defaults file lacks; a removed key's message names its replacement."""
+    return ConfigError(dotted, _REPLACED.get(dotted, "unknown key (every key is listed in conf/crawler.yaml)"))
+
+
 def _positive(value: Any) -> bool:
     return value > 0
 
@@ -200,7 +213,9 @@ _RULES: dict[str, tuple[Any, str]] = {
     "fetch.warc_compressor": (lambda v: v in WARC_GZIP_LEVELS, f"must be one of {', '.join(WARC_GZIP_LEVELS)}"),
     "fetch.max_queued_urls": (_positive, "must be > 0"),
     "fetch.progress_interval_s": (_positive, "must be > 0"),
-    "fetch.dns_cache_ttl_s": (_non_negative, "must be >= 0"),
+    "fetch.dns_min_ttl_s": (_non_negative, "must be >= 0"),
+    "fetch.dns_max_ttl_s": (_non_negative, "must be >= 0"),
+    "fetch.dns_negative_ttl_s": (_non_negative, "must be >= 0 (0: not cached)"),
     "fetch.poll_interval_s": (_positive, "must be > 0"),
     "fetch.storage_retry_s": (_positive, "must be > 0"),
     "fetch.storage_retry_max_s": (_positive, "must be > 0"),
@@ -360,7 +375,7 @@ def _merge(base: dict[str, Any], override: Mapping[str, Any], prefix: str = "") 
     for key, value in override.items():
         dotted = f"{prefix}{key}"
         if key not in base:
-            raise ConfigError(dotted, "unknown key (every key is listed in conf/crawler.yaml)")
+            raise _unknown_key(dotted)
         if isinstance(base[key], dict) and dotted not in _OPEN_MAPPINGS:
             if not isinstance(value, Mapping):
                 raise ConfigError(dotted, "must be a section (a mapping)")
@@ -411,6 +426,8 @@ def _check(defaults: Mapping[str, Any], data: Mapping[str, Any], prefix: str = "
         raise ConfigError("revisit.min_interval_s", "must not exceed revisit.max_interval_s")
     if prefix == "" and data["revisit"]["sitemap_min_interval_s"] > data["revisit"]["sitemap_max_interval_s"]:
         raise ConfigError("revisit.sitemap_min_interval_s", "must not exceed revisit.sitemap_max_interval_s")
+    if prefix == "" and data["fetch"]["dns_min_ttl_s"] > data["fetch"]["dns_max_ttl_s"]:
+        raise ConfigError("fetch.dns_min_ttl_s", "must not exceed fetch.dns_max_ttl_s")
     if prefix == "" and data["generate"]["refresh_share_min"] > data["generate"]["refresh_share_max"]:
         raise ConfigError("generate.refresh_share_min", "must not exceed generate.refresh_share_max")
     if prefix == "":
@@ -499,7 +516,7 @@ def load(path: str | Path | None = None, assignments: Iterable[str] = ()) -> Con
                 raise ConfigError(key, f"unknown key (no section '{dotted}')")
             head = head[part]
         if parts[-1] not in head and ".".join(parts[:-1]) not in _OPEN_MAPPINGS:
-            raise ConfigError(key, "unknown key (every key is listed in conf/crawler.yaml)")
+            raise _unknown_key(key)
         head[parts[-1]] = value
         sources[key] = "--set"
     return validated(data, sources)

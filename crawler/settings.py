@@ -136,7 +136,9 @@ class FetchSettings:
     warc_gzip_level: int
     max_queued_urls: int
     progress_interval_s: float
-    dns_cache_ttl_s: int
+    dns_min_ttl_s: int
+    dns_max_ttl_s: int
+    dns_negative_ttl_s: int
     static_hosts: Mapping[str, str]
     allow_networks: tuple[str, ...]
     daemon_id: str

@@ -197,8 +197,7 @@ class Fetcher:
         self.resolver = resolver
         connector = aiohttp.TCPConnector(
             resolver=resolver,
-            use_dns_cache=True,
-            ttl_dns_cache=conf.fetch.dns_cache_ttl_s,
+            use_dns_cache=False,  # the resolver keeps answers for their TTL: one cache (fetchd/resolver.py)
             limit=conf.fetch.concurrency,
             limit_per_host=conf.politeness.max_concurrency_per_host,
         )
