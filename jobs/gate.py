@@ -33,8 +33,8 @@ def record_validation(storage: Storage, root: str, validated: Iterable[str], fai
     now = gate.after_validation(previous, validated, failures, validated_at, report)
     path = layout.gate_record(root)
     if now is None:
-        storage.delete_file(path)
         if previous is not None:
+            storage.delete_file(path)
             log.info("quality gate reopened: every table that failed passed validation")
     elif now != previous:
         storage.write_bytes(path, json.dumps(now.to_json(), indent=2).encode("utf-8"))
