@@ -50,7 +50,7 @@ from fetchd.output import ResumeState, recover_bucket_output
 from fetchd.ownership import Lease
 from fetchd.processes import PUBLISH_S, peer_snapshots, publish_snapshot
 from fetchd.progress import read_fetchlist
-from fetchd.resolver import GuardedResolver
+from fetchd.resolver import DnsCacheRule, GuardedResolver
 from fetchd.services import DaemonServices, HostGates, OwnedBuckets, StopSignal
 from fetchd.storage import LocalStore, open_store
 
@@ -102,7 +102,8 @@ class Daemon:
         self.clock = clock
         self.store = store or open_store(conf, layout.normalize_root(root))
         self.daemon_id = daemon_identity(conf)
-        resolver = GuardedResolver(conf.fetch.static_hosts, conf.fetch.allow_networks)
+        resolver = GuardedResolver(conf.fetch.static_hosts, conf.fetch.allow_networks,
+                                   cache_rule=DnsCacheRule.from_config(conf), clock=clock)
         rules = PolitenessRules.from_config(conf)
         memory = thread_memory()
         gates = HostGates(rules, self.bucketing, gates=memory.gates, domains=memory.domains,

@@ -123,7 +123,7 @@ def _rebinding(flip_after: int) -> type[GuardedResolver]:
 def test_rebinding_after_the_pre_check_is_refused_at_connect(server, base_conf, root, monkeypatch):
     resolver = _rebinding(flip_after=2)  # the pre-check and robots.txt see 127.0.0.1, the page's connect 127.0.0.2
     monkeypatch.setattr(daemon_mod, "GuardedResolver", resolver)
-    conf = _conf(base_conf, **{"fetch.dns_cache_ttl_s": 0})
+    conf = _conf(base_conf)
     paths = ["/a", "/b", "/c"]
     write_fetchlist(root, SEGMENT, [{"url": server.url("rebind.test", p)} for p in paths], conf.crawl.buckets)
     rows = _fetch(conf, root)
@@ -136,7 +136,7 @@ def test_rebinding_after_the_pre_check_is_refused_at_connect(server, base_conf, 
 
 def test_rebinding_right_after_the_pre_check_never_connects(server, base_conf, root, monkeypatch):
     monkeypatch.setattr(daemon_mod, "GuardedResolver", _rebinding(flip_after=1))  # robots.txt connect is refused
-    conf = _conf(base_conf, **{"fetch.dns_cache_ttl_s": 0})
+    conf = _conf(base_conf)
     write_fetchlist(root, SEGMENT, [{"url": server.url("rebind.test", p)} for p in ("/a", "/b")],
                     conf.crawl.buckets)
     rows = _fetch(conf, root)
