@@ -14,9 +14,10 @@ from pyspark.sql import functions as F
 from crawler import frontier, layout, urls
 from crawler.errors import Backpressure, UserError
 from crawler.records import FETCHLIST
+from crawler.status import MetricsStep
 from delta_tables import tables
 from fetchd.fetchlist import FetchList, KeySet, handed_over_robots
-from jobs import generate, inject, update
+from jobs import cycle_metrics, generate, inject, update
 from tests.support.due_files import remove_files_due_after, url_rows
 from tests.support.tables import append_rows, replace_root, unchanged_tables
 
@@ -362,6 +363,28 @@ def test_a_burst_on_one_side_leaves_the_other_its_share(spark, base_conf, root, 
     # within each side the usual order holds: every host's first URL before any host's second
     for side in (revisited, [r for r in listed if r["last_fetch_at"] is None]):
         assert max(r["rank"] for r in side) <= 2
+
+
+def test_the_adaptive_share_is_moved_by_the_last_update_row_of_cycle_metrics(spark, base_conf, root):
+    """The wiring from the tables to the split: update's last `cycle_metrics` row (change rate of refetched pages,
+    new URLs per fetch) moves the share generate gives revisits (crawler.frontier.RefreshShare), and the segment
+    follows it."""
+    t0 = datetime(2026, 3, 1, tzinfo=UTC)
+    fetched_at = t0 - timedelta(days=8)
+    known = [(f"http://known-{n % 12}.test/page-{n}", 0.5, fetched_at) for n in range(60)]
+    new = [(f"http://new-{n % 12}.test/page-{n}", 0.5, None) for n in range(60)]
+    _due_urls(spark, root, known + new, t0)
+    cycle_metrics.record(spark, root, {"segment_id": "seg-before", "step": MetricsStep.UPDATE.value, "run_at": t0,
+                                       "results": 40, "new_urls": 4, "change_rate": 0.7})
+    conf = base_conf.with_overrides({"generate.segment_max_urls": 20, "generate.budget_split": True,
+                                     "generate.refresh_share": 0.45, "generate.refresh_share_adaptive": True})
+    share = frontier.RefreshShare.from_config(conf).current(0.7, 4 / 40)
+    assert share == pytest.approx(0.45 + conf.generate.refresh_share_gain * (0.7 - 0.1 / 1.1)) and share > 0.6
+    result = generate.run(spark, conf, root, "seg-adaptive", t0 + timedelta(minutes=1))
+    assert result.refresh_share == pytest.approx(share)
+    listed = [r for rows in fetchlist_rows(root, result.segment_id).values() for r in rows]
+    revisits = sum(r["last_fetch_at"] is not None for r in listed)
+    assert (revisits, len(listed) - revisits) == frontier.refresh_quota(20, share, 60, 60) == (15, 5)
 
 
 @pytest.mark.slow
