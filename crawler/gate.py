@@ -1,4 +1,4 @@
-"""The quality gate: no new segment while the data failed its validation (issue 47).
+"""The quality gate: no new segment while the data failed its validation.
 
 `crawl validate` (and the validation `crawl run` and `crawl cycle` run after update) judges every table it runs
 against its Great Expectations suite. The gate's rule, here and nowhere else:

@@ -15,6 +15,7 @@ import sys
 import threading
 import time
 from collections import Counter
+from collections.abc import Iterable
 from datetime import UTC, datetime, timedelta
 from email.utils import formatdate
 from pathlib import Path
@@ -652,6 +653,16 @@ class OutageServer(EdgeServer):
         self.robots_calls = 0
         super().__init__()
 
+    def paths(self) -> list[str]:
+        """The paths outage.test was asked for, in order (its own log)."""
+        return [r["path"] for r in sorted(self.requests("outage.test"), key=lambda r: r["start"])]
+
+    @staticmethod
+    def outcomes(root: str, segments: Iterable[str]) -> dict[str, dict[str, str]]:
+        """segment -> last path segment of each URL -> its outcome."""
+        return {s: {u.rsplit("/", 1)[1]: r["outcome"] for u, r in by_url(read_results(root, s)).items()}
+                for s in segments}
+
     def respond(self, host, request):
         from aiohttp import web
 
@@ -686,10 +697,8 @@ def test_robots_is_fetched_again_after_its_ttl_and_an_outage_keeps_the_last_good
         fetch_segment(conf, root, "seg-c")
     finally:
         server.stop()
-    assert [r["path"] for r in sorted(server.requests("outage.test"), key=lambda r: r["start"])] == [
-        "/robots.txt", "/one", "/robots.txt", "/two", "/robots.txt"]
-    outcomes = {s: {u.rsplit("/", 1)[1]: r["outcome"] for u, r in by_url(read_results(root, s)).items()}
-                for s in segments}
+    assert OutageServer.paths(server) == ["/robots.txt", "/one", "/robots.txt", "/two", "/robots.txt"]
+    outcomes = OutageServer.outcomes(root, segments)
     assert outcomes == {"seg-a": {"one": "success"}, "seg-b": {"two": "success", "secret": "robots_denied"},
                         "seg-c": {"three": "deferred"}}
     kept = read_results(root, "seg-b", kind="robots")[0]
@@ -724,10 +733,8 @@ def test_a_daemon_restarted_during_an_outage_keeps_the_stored_copy_in_force(base
         fetch_segment(conf, root, "seg-c")
     finally:
         server.stop()
-    assert [r["path"] for r in sorted(server.requests("outage.test"), key=lambda r: r["start"])] == [
-        "/robots.txt", "/one", "/robots.txt", "/two", "/robots.txt"]
-    outcomes = {s: {u.rsplit("/", 1)[1]: r["outcome"] for u, r in by_url(read_results(root, s)).items()}
-                for s in ("seg-b", "seg-c")}
+    assert OutageServer.paths(server) == ["/robots.txt", "/one", "/robots.txt", "/two", "/robots.txt"]
+    outcomes = OutageServer.outcomes(root, ("seg-b", "seg-c"))
     assert outcomes == {"seg-b": {"two": "success", "secret": "robots_denied"}, "seg-c": {"three": "deferred"}}
 
 
