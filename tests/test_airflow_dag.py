@@ -734,7 +734,7 @@ def test_one_cycle_through_airflow_with_a_fetch_daemon(spark, airflow_cycle):
     assert airflow_cycle.tasks == {
         "inject": "success", "generate": "success", "fetch": "success", "await_daemons": "success",
         "fetch_segment": "skipped", "parse": "success", "dedup": "success", "update": "success",
-        "index_enabled": "success", "index": "skipped",  # index.enabled is off by default
+        "index_enabled": "success", "index": "success",  # the run's config turns index.enabled on
         "frontier": "success",  # it read the segment's cycle_metrics rows that generate and update wrote
         "service_levels": "success",  # the same rows, both levels within the hour-wide targets of this run
         "validate": "success", "maintenance_due": "success", "maintain": "skipped"}
@@ -750,3 +750,9 @@ def test_one_cycle_through_airflow_with_a_fetch_daemon(spark, airflow_cycle):
     assert urls.where(f"lease_segment = '{segment}'").count() == 0  # every fetched URL's lease completed
     pages = table_df(spark, root, "pages").where(f"segment_id = '{segment}'")
     assert pages.count() > 0 and pages.where("title is not null").count() > 0
+    # The index path: every response record of the segment's WARC files in `records`, each file's CDXJ beside it.
+    records = table_df(spark, root, "records").where(f"warc_segment = '{segment}'").collect()
+    assert {r["url"] for r in records if r["warc_record_type"] == "response"} >= seed_urls
+    warc_files = {r["warc_filename"] for r in records}
+    assert warc_files == {r["warc_filename"] for r in fetches.where("warc_filename is not null").collect()}
+    assert all(Path(root, layout.cdxj_filename(name)).exists() for name in warc_files)

@@ -180,6 +180,7 @@ def run_cycle_through_airflow(base_conf: Config, cluster: Cluster, base: Path) -
         conf = demo.demo_config(base_conf.with_overrides({
             "demo.min_delay_s": 0.2, "fetch.poll_interval_s": 1.0,
             "spark.driver_memory": "1g",  # beside the worker's executors
+            "index.enabled": True,  # the DAG's index path: `crawl index` after update, before validate
             # The service_levels task's verdict must not hang on this machine's load (each step a spark-submit):
             # targets an hour wide, so the task shows it read the rows Spark wrote.
             "service_levels.discovery_durable_s": 3600.0, "service_levels.lease_within_s": 3600.0,
