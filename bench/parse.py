@@ -298,7 +298,8 @@ def in_process_parse(root: str, segment_id: str, conf: config_mod.Config, limit:
         between = time.perf_counter()
         analyze_record(record, row["url"], row["content_type"], max_outlinks=conf.parse.max_outlinks,
                        shingle=conf.parse.simhash_shingle, scope=scope,
-                       robots_token=conf.crawl.robots_token, max_parse_seconds=conf.parse.max_parse_seconds)
+                       robots_token=conf.crawl.robots_token, max_parse_seconds=conf.parse.max_parse_seconds,
+                       language_max_chars=conf.parse.language_max_chars)
         read_s += between - mark
         analyze_s += time.perf_counter() - between
     if handle is not None:

@@ -10,8 +10,10 @@ of WARC-Payload-Digest without its `sha1:` prefix (null where the record has non
 `content_mime_type` is the media type of the HTTP Content-Type (of the WARC Content-Type for records without
 HTTP headers), `content_charset` is the charset parameter of that header (Common Crawl detects it from the content;
 reading bodies is the parse job's work, so the declared one is what we have), `content_truncated` is the
-WARC-Truncated value. Not provided: `content_mime_detected` and `content_languages` (both need the payload).
-Added: `url_protocol`, `url_port` (Common Crawl names; the SURT key drops both) and `warc_record_type`.
+WARC-Truncated value. `content_languages` (up to three ISO-639-3 codes, comma-separated, most of the text first, as
+Common Crawl writes it from CLD2) is not read from the WARC file: the index job fills it from the languages parse
+detected (`pages.languages`), so it is null in the rows built here. Not provided: `content_mime_detected` (it needs
+the payload). Added: `url_protocol`, `url_port` (Common Crawl names; the SURT key drops both) and `warc_record_type`.
 
 Indexing streams a file record by record with warcio: headers are parsed, the body is skipped in chunks, so memory
 does not depend on record size. A torn or damaged file yields the records before the damage and then stops with a
@@ -63,6 +65,7 @@ RECORD_INDEX = pa.schema(
         ("warc_record_length", pa.int64()),    # bytes of the record in the file (its gzip member)
         ("warc_segment", pa.string()),
         ("warc_record_type", pa.string()),
+        ("content_languages", pa.string()),    # filled by jobs/index.py from pages.languages
     ]
 )
 

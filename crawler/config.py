@@ -257,6 +257,7 @@ _RULES: dict[str, tuple[Any, str]] = {
     "parse.max_html_bytes": (_positive, "must be > 0"),
     "parse.simhash_shingle": (_positive, "must be > 0"),
     "parse.max_parse_seconds": (_positive, "must be > 0"),
+    "parse.language_max_chars": (_non_negative, "must be >= 0 (0 = no language detection)"),
     "sitemaps.max_urls": (_positive, "must be > 0"),
     "sitemaps.max_fetch_bytes": (_positive, "must be > 0"),
     "sitemaps.max_uncompressed_bytes": (_positive, "must be > 0"),

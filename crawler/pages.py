@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from crawler.fingerprints import content_hash, simhash
+from crawler.languages import detect_languages
 from crawler.links import Outlink, extract, is_html, robots_directives
 from crawler.scope import Scope
 from crawler.sitemaps import SitemapLimits, SitemapOrigin, parse_sitemap
@@ -27,9 +28,12 @@ def analyze_record(
     scope: Scope | None = None,
     robots_token: str | None = None,
     max_parse_seconds: float | None = None,
+    language_max_chars: int = 0,
 ) -> dict[str, Any]:
     """The content fields of one fetched page from its WARC record (no Spark, no I/O). A page whose extraction ran
-    out of `max_parse_seconds` keeps what was extracted but gets no SimHash (its text may be cut or empty).
+    out of `max_parse_seconds` keeps what was extracted but gets no SimHash (its text may be cut or empty); its
+    languages come from what was extracted. Languages are detected on the first `language_max_chars` characters of
+    the visible text (0: not detected); a page that is not HTML has no text, so no languages.
 
     Raises ValueError when the record is not the response for `url` (a wrong offset).
     """
@@ -51,6 +55,7 @@ def analyze_record(
         meta_noindex=page.meta_noindex,
         meta_nofollow=page.meta_nofollow,
         language=page.language,
+        languages=detect_languages(page.text, language_max_chars),
         outlink_count=len(page.outlinks),
         outlinks_skipped=page.outlinks_skipped,
         parse_time_limited=page.time_limited,

@@ -201,6 +201,7 @@ class ParseSettings:
     max_html_bytes: int
     max_parse_seconds: float
     simhash_shingle: int
+    language_max_chars: int
 
 @dataclass(frozen=True)
 class DedupSettings:

@@ -247,6 +247,11 @@ PAGES = TableDef(
             _f("sitemap_urls", INT, True, "a sitemap: URLs and child sitemaps kept (null: a page)"),
             _f("sitemap_refused", MapType(S, L), True, "a sitemap: entries refused, by crawler.sitemaps.Reason "
                                                        "(null: a page)"),
+            # Added after the columns above: a root from before gains it at the end (_upgrade_columns).
+            _f("languages", ArrayType(StructType([StructField("code", S), StructField("share", D)])), True,
+               "languages of the visible text (CLD2, crawler/languages.py), most of the text first, at most 3: "
+               "code is ISO-639-3, share the part of the text (0-1) in it (null: not HTML, no text, or none "
+               "detected with confidence, or parse.language_max_chars 0)"),
         ]
     ),
     properties=_COMMON_PROPS,
@@ -347,6 +352,9 @@ _RECORD_DOCS = {
     "warc_record_length": "bytes of the record in the file (its gzip member)",
     "warc_segment": "segment of the WARC file; the partition column",
     "warc_record_type": "WARC-Type: response, revisit, resource, request or metadata",
+    "content_languages": "languages parse detected in the page's text (pages.languages), ISO-639-3 codes "
+                         "comma-separated, most of the text first, at most 3, as Common Crawl writes them (null: "
+                         "not a parsed page, no languages detected, or the segment not parsed when it was indexed)",
 }
 
 RECORDS = TableDef(

@@ -8,8 +8,9 @@ the result; a file that cannot be read at all is an error. Neither fails the job
 
 Idempotent: the segment's `records` partition is replaced as a whole (`replaceWhere warc_segment = ...`), like
 parse does for `links`, rather than a MERGE insert-if-absent on (warc_filename, warc_record_offset): the
-partition is a pure function of the segment's closed WARC files, so a rewrite needs no join against a growing
-table, and a re-run after a rule change (the SURT form, a column) rewrites the old rows instead of keeping them.
+partition is a pure function of the segment's closed WARC files (and of its `pages` rows, for `content_languages`),
+so a rewrite needs no join against a growing table (of `pages` it reads the segment's rows alone), and a re-run
+after a rule change (the SURT form, a column) or after parse rewrites the old rows instead of keeping them.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import pyarrow as pa
-from pyspark.sql import SparkSession
+from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.pandas.types import from_arrow_schema
 
@@ -113,6 +114,27 @@ def index_partition(batches: Iterator[pa.RecordBatch], *, root: str, segment_id:
     return arrow_batches(rows, INDEXED, _OUTPUT_BATCH_ROWS)
 
 
+def _with_content_languages(spark: SparkSession, root: str, segment_id: str, rows: DataFrame) -> DataFrame:
+    """`rows` with `content_languages` from the segment's `pages.languages`, joined on the response record's place
+    (WARC file and offset: parse stores both); a record parse did not read, or a segment not parsed yet, gets null,
+    and indexing the segment again after parse fills it. The segment's pages are few next to the table: broadcast."""
+    languages = (
+        tables.table_df(spark, root, "pages")
+        .where(F.col("segment_id") == segment_id)
+        .where(F.size("languages") > 0)
+        .select(F.col("warc_filename").alias("_file"), F.col("warc_offset").alias("_offset"),
+                F.array_join(F.transform("languages", lambda language: language["code"]), ",")
+                .alias("_languages"))
+    )
+    records = rows.drop("content_languages")
+    joined = records.join(
+        F.broadcast(languages),
+        (records["warc_filename"] == languages["_file"]) & (records["warc_record_offset"] == languages["_offset"]),
+        "left",
+    )
+    return joined.withColumnRenamed("_languages", "content_languages").drop("_file", "_offset")
+
+
 def run(spark: SparkSession, conf: Config, root: str, segment_id: str) -> IndexResult:
     """Index one segment's closed WARC files into `records` and CDXJ files; safe to re-run."""
     layout.check_segment_id(segment_id)
@@ -134,7 +156,7 @@ def run(spark: SparkSession, conf: Config, root: str, segment_id: str) -> IndexR
             summaries = indexed.filter(F.col("file_summary")).select(
                 "warc_filename", "stop_reason", "error", "cdxj_lines").collect()
             (
-                tables.conform(rows, "records")
+                tables.conform(_with_content_languages(spark, root, segment_id, rows), "records")
                 .write.format("delta")
                 .mode("overwrite")
                 .option("replaceWhere", f"warc_segment = '{segment_id}'")

@@ -63,6 +63,9 @@ OUTLINK = pa.struct(
     ]
 )
 
+# A detected language of a page's text (crawler.languages.Language).
+LANGUAGE = pa.struct([("code", pa.string()), ("share", pa.float64())])
+
 # What the per-partition parser emits: a `pages` row (plus bucket) with the page's outlinks nested.
 PARSED = pa.schema(
     [
@@ -81,6 +84,7 @@ PARSED = pa.schema(
         ("meta_noindex", pa.bool_()),
         ("meta_nofollow", pa.bool_()),
         ("language", pa.string()),
+        ("languages", pa.list_(LANGUAGE)),
         ("outlink_count", pa.int32()),
         ("content_hash", pa.string()),
         ("simhash", pa.int64()),
@@ -123,7 +127,8 @@ def parse_partition(batches: Iterator[pa.RecordBatch], **settings: Any) -> Itera
 def parsed_pages(
     batches: Iterator[pa.RecordBatch], *, root: str, max_bytes: int, max_outlinks: int, shingle: int,
     scope: Scope | None = None, robots_token: str | None = None, max_parse_seconds: float | None = None,
-    sitemap_limits: SitemapLimits = DEFAULT_LIMITS, sitemap_max_bytes: int = DEFAULT_LIMITS.max_uncompressed_bytes,
+    language_max_chars: int = 0, sitemap_limits: SitemapLimits = DEFAULT_LIMITS,
+    sitemap_max_bytes: int = DEFAULT_LIMITS.max_uncompressed_bytes,
     storage: Storage = LOCAL,
 ) -> Iterator[dict[str, Any]]:
     """One PARSED row per fetched-results row, in order; rows sorted by (warc_filename, warc_offset), so each
@@ -160,6 +165,7 @@ def parsed_pages(
                         page.update(analyze_record(
                             record, captured_url, row["content_type"], max_outlinks=max_outlinks, shingle=shingle,
                             scope=scope, robots_token=robots_token, max_parse_seconds=max_parse_seconds,
+                            language_max_chars=language_max_chars,
                         ))
                 except Exception as exc:  # one bad record never fails the job
                     page["parse_error"] = _error_text(exc)
@@ -187,6 +193,7 @@ def _parse(fetched: DataFrame, root: str, segment_id: str, conf: Config) -> Data
         "scope": Scope.from_config(conf),
         "robots_token": conf.crawl.robots_token,
         "max_parse_seconds": conf.parse.max_parse_seconds,
+        "language_max_chars": conf.parse.language_max_chars,
         "sitemap_limits": SitemapLimits.from_config(conf),
         # A sitemap's payload is stored decoded: gzip as served (at most max_fetch_bytes) or XML already inflated
         # from a Content-Encoding (at most max_uncompressed_bytes); parse_sitemap caps what it inflates.

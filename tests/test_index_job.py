@@ -20,9 +20,11 @@ from fetchd.commands import fetch_segment
 from jobs import cli, index
 from tests.support.fetchlists import write_fetchlist
 from tests.support.servers import EdgeServer, edge_conf
+from tests.support.tables import append_rows
 
 SEGMENT = "seg-index"
 TORN_SEGMENT = "seg-index-torn"
+LANGUAGES_SEGMENT = "seg-index-languages"
 
 
 @pytest.fixture(scope="module")
@@ -191,6 +193,34 @@ def test_torn_warc_is_indexed_up_to_its_damage_and_the_reason_counted(spark, ind
     assert listed == {r["warc_record_offset"] for r in ours[:-2] if r["warc_record_type"] in ("response", "revisit")}
     # the first segment's partition is untouched by the second one's replace
     assert tables.table_df(spark, root, "records").where(f"warc_segment = '{SEGMENT}'").count() == len(rows)
+
+
+def test_content_languages_come_from_the_pages_parse_wrote(spark, indexed):
+    """records.content_languages is pages.languages of the response at the same place, in Common Crawl's form;
+    every other record (no pages row, or a page without languages) has null."""
+    root, conf, rows = indexed["root"], indexed["conf"], indexed["rows"]
+    source = max(warc_files(root, SEGMENT), key=lambda n: sum(
+        r["warc_filename"] == n and r["warc_record_type"] == "response" for r in rows))
+    name = source.replace(SEGMENT, LANGUAGES_SEGMENT)
+    os.makedirs(os.path.dirname(os.path.join(root, name)))
+    shutil.copyfile(os.path.join(root, source), os.path.join(root, name))
+    responses = sorted(r["warc_record_offset"] for r in rows
+                       if r["warc_filename"] == source and r["warc_record_type"] == "response")
+    assert len(responses) >= 3
+    detected = {responses[0]: [("fra", 0.6), ("eng", 0.38)], responses[1]: [("deu", 0.99)], responses[2]: []}
+    append_rows(spark, root, "pages", [
+        {"url_id": f"u{offset}", "url": f"u{offset}", "segment_id": LANGUAGES_SEGMENT, "warc_filename": name,
+         "warc_offset": offset, "languages": [{"code": code, "share": share} for code, share in languages]}
+        for offset, languages in detected.items()])
+
+    index.run(spark, conf, root, LANGUAGES_SEGMENT)
+
+    found = {r["warc_record_offset"]: r["content_languages"]
+             for r in tables.table_df(spark, root, "records").where(f"warc_segment = '{LANGUAGES_SEGMENT}'").collect()}
+    assert {offset: found[offset] for offset in detected} == {responses[0]: "fra,eng", responses[1]: "deu",
+                                                              responses[2]: None}
+    assert all(languages is None for offset, languages in found.items() if offset not in detected)
+    assert all(r["content_languages"] is None for r in rows)  # the first segment has no pages rows
 
 
 def test_an_unreadable_file_is_an_error_row_not_an_exception(tmp_path):

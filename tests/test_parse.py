@@ -179,6 +179,7 @@ def test_parse_segment_pages_links_errors_and_rerun(spark, base_conf, new_tables
     assert home["title"] == "Home page"
     assert home["canonical_url"] == "http://a.test/index.html"
     assert home["language"] == "en"
+    assert [(language["code"], language["share"]) for language in home["languages"]] == [("eng", 0.99)]
     assert home["outlink_count"] == 3
     assert home["content_hash"] == content_hash(HOME_HTML)
     assert isinstance(home["simhash"], int) and home["simhash"] != 0
@@ -194,9 +195,11 @@ def test_parse_segment_pages_links_errors_and_rerun(spark, base_conf, new_tables
     assert pdf["content_type"] == "application/pdf"  # from the record when the result has none
     assert pdf["content_hash"] == content_hash(b"%PDF-1.4 binary \x00\xff")
     assert pdf["title"] is None and pdf["simhash"] is None and pdf["outlink_count"] is None
+    assert pdf["languages"] is None  # not HTML: no text
 
     private = pages["http://b.test/private"]
     assert (private["meta_noindex"], private["meta_nofollow"]) == (True, True)
+    assert private["languages"] is None  # one word of text: no language detected with confidence
 
     bad = pages["http://b.test/bad"]
     assert bad["parse_error"] and bad["content_hash"] is None
