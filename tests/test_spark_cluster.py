@@ -22,8 +22,9 @@ from jobs.base import SHIPPED_WITH_PYSPARK
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1500)]
 
-# The cycle's Spark applications: inject (which creates the tables), generate, parse, dedup, update, validate.
-SPARK_STEPS = 6
+# The cycle's Spark applications: inject (which creates the tables), generate, parse, dedup, update, index (the
+# run's config turns index.enabled on), validate.
+SPARK_STEPS = 7
 
 
 def test_submit_command_names_master_jars_and_entry(base_conf):
