@@ -11,7 +11,7 @@ import pytest
 from crawler.languages import _ISO_639_3, detect_languages
 
 SAMPLE = Path(__file__).parent / "data" / "languages.jsonl"
-MAX_CHARS = 2048  # conf/crawler.yaml's parse.language_max_chars
+MAX_CHARS = 1024  # conf/crawler.yaml's parse.language_max_chars
 
 
 def _sample() -> list[dict]:
