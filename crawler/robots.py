@@ -201,6 +201,11 @@ def is_unreachable(status_code: int | None) -> bool:
     return status_code is None or status_code == 429 or not 200 <= status_code < 500
 
 
+def is_reachable_sql(status_code: str) -> str:
+    """`not is_unreachable` over a status code column (null: no response, unreachable), never null."""
+    return f"coalesce({status_code} between 200 and 499 and {status_code} != 429, false)"
+
+
 def observation_reusable(status_code: int | None, expires_at: datetime | None, now: datetime) -> bool:
     """Whether a stored robots.txt observation may stand in for a fetch by a daemon new to the host (a resumed
     bucket's own earlier fetch, or the `hosts` copy generate hands over in the fetch list): a definite answer
@@ -211,7 +216,7 @@ def observation_reusable(status_code: int | None, expires_at: datetime | None, n
 
 def observation_reusable_sql(status_code: str, expires_at: str, now: str) -> str:
     """`observation_reusable` over the `hosts` columns and a timestamp expression for now."""
-    return f"coalesce({expires_at} > {now} and {status_code} between 200 and 499 and {status_code} != 429, false)"
+    return f"coalesce({expires_at} > {now}, false) and {is_reachable_sql(status_code)}"
 
 
 def handed_over(status_code: int | None, body: str | None, fetched_at: datetime | None,
@@ -231,8 +236,7 @@ def handed_over(status_code: int | None, body: str | None, fetched_at: datetime 
 def handed_over_sql(status_code: str, body: str, fetched_at: str, expires_at: str, good_status_code: str,
                     good_at: str, now: str) -> str:
     """`handed_over` over the `hosts` columns: a struct of the fetch list's robots_* names, or null."""
-    reachable = f"coalesce({status_code} between 200 and 499 and {status_code} != 429, false)"
-    good = f"coalesce({good_at}, case when {reachable} then {fetched_at} end)"
+    good = f"coalesce({good_at}, case when {is_reachable_sql(status_code)} then {fetched_at} end)"
 
     def copy(status: str, at: str, until: str) -> str:
         return (f"named_struct('robots_status_code', {status}, 'robots_body', {body}, 'robots_fetched_at', {at}, "
