@@ -25,6 +25,7 @@ from __future__ import annotations
 import importlib.machinery
 import shutil
 import sys
+import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from pathlib import Path
@@ -42,6 +43,7 @@ if getattr(sys.modules["__main__"], "__spec__", None) is None and not hasattr(sy
     sys.modules["__main__"].__spec__ = importlib.machinery.ModuleSpec("__main__", None)
 
 SPARK_LANE, LIGHT_LANE = "spark", "light"
+_SESSION_START = pytest.StashKey[float]()
 # What starts in the background as soon as the session is up (`<name>_started`; a test reads `<name>`), with the
 # rank of its readers in the Spark lane: after every test that reads nothing in the background, and after the readers
 # of work that is done sooner (the crash kills wait for the shared crawl; the niced work takes the slack).
@@ -90,6 +92,29 @@ def pytest_collection_finish(session: pytest.Session) -> None:
         stray = [item.nodeid for item in session.items if "@" not in item.nodeid.rsplit("]", 1)[-1]]
         if stray:
             raise pytest.UsageError(f"--dist loadgroup did not group {len(stray)} tests, e.g. {stray[:3]}")
+
+
+_lane_ends: dict[str, float] = {}
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    session.config.stash[_SESSION_START] = time.monotonic()
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    """Note when each lane reported last (in the controller, under xdist): its last test's teardown includes the
+    session fixtures', so it is when the lane's worker was done."""
+    lane = report.nodeid.rpartition("@")[2] if "@" in report.nodeid.rsplit("]", 1)[-1] else None
+    if lane in (SPARK_LANE, LIGHT_LANE):
+        _lane_ends[lane] = time.monotonic()
+
+
+def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:
+    """When each lane ended, so the suite's critical lane is visible beside the slowest tests."""
+    if _lane_ends:
+        start = config.stash[_SESSION_START]
+        ends = ", ".join(f"{lane} at {end - start:.0f} s" for lane, end in sorted(_lane_ends.items()))
+        terminalreporter.write_line(f"lanes ended: {ends}")
 
 
 @pytest.fixture(scope="session")
