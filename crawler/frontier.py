@@ -19,7 +19,7 @@ from crawler.bucketing import Bucketing
 from crawler.scope import Scope
 from crawler.settings import Settings
 from crawler.sitemaps import SITEMAP_FILE_PRIORITY, SitemapEntry, first_schedule
-from crawler.status import FetchOutcome, IndexEventKind, UrlSource, is_gone, is_gone_sql
+from crawler.status import FetchOutcome, IndexEventKind, UrlSource, is_gone, is_gone_sql, is_unchanged, is_unchanged_sql
 
 # A discovered URL inherits the best priority among the pages linking to it, damped by this factor per hop,
 # so pages near the seeds are fetched first and a deep chain fades out instead of crowding the segment.
@@ -295,7 +295,7 @@ def index_event_kind(outcome: str, status_code: int | None, previous_hash: str |
         if duplicate_of is not None:
             return IndexEventKind.DUPLICATE.value
         return (IndexEventKind.FETCHED if previous_hash is None else IndexEventKind.CHANGED).value
-    if outcome == FetchOutcome.NOT_MODIFIED:
+    if is_unchanged(outcome):  # a 304, or the stored payload again
         return IndexEventKind.NOT_MODIFIED.value
     if is_gone(outcome, status_code):
         return IndexEventKind.GONE.value
@@ -314,7 +314,7 @@ def index_event_kind_sql(outcome: str, status_code: str, previous_hash: str, new
             f" when {duplicate_of} is not null then '{IndexEventKind.DUPLICATE.value}'"
             f" when {previous_hash} is null then '{IndexEventKind.FETCHED.value}'"
             f" else '{IndexEventKind.CHANGED.value}' end"
-            f" when {outcome} = '{FetchOutcome.NOT_MODIFIED.value}' then '{IndexEventKind.NOT_MODIFIED.value}'"
+            f" when {is_unchanged_sql(outcome)} then '{IndexEventKind.NOT_MODIFIED.value}'"
             f" when {is_gone_sql(outcome, status_code)} then '{IndexEventKind.GONE.value}' end)")
 
 

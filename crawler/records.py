@@ -41,8 +41,15 @@ FETCHLIST = pa.schema(
         ("robots_body", pa.string()),
         ("robots_fetched_at", TS),
         ("robots_expires_at", TS),
+        # The URL's stored payload (crawler.payloads; null when none, or its record's segment is gone): the
+        # WARC-Payload-Digest of the last payload stored in full, and the WARC-Target-URI and WARC-Date of the
+        # response record that holds it. A 200 with that digest is written as a revisit record referring to it.
+        ("stored_payload_digest", pa.string()),
+        ("stored_target_uri", pa.string()),
+        ("stored_warc_date", TS),
     ]
 )
+FETCHLIST_STORED = ("stored_payload_digest", "stored_target_uri", "stored_warc_date")
 FETCHLIST_ROBOTS = ("robots_status_code", "robots_body", "robots_fetched_at", "robots_expires_at")
 
 FETCHLIST_ROW_GROUP_BYTES = 1024 * 1024

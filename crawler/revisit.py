@@ -6,7 +6,8 @@ holds the two to the same answers). Pure: time is passed in.
 
 * success: first content -> default interval; changed -> interval * changed_factor; unchanged ->
   interval * unchanged_factor; clamped to [min_interval_s, max_interval_s].
-* 304: status not_modified, interval * unchanged_factor (clamped).
+* 304, or a 200 whose payload is the stored one (identical_payload, written as a revisit record): status
+  not_modified, interval * unchanged_factor (clamped).
 * A sitemap (the row has a sitemap origin) adapts the same way between its own clamps,
   [sitemap_min_interval_s, sitemap_max_interval_s], and starts at the lower one: a sitemap is where a site lists
   what it published, so one that keeps changing is re-read within minutes, not after the days a page waits.
@@ -28,7 +29,16 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from crawler.settings import Settings
-from crawler.status import FetchOutcome, UrlStatus, is_gone, is_gone_sql, is_transient, is_transient_sql
+from crawler.status import (
+    FetchOutcome,
+    UrlStatus,
+    is_gone,
+    is_gone_sql,
+    is_transient,
+    is_transient_sql,
+    is_unchanged,
+    is_unchanged_sql,
+)
 
 # The jitter's resolution: its share in thousandths, its hash in 16 bits (products stay far inside a bigint).
 _JITTER_SCALE = 1000
@@ -129,7 +139,7 @@ class RevisitPolicy:
             else:
                 new_interval = self.clamp(interval * self.unchanged_factor, sitemap)
             return after(UrlStatus.FETCHED.value, new_interval, new_interval)
-        if outcome == FetchOutcome.NOT_MODIFIED:
+        if is_unchanged(outcome):
             new_interval = self.clamp(interval * self.unchanged_factor, sitemap)
             return after(UrlStatus.NOT_MODIFIED.value, new_interval, new_interval)
         if outcome == FetchOutcome.REDIRECT:
@@ -191,7 +201,7 @@ class RevisitPolicy:
         branches = [
             (f"{outcome} = '{FetchOutcome.SUCCESS.value}'", status(UrlStatus.FETCHED), fetched,
              f"{fetched} * 1000000", "0"),
-            (f"{outcome} = '{FetchOutcome.NOT_MODIFIED.value}'", status(UrlStatus.NOT_MODIFIED), unchanged,
+            (is_unchanged_sql(outcome), status(UrlStatus.NOT_MODIFIED), unchanged,
              f"{unchanged} * 1000000", "0"),
             (f"{outcome} = '{FetchOutcome.REDIRECT.value}'", status(UrlStatus.REDIRECT),
              str(self.default_interval_s), str(self.default_interval_s * 1_000_000), "0"),

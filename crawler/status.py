@@ -16,7 +16,7 @@ class UrlStatus(str, Enum):
 
     UNFETCHED = "unfetched"          # known, never fetched (or never successfully attempted)
     FETCHED = "fetched"              # last fetch returned content (2xx)
-    NOT_MODIFIED = "not_modified"    # last fetch was a 304 for our validators
+    NOT_MODIFIED = "not_modified"    # last fetch found the content unchanged: a 304, or the stored payload again
     REDIRECT = "redirect"            # last fetch was a 3xx; the target is a URL of its own
     GONE = "gone"                    # 404/410 tombstone, revisited rarely
     RETRY = "retry"                  # transient failure (5xx, timeout, network); retried with backoff
@@ -32,6 +32,9 @@ class FetchOutcome(str, Enum):
 
     SUCCESS = "success"              # 2xx response written to the WARC
     NOT_MODIFIED = "not_modified"    # 304 written as a revisit record
+    # A 200 whose payload digest is the URL's stored one (crawler.payloads.is_identical_payload): written as a
+    # revisit record (identical-payload-digest) referring to the URL's own stored response record.
+    IDENTICAL_PAYLOAD = "identical_payload"
     REDIRECT = "redirect"            # 3xx; redirect_to holds the resolved target
     HTTP_ERROR = "http_error"        # 4xx/5xx response (status_code says which)
     NETWORK_ERROR = "network_error"  # DNS, connect, reset, TLS or timeout; no response
@@ -98,9 +101,17 @@ class IndexEventKind(str, Enum):
 
     FETCHED = "fetched"              # first content for this URL
     CHANGED = "changed"              # content differs from the previous version
-    NOT_MODIFIED = "not_modified"    # 304 or identical content: nothing to reindex
+    NOT_MODIFIED = "not_modified"    # 304, identical payload or identical content: nothing to reindex
     GONE = "gone"                    # 404/410: remove from the index
     DUPLICATE = "duplicate"          # new/changed content duplicating another URL: index the representative
+
+
+class WetOutcome(str, Enum):
+    """What parse wrote to the segment's WET files for a page it read (crawler/wet.py; counted in its summary)."""
+
+    WRITTEN = "written"              # a conversion record of the page's visible text
+    NO_TEXT = "no_text"              # HTML with no visible text (empty, only markup or script): no record
+    NOT_HTML = "not_html"            # a body that is not HTML (PDF, image, other binary or text types): no record
 
 
 # 404 and 410: the page is gone (a tombstone, revisited rarely; an index `gone` event).
@@ -108,8 +119,12 @@ GONE_CODES = frozenset({404, 410})
 
 # Outcomes where a request reached the server (a response, or a network error on the way); the others were
 # decided without one (robots.txt, the address guard, a deferred host).
-REQUESTED_OUTCOMES = frozenset({FetchOutcome.SUCCESS, FetchOutcome.NOT_MODIFIED, FetchOutcome.REDIRECT,
-                                FetchOutcome.HTTP_ERROR, FetchOutcome.NETWORK_ERROR})
+REQUESTED_OUTCOMES = frozenset({FetchOutcome.SUCCESS, FetchOutcome.NOT_MODIFIED, FetchOutcome.IDENTICAL_PAYLOAD,
+                                FetchOutcome.REDIRECT, FetchOutcome.HTTP_ERROR, FetchOutcome.NETWORK_ERROR})
+
+# Outcomes that found the URL's content unchanged without storing it again (a revisit record): a 304, or a 200
+# whose payload is the stored one. The revisit policy and the index event treat them alike.
+UNCHANGED_OUTCOMES = frozenset({FetchOutcome.NOT_MODIFIED, FetchOutcome.IDENTICAL_PAYLOAD})
 
 
 def outcome_for_status(status_code: int | None) -> FetchOutcome:
@@ -123,6 +138,17 @@ def outcome_for_status(status_code: int | None) -> FetchOutcome:
     if 300 <= status_code < 400:
         return FetchOutcome.REDIRECT
     return FetchOutcome.HTTP_ERROR
+
+
+def is_unchanged(outcome: str) -> bool:
+    """True when the attempt found the content unchanged and wrote a revisit record (`UNCHANGED_OUTCOMES`)."""
+    return outcome in UNCHANGED_OUTCOMES
+
+
+def is_unchanged_sql(outcome: str) -> str:
+    """`is_unchanged` over the outcome column `outcome`."""
+    listed = ", ".join(f"'{o.value}'" for o in sorted(UNCHANGED_OUTCOMES, key=lambda o: o.value))
+    return f"({outcome} in ({listed}))"
 
 
 def made_request(outcome: str) -> bool:

@@ -3,7 +3,10 @@
 A request takes its host's politeness gate and a global slot; an unexpected library error becomes a failed
 response. A page's same-host redirects are followed hop by hop through the gate, each response's Retry-After is
 read for the gate, every response is written to the bucket's WARC (request, response or revisit, metadata), and
-the URL gets one result row saying how its last response came out. Host preparation (`fetchd.hostprep`) fetches
+the URL gets one result row saying how its last response came out. A page's 200 whose payload is the one the
+URL's stored record holds (the fetch list's stored payload, `crawler.payloads`) is written as an identical-payload
+revisit record instead of a response record: its digest is computed (in the WARC writer thread) before the record
+is chosen. Host preparation (`fetchd.hostprep`) fetches
 robots.txt through the same gated GET.
 """
 
@@ -18,6 +21,7 @@ from typing import Any
 from warcio.timeutils import datetime_to_iso_date
 
 from crawler import netpolicy, records, urls
+from crawler.payloads import StoredPayload, is_identical_payload, may_be_identical
 from crawler.politeness import THROTTLE_STATUSES, HostGate, parse_retry_after
 from crawler.scheduling import HostWork
 from crawler.status import FetchOutcome, outcome_for_status
@@ -26,7 +30,7 @@ from fetchd.fetchlist import KeySet
 from fetchd.metrics import host_class
 from fetchd.output import BucketOutput, Fenced
 from fetchd.services import DaemonServices
-from fetchd.warc import WrittenRecord, http_request_headers, http_response_headers, new_record_id
+from fetchd.warc import WrittenRecord, http_request_headers, http_response_headers, new_record_id, payload_digest
 
 log = logging.getLogger("fetchd")
 
@@ -41,6 +45,11 @@ def utc(epoch: float) -> datetime:
 
 def _warc_date(epoch: float) -> str:
     return datetime_to_iso_date(utc(epoch).replace(tzinfo=None), use_micros=True)
+
+
+def _warc_date_of(moment: datetime) -> str:
+    """A result row's time (an aware datetime, microseconds) as the WARC-Date its record was written with."""
+    return datetime_to_iso_date(moment.astimezone(UTC).replace(tzinfo=None), use_micros=True)
 
 
 class Exchange:
@@ -246,7 +255,14 @@ class Exchange:
             return self.row(item, FetchOutcome.NETWORK_ERROR, **common)
         status = response.status
         outcome = outcome_for_status(status)
-        warc_filename, written = await self.write_exchange(response, outcome, item.get("last_fetch_at"))
+        stored = StoredPayload.of(item)
+        digest = None
+        if may_be_identical(status, response.truncated, response.url, stored):
+            digest = await payload_digest(response.body)
+            if is_identical_payload(status, response.truncated, digest, response.url, stored):
+                outcome = FetchOutcome.IDENTICAL_PAYLOAD
+        warc_filename, written = await self.write_exchange(response, outcome, item.get("last_fetch_at"), stored,
+                                                           digest)
         return self.row(
             item, outcome, **common,
             status_code=status,
@@ -266,10 +282,13 @@ class Exchange:
     # --- WARC -------------------------------------------------------------------------------------------
 
     async def write_exchange(self, response: FetchResponse, outcome: FetchOutcome | None = None,
-                             last_fetch_at: datetime | None = None) -> tuple[str, WrittenRecord]:
-        """Request + response (or revisit for a 304) records of one exchange, then a metadata record about the
-        fetch, as one writer job (contiguous); the file and where the response landed, once written. A 304's
-        revisit refers to the URL's previous fetch, `last_fetch_at`."""
+                             last_fetch_at: datetime | None = None, stored: StoredPayload | None = None,
+                             digest: str | None = None) -> tuple[str, WrittenRecord]:
+        """Request + response (or revisit) records of one exchange, then a metadata record about the fetch, as one
+        writer job (contiguous); the file and where the response landed, once written. A revisit refers to the
+        URL's stored record (`stored`, when it is of the URL that answered): a 304 to its date, else to the URL's
+        previous fetch, `last_fetch_at`; an identical payload (`outcome`) to its URI and date, with the payload's
+        `digest`. A response record takes `digest` when it was computed already."""
         warc = self.out.warc()
         relpath = self.out.warc_relpath()  # now: the output may rotate to a new file while this awaits
         date = _warc_date(response.started_at)
@@ -277,15 +296,22 @@ class Exchange:
         request_headers = http_request_headers("GET", response.request_path, response.request_headers)
         http_headers = http_response_headers(response.status or 0, response.reason, response.headers)
         truncated_reason = (response.truncated_reason or "unspecified") if response.truncated else None
+        original = stored.refers_to(response.url) if stored is not None else None
         if response.status == 304:
+            refers_to = original.warc_date if original is not None else last_fetch_at
             answer = warc.not_modified_record(
                 response.url, http_headers, date, response.remote_ip, response_id, request_id,
-                refers_to_date=_warc_date(last_fetch_at.timestamp()) if last_fetch_at else None,
+                refers_to_date=_warc_date_of(refers_to) if refers_to else None,
+            )
+        elif outcome == FetchOutcome.IDENTICAL_PAYLOAD and original is not None and digest is not None:
+            answer = warc.identical_payload_record(
+                response.url, http_headers, date, response.remote_ip, response_id, request_id, digest,
+                original.target_uri, _warc_date_of(original.warc_date),
             )
         else:
             answer = warc.response_record(
                 response.url, http_headers, response.body, date, response.remote_ip, response_id, request_id,
-                truncated_reason=truncated_reason,
+                truncated_reason=truncated_reason, payload_digest=digest,
             )
         written = await warc.write([
             warc.request_record(response.url, request_headers, date, response.remote_ip, request_id, response_id),

@@ -2,7 +2,9 @@
 
 A file starts with a warcinfo record; each fetch adds a request record and a response record that name
 each other in WARC-Concurrent-To (a 304 adds a revisit record, profile server-not-modified, instead of the
-response), then a metadata record about the fetch (time, IP, truncation, outcome) concurrent to the response.
+response; so does a 200 whose payload is the URL's stored one, profile identical-payload-digest:
+`crawler.payloads`), then a metadata record about the fetch (time, IP, truncation, outcome) concurrent to the
+response.
 The offset and compressed length of the response/revisit record are measured from the file position around
 the write, so results can point at it. `close()` flushes and fsyncs before the rename: a closed file name
 always holds complete records. A `*.open` file left by a killed daemon is cut back to its last complete
@@ -46,6 +48,7 @@ from crawler import layout
 
 WARC_VERSION = "WARC/1.1"
 NOT_MODIFIED_PROFILE = "http://netpreserve.org/warc/1.1/revisit/server-not-modified"
+IDENTICAL_PAYLOAD_PROFILE = "http://netpreserve.org/warc/1.1/revisit/identical-payload-digest"
 WARC_SUFFIX = ".warc.gz"
 DEFAULT_COMPRESSOR = "isal"  # `fetch.warc_compressor` and `fetch.warc_gzip_level` (conf/crawler.yaml says why)
 DEFAULT_GZIP_LEVEL = 1
@@ -78,7 +81,9 @@ class Record(NamedTuple):
     head: str
     http: bytes
     payload: bytes
-    payload_digest: bool  # whether the record gets a WARC-Payload-Digest (request and response records)
+    # Whether the record gets a WARC-Payload-Digest of its payload (request and response records), or the digest
+    # it gets as it is (a string: computed already, or an identical-payload revisit's, whose payload is not here).
+    payload_digest: bool | str
 
     @property
     def bound(self) -> int:
@@ -165,6 +170,17 @@ def writes_pending() -> int:
     return _writer_instance.pending() if _writer_instance is not None else 0
 
 
+async def payload_digest(payload: bytes) -> str:
+    """The WARC-Payload-Digest of `payload` (`payload_sha1`), computed in the writer thread, off the event loop (on
+    a virtual clock it counts as pending work, like a write): what a response is compared with before its record
+    is chosen (`crawler.payloads.is_identical_payload`). The body is the one the fetcher read, bounded by
+    `fetch.max_body_bytes`; nothing else is kept."""
+    loop = asyncio.get_running_loop()
+    future: asyncio.Future[str] = loop.create_future()
+    _writer().put(payload_sha1, (payload,), (loop, future))
+    return await future
+
+
 def iipc_stem(prefix: str, created: float, serial: int, host: str) -> str:
     """`prefix-timestamp-serial-host` (IIPC WARC naming): UTC creation time to the millisecond, 5-digit serial."""
     moment = datetime.fromtimestamp(created, UTC)
@@ -194,6 +210,11 @@ def _sha1(*parts: bytes) -> str:
 
 
 _EMPTY_SHA1 = _sha1(b"")  # a request record's payload digest
+
+
+def payload_sha1(payload: bytes) -> str:
+    """A payload's WARC-Payload-Digest as the writer puts it in a response record ("sha1:BASE32")."""
+    return _sha1(payload) if payload else _EMPTY_SHA1
 
 
 def http_request_headers(method: str, path: str, headers: Sequence[tuple[str, str]]) -> bytes:
@@ -284,13 +305,16 @@ class WarcFile:
         return Record(head, http_headers, b"", True)
 
     def response_record(self, uri: str, http_headers: bytes, body: bytes, date: str, ip: str | None,
-                        record_id: str, concurrent_to: str, truncated_reason: str | None = None) -> Record:
+                        record_id: str, concurrent_to: str, truncated_reason: str | None = None,
+                        payload_digest: str | None = None) -> Record:
+        """`payload_digest`: the body's digest when it was computed already (`payload_digest`), else the writer
+        computes it."""
         # the metadata record keeps the exact truncation reason; the header holds a WARC 1.1 value
         truncated = None if not truncated_reason else \
             truncated_reason if truncated_reason in WARC_TRUNCATED_VALUES else "unspecified"
         head = self._head("response", uri, record_id, date, _HTTP_RESPONSE,
                           {"WARC-IP-Address": ip, "WARC-Concurrent-To": concurrent_to, "WARC-Truncated": truncated})
-        return Record(head, http_headers, body, True)
+        return Record(head, http_headers, body, payload_digest or True)
 
     def not_modified_record(self, uri: str, http_headers: bytes, date: str, ip: str | None,
                             record_id: str, concurrent_to: str, refers_to_date: str | None = None) -> Record:
@@ -301,6 +325,17 @@ class WarcFile:
             "WARC-IP-Address": ip, "WARC-Concurrent-To": concurrent_to, "WARC-Profile": NOT_MODIFIED_PROFILE,
             "WARC-Refers-To-Target-URI": uri, "WARC-Refers-To-Date": refers_to_date})
         return Record(head, http_headers, b"", False)
+
+    def identical_payload_record(self, uri: str, http_headers: bytes, date: str, ip: str | None, record_id: str,
+                                 concurrent_to: str, payload_digest: str, refers_to_uri: str,
+                                 refers_to_date: str) -> Record:
+        """A 200 whose payload is the one an earlier response record of the same URL holds, as a revisit record
+        (WARC 1.1 §6.7.2): the HTTP headers kept, no payload, `WARC-Payload-Digest` the payload's digest, and
+        the original named by `WARC-Refers-To-Target-URI` and `WARC-Refers-To-Date` (`crawler.payloads`)."""
+        head = self._head("revisit", uri, record_id, date, _HTTP_RESPONSE, {
+            "WARC-IP-Address": ip, "WARC-Concurrent-To": concurrent_to, "WARC-Profile": IDENTICAL_PAYLOAD_PROFILE,
+            "WARC-Refers-To-Target-URI": refers_to_uri, "WARC-Refers-To-Date": refers_to_date})
+        return Record(head, http_headers, b"", payload_digest)
 
     def fetch_metadata_record(self, uri: str, date: str, concurrent_to: str, fetch_time_ms: int, ip: str | None,
                               truncated_reason: str | None, outcome: str | None,
@@ -348,7 +383,10 @@ class WarcFile:
         self._put([record], None)
 
     def _member(self, record: Record) -> tuple[bytes, str | None]:
-        payload_digest = (_sha1(record.payload) if record.payload else _EMPTY_SHA1) if record.payload_digest else None
+        if isinstance(record.payload_digest, str):
+            payload_digest: str | None = record.payload_digest
+        else:
+            payload_digest = payload_sha1(record.payload) if record.payload_digest else None
         block_digest = _sha1(record.http, record.payload)
         length = len(record.http) + len(record.payload)
         tail = f"WARC-Payload-Digest: {payload_digest}\r\n" if payload_digest else ""
@@ -406,6 +444,9 @@ class WarcFile:
 
     def write_not_modified(self, *args, **kwargs) -> WrittenRecord:
         return self.submit([self.not_modified_record(*args, **kwargs)]).result()[0]
+
+    def write_identical_payload(self, *args, **kwargs) -> WrittenRecord:
+        return self.submit([self.identical_payload_record(*args, **kwargs)]).result()[0]
 
     def write_fetch_metadata(self, *args, **kwargs) -> WrittenRecord:
         return self.submit([self.fetch_metadata_record(*args, **kwargs)]).result()[0]

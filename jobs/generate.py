@@ -238,6 +238,10 @@ def select_due(spark: SparkSession, conf: Config, root: str, segment_id: str, no
         "last_fetch_at",
         "sitemap_origin",
         *handed_over,
+        # The URL's stored payload (crawler.payloads): `urls` does not keep it yet, so none is handed out.
+        F.lit(None).cast("string").alias("stored_payload_digest"),
+        F.lit(None).cast("string").alias("stored_target_uri"),
+        F.lit(None).cast("timestamp").alias("stored_warc_date"),
         "bucket",
         F.col("state_version").alias("old_state_version"),
         F.col("h_domain").alias("domain"),

@@ -41,7 +41,7 @@ from crawler.frontier import index_event_kind_sql
 from crawler.leases import completes_sql, is_current_sql, latest_result_rank_sql
 from crawler.records import FETCHED
 from crawler.revisit import RevisitPolicy
-from crawler.status import FINISHED_SEGMENT_STATES, FetchOutcome, SegmentState, made_request_sql
+from crawler.status import FINISHED_SEGMENT_STATES, FetchOutcome, SegmentState, is_unchanged_sql, made_request_sql
 from delta_tables import tables
 from jobs import cycle_metrics, discover
 from jobs.base import (
@@ -209,7 +209,8 @@ def completion_rows(live: DataFrame, policy: RevisitPolicy) -> DataFrame:
     """Each live result's new URL state (`n_*` columns) by its URL's keys, bucket and version (`c_version`): the
     revisit decision (crawler.revisit, in SQL) and what the result replaces."""
     outcome = F.col("outcome")
-    success, not_modified = outcome == FetchOutcome.SUCCESS.value, outcome == FetchOutcome.NOT_MODIFIED.value
+    # not_modified: a 304 or the stored payload again (a revisit record): the validators it carried, else the old
+    success, not_modified = outcome == FetchOutcome.SUCCESS.value, F.expr(is_unchanged_sql("outcome"))
     requested = F.expr(made_request_sql("outcome"))
     has_new = success & F.col("new_hash").isNotNull()
     changed = has_new & ~F.col("prev_hash").eqNullSafe(F.col("new_hash"))
@@ -316,7 +317,8 @@ def record_merged(spark: SparkSession, root: str, segment_id: str, per_bucket: d
         *[zero.alias(c) for c in ("url_count", "host_count", "results", "applied", "stale", "discovered")]))
     source = tables.conform(source.select("*", F.lit(None).alias("owner"), F.lit(0).alias("epoch"),
                                           F.lit(None).alias("counters"), F.lit(now).alias("created_at"),
-                                          F.lit(now).alias("updated_at")), "segments")
+                                          F.lit(now).alias("updated_at"), F.lit(None).alias("wet_files"),
+                                          F.lit(None).alias("wet_records")), "segments")
     with table_turn(root, "segments"):
         (
             merge_into(spark, root, "segments", source, "t.segment_id = s.segment_id AND t.bucket = s.bucket")

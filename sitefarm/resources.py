@@ -1,11 +1,15 @@
 """What the farm serves, written out: one Resource per URL, the HTML page and sitemap file writers every host
-shares, and the words of its pages. Every farm host is a name under DOMAIN."""
+shares, the words of its pages, and how a host of each validator role answers a conditional request
+(`conditional_answer`). Every farm host is a name under DOMAIN."""
 
 from __future__ import annotations
 
 import datetime
+import email.utils
+import hashlib
 import html
 import random
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -110,3 +114,47 @@ def sitemap_xml(kind: str, entries: list[dict[str, Any]]) -> bytes:
         lines.append(f"  <{item}>{''.join(fields)}</{item}>")
     lines.append(f"</{kind}>\n")
     return "\n".join(lines).encode("utf-8")
+
+
+# ---- validators: how a host answers a conditional request (FarmSpec.validators) ----------------------------
+
+HONOURS = "honours"   # ETag and Last-Modified sent; a matching If-None-Match (else If-Modified-Since) gets a 304
+IGNORES = "ignores"   # the same headers sent, but every request gets a 200 with the whole body
+NO_VALIDATORS = "none"  # no validators sent; every request gets a 200 with the whole body
+VALIDATOR_ROLES = (HONOURS, IGNORES, NO_VALIDATORS)
+LAST_MODIFIED = "Thu, 15 Jan 2026 00:00:00 GMT"  # SITEMAP_DATE: an unchanging page's Last-Modified
+
+
+def revised(resource: Resource, revision: int) -> Resource:
+    """A changing page's answer at its `revision`-th request: the same page and links with a line that differs."""
+    marker = b"</body>"
+    body = resource.body.replace(marker, f"<p>revision {revision}</p>{marker.decode()}".encode(), 1)
+    return Resource(resource.status, body, resource.content_type, resource.location, resource.links)
+
+
+def conditional_answer(resource: Resource, role: str, changing: bool, request_headers: Mapping[str, str],
+                       now: float) -> tuple[int, bytes, dict[str, str]]:
+    """(status, body, validator headers) of a 200 resource for a host of `role`: a HONOURS host answers 304 when
+    the request's If-None-Match names the body's ETag (or, without one, when If-Modified-Since is not before the
+    Last-Modified of a page that does not change); a changing page's Last-Modified is `now`."""
+    if resource.status != 200 or role == NO_VALIDATORS:
+        return resource.status, resource.body, {}
+    etag = '"' + hashlib.sha1(resource.body).hexdigest()[:20] + '"'  # noqa: S324 - a tag, not security
+    modified = email.utils.formatdate(now, usegmt=True) if changing else LAST_MODIFIED
+    headers = {"ETag": etag, "Last-Modified": modified}
+    if role == HONOURS:
+        if_none_match = request_headers.get("If-None-Match")
+        if if_none_match is not None:
+            if etag in (tag.strip() for tag in if_none_match.split(",")):
+                return 304, b"", headers
+        elif not changing and _not_before(request_headers.get("If-Modified-Since"), LAST_MODIFIED):
+            return 304, b"", headers
+    return 200, resource.body, headers
+
+
+def _not_before(value: str | None, reference: str) -> bool:
+    try:
+        return value is not None and (email.utils.parsedate_to_datetime(value)
+                                      >= email.utils.parsedate_to_datetime(reference))
+    except (TypeError, ValueError):
+        return False

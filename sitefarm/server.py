@@ -14,7 +14,6 @@ from typing import IO, Any
 
 from aiohttp import web
 
-from sitefarm.resources import Resource
 from sitefarm.sites import FarmSpec
 from sitefarm.truth import FarmTruth
 
@@ -109,13 +108,13 @@ class SiteFarm(FarmTruth):
                 request.transport.close()
             raise asyncio.CancelledError  # aiohttp's way for a handler to end with no response at all
         name = host_header.rpartition(":")[0].lower() or host_header.lower()
-        resource = self._answer(name, request.raw_path) or Resource(404, b"<html><title>Not found</title></html>")
+        resource, status, body, validators = self.respond(name, request.raw_path, request.headers)
         if self.spec.latency_s > 0:
             await asyncio.sleep(self.spec.latency_s)
-        headers = {"Content-Type": resource.content_type}
+        headers = {"Content-Type": resource.content_type, **validators}
         if resource.location:
             headers["Location"] = resource.location
-        response = web.Response(status=resource.status, body=resource.body, headers=headers)
+        response = web.Response(status=status, body=None if status == 304 else body, headers=headers)
         await response.prepare(request)
         # `end` is taken before the body's last byte leaves, so a client that waits for the whole response
         # always starts its next request after `end`: an overlap in the log is a real one.
@@ -126,7 +125,7 @@ class SiteFarm(FarmTruth):
                 "method": request.method,
                 "start": start,
                 "end": time.time(),
-                "status": resource.status,
+                "status": status,
                 "user_agent": request.headers.get("User-Agent", ""),
             }
         )

@@ -18,14 +18,28 @@ import gzip
 import math
 import random
 import time
-from collections.abc import Callable
+import zlib
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from crawler.robots import RobotsPolicy
 from crawler.urls import canonicalize, host_key
 from sitefarm.fresh import FreshSchedule, fresh_host_name, fresh_page, fresh_robots
-from sitefarm.resources import DOMAIN, SITEMAP_DATE, Resource, Sitemap, filler_text, html_page, listings, sitemap_xml
+from sitefarm.resources import (
+    DOMAIN,
+    NO_VALIDATORS,
+    SITEMAP_DATE,
+    VALIDATOR_ROLES,
+    Resource,
+    Sitemap,
+    conditional_answer,
+    filler_text,
+    html_page,
+    listings,
+    revised,
+    sitemap_xml,
+)
 from sitefarm.traps import (
     CALENDAR_HOST,
     EXTRA_ROBOTS,
@@ -74,6 +88,19 @@ class FarmSpec:
     # counted from the farm's start, and a home page that changes with it.
     fresh_hosts: int = 0
     fresh_interval_s: float = 60.0
+    # Validators on the ordinary sites (`validator_role`): each host honours them (ETag and Last-Modified, a 304
+    # for a match), ignores them (the same headers, always a 200 with the whole body) or sends none. Off, no host
+    # sends validators (every host "none"). Other hosts never send them.
+    validators: bool = False
+    # The share of the ordinary sites' HTML pages (chosen by a hash of host name and path) whose body changes at
+    # every request (`revised`), whatever their host's role.
+    changing_share: float = 0.0
+
+
+def _validator_role(index: int) -> str:
+    """How an ordinary site answers conditional requests (with FarmSpec.validators), mixed apart from its robots
+    and sitemap roles."""
+    return VALIDATOR_ROLES[(index + index // 3) % 3]
 
 
 def _host_role(index: int) -> str:
@@ -103,6 +130,8 @@ class Sites:
             raise ValueError("a farm needs at least one host and one page per host")
         if spec.fresh_hosts < 0 or spec.fresh_interval_s <= 0:
             raise ValueError("fresh hosts: a count of 0 or more and an interval above 0")
+        if not 0.0 <= spec.changing_share <= 1.0:
+            raise ValueError("changing_share: a share from 0 to 1")
         if not all(1 <= pages <= MAX_LARGE_HOST_PAGES for pages in spec.large_host_pages):
             raise ValueError(f"a large host has 1 to {MAX_LARGE_HOST_PAGES} articles")
         self.spec = spec
@@ -117,6 +146,7 @@ class Sites:
         # The fresh hosts' clock (Unix seconds; a test may set another) and their schedule, from the farm's start.
         self.clock: Callable[[], float] = time.time
         self.fresh_schedule = FreshSchedule(0.0, spec.fresh_interval_s)
+        self._revisions: dict[tuple[str, str], int] = {}  # requests so far of each changing page (the server's)
 
     # ---- site generation -------------------------------------------------------------------------------
 
@@ -147,6 +177,38 @@ class Sites:
                                 content_type="text/plain; charset=utf-8")
             return fresh_page(name, self._base(name), path, self.clock(), self.fresh_schedule, self.spec.seed)
         return resource
+
+    def respond(self, name: str, path: str, request_headers: Mapping[str, str]) -> tuple[Resource, int, bytes,
+                                                                                     dict[str, str]]:
+        """What the farm answers at path + query on a host, as (resource, status, body, validator headers): the
+        resource as built, a changing page revised at each request, and the host's validator role applied."""
+        resource = self._answer(name, path) or Resource(404, b"<html><title>Not found</title></html>")
+        changing = self.changes_between_fetches_at(name, path)
+        if changing:
+            revision = self._revisions[(name, path)] = self._revisions.get((name, path), 0) + 1
+            resource = revised(resource, revision)
+        status, body, headers = conditional_answer(resource, self.validator_role(name), changing, request_headers,
+                                                   self.clock())
+        return resource, status, body, headers
+
+    def validator_role(self, name: str) -> str:
+        """How a host answers conditional requests: `resources.HONOURS`, `IGNORES` or `NO_VALIDATORS` (every host
+        without FarmSpec.validators, and every host but the ordinary sites)."""
+        names = self._site_names()
+        if not self.spec.validators or name not in names:
+            return NO_VALIDATORS
+        return _validator_role(names.index(name))
+
+    def changes_between_fetches_at(self, name: str, path: str) -> bool:
+        """Whether the page at path + query on a host changes at every request (FarmSpec.changing_share): an HTML
+        page of an ordinary site, chosen by a hash of host name and path (not the port: the same pages each run)."""
+        share = self.spec.changing_share
+        if not share:
+            return False
+        resource = self._sites.get(name, {}).get(path)
+        if resource is None or resource.status != 200 or path == "/robots.txt":
+            return False
+        return zlib.crc32(f"{self.spec.seed}:{name}{path}".encode()) % 10_000 < share * 10_000
 
     def _sections(self) -> int:
         return max(1, math.ceil(self.spec.pages_per_host / PAGES_PER_SECTION))

@@ -1,5 +1,7 @@
 """The ground truth about the farm's sites: the farm knows its own link graph, robots files and sitemaps, so a
-test can compute what a correct crawl must fetch (`expected_fetches`) and must never request (`disallowed_urls`)."""
+test can compute what a correct crawl must fetch (`expected_fetches`) and must never request (`disallowed_urls`),
+and which answers a recrawl finds unchanged (`served_unchanged_without_validators`, `served_not_modified`) or
+changed (`changing_urls`)."""
 
 from __future__ import annotations
 
@@ -8,7 +10,7 @@ from typing import Any
 from crawler.robots import RobotsPolicy
 from crawler.urls import canonicalize, host_key
 from sitefarm.fresh import article_path
-from sitefarm.resources import Resource
+from sitefarm.resources import HONOURS, Resource
 from sitefarm.sites import PROBE_PATH, FarmSpec, Sites
 
 
@@ -118,6 +120,42 @@ class FarmTruth(Sites):
         schedule = self.fresh_schedule
         return {self._base(name) + article_path(n): schedule.listed_at(n)
                 for name in self.fresh_host_names() for n in range(schedule.listed(until))}
+
+    # ---- validators and changing pages (FarmSpec.validators, FarmSpec.changing_share) ---------------------
+
+    def _stored_answers(self) -> dict[str, tuple[str, str, Resource]]:
+        """Every URL the farm answers from what it built (the link graph's pages, sitemap files and the pages only
+        sitemaps list; not robots.txt, not the trap and fresh hosts' generated answers) -> (host, path, resource)."""
+        self._require_started()
+        answers = {}
+        for table in (self._sites, self._sitemap_pages):
+            for name, site in table.items():
+                if name in self.trap_host_names():
+                    continue
+                for path, resource in site.items():
+                    if path != "/robots.txt":
+                        answers[self._base(name) + path] = (name, path, resource)
+        return answers
+
+    def changing_urls(self) -> set[str]:
+        """The pages whose body changes at every request (FarmSpec.changing_share): never the same bytes twice."""
+        return {url for url, (name, path, _) in self._stored_answers().items()
+                if self.changes_between_fetches_at(name, path)}
+
+    def served_unchanged_without_validators(self) -> set[str]:
+        """The URLs the farm answers with a 200 of the same bytes at every request and never with a 304: pages,
+        sitemap files and orphans that do not change, on hosts that ignore validators or send none. A recrawl
+        stores each again as a revisit record (identical payload), never as a second response record."""
+        return {url for url, (name, path, resource) in self._stored_answers().items()
+                if resource.status == 200 and not self.changes_between_fetches_at(name, path)
+                and self.validator_role(name) != HONOURS}
+
+    def served_not_modified(self) -> set[str]:
+        """The URLs a host that honours validators answers with a 304 when asked with the validators of its last
+        answer: its 200 pages that do not change."""
+        return {url for url, (name, path, resource) in self._stored_answers().items()
+                if resource.status == 200 and not self.changes_between_fetches_at(name, path)
+                and self.validator_role(name) == HONOURS}
 
     # ---- sitemap ground truth --------------------------------------------------------------------------
 

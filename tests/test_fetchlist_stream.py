@@ -176,7 +176,7 @@ def test_fetchlist_reader_skips_reported_rows_across_batches_and_files(root):
     assert len(list(fetchlist.rows(done_other_version))) == 20  # a result for another lease does not count
     assert list(FetchList(root, SEGMENT, 0).rows(KeySet()))[0] == {
         **rows[0], "etag": None, "last_modified": None, "max_concurrency": None, "last_fetch_at": None,
-        "sitemap_origin": None, **dict.fromkeys(records.FETCHLIST_ROBOTS)}
+        "sitemap_origin": None, **dict.fromkeys(records.FETCHLIST_ROBOTS), **dict.fromkeys(records.FETCHLIST_STORED)}
 
 
 def test_a_hosts_first_row_hands_over_its_robots_txt_as_stored(root):

@@ -48,6 +48,7 @@ RESULTS = {
     "200-duplicate": (FetchOutcome.SUCCESS, 200, "h2", "rep"),
     "200-no-page": (FetchOutcome.SUCCESS, 200, None, None),  # no page row (not parsed): no content hash
     "304": (FetchOutcome.NOT_MODIFIED, 304, None, None),
+    "200-identical": (FetchOutcome.IDENTICAL_PAYLOAD, 200, None, None),  # the stored payload again: a revisit record
     "301": (FetchOutcome.REDIRECT, 301, None, None),
     "404": (FetchOutcome.HTTP_ERROR, 404, None, None),
     "410": (FetchOutcome.HTTP_ERROR, 410, None, None),
@@ -116,6 +117,16 @@ retry          304            not_modified   6d        6d     0         not_modi
 failed         304            not_modified   30d       30d    0         not_modified
 robots_denied  304            not_modified   1.5d      1.5d   0         not_modified
 excluded       304            not_modified   30d       30d    0         not_modified
+
+unfetched      200-identical  not_modified   10.5d     10.5d  0         not_modified
+fetched        200-identical  not_modified   6d        6d     0         not_modified
+not_modified   200-identical  not_modified   6d        6d     0         not_modified
+redirect       200-identical  not_modified   10.5d     10.5d  0         not_modified
+gone           200-identical  not_modified   30d       30d    0         not_modified
+retry          200-identical  not_modified   6d        6d     0         not_modified
+failed         200-identical  not_modified   30d       30d    0         not_modified
+robots_denied  200-identical  not_modified   1.5d      1.5d   0         not_modified
+excluded       200-identical  not_modified   30d       30d    0         not_modified
 
 unfetched      301            redirect       7d        7d     0         -
 fetched        301            redirect       7d        7d     0         -
@@ -273,6 +284,16 @@ retry          304            1d        1d
 failed         304            1d        1d
 robots_denied  304            1d        1d
 excluded       304            1d        1d
+
+unfetched      200-identical  1d        1d
+fetched        200-identical  1d        1d
+not_modified   200-identical  1d        1d
+redirect       200-identical  1d        1d
+gone           200-identical  1d        1d
+retry          200-identical  1d        1d
+failed         200-identical  1d        1d
+robots_denied  200-identical  1d        1d
+excluded       200-identical  1d        1d
 """
 
 
@@ -301,8 +322,10 @@ def test_the_table_has_one_cell_for_every_previous_status_and_result():
 
 
 def test_the_results_are_every_outcome_and_status_code_class_the_daemon_writes():
+    # A requested outcome matches its status code, but for a 200 whose payload is the stored one (crawler.payloads).
     written = {(outcome, code) for outcome, code in itertools.product(FetchOutcome, STATUS_CODE_CLASSES)
-               if (outcome_for_status(code) == outcome if made_request(outcome) else code is None)}
+               if (outcome_for_status(code) == outcome if made_request(outcome) else code is None)
+               or (outcome, code) == (FetchOutcome.IDENTICAL_PAYLOAD, 200)}
     assert {(outcome, code) for outcome, code, _, _ in RESULTS.values()} == written
 
 

@@ -9,6 +9,7 @@ from crawler.status import (
     is_gone,
     is_transient,
     is_transient_status,
+    is_unchanged,
     made_request,
     outcome_for_status,
 )
@@ -26,9 +27,14 @@ def test_outcome_for_status(status, outcome):
 
 def test_only_outcomes_that_reached_the_server_made_a_request():
     made = {o for o in FetchOutcome if made_request(o.value)}
-    assert made == {FetchOutcome.SUCCESS, FetchOutcome.NOT_MODIFIED, FetchOutcome.REDIRECT, FetchOutcome.HTTP_ERROR,
-                    FetchOutcome.NETWORK_ERROR}
+    assert made == {FetchOutcome.SUCCESS, FetchOutcome.NOT_MODIFIED, FetchOutcome.IDENTICAL_PAYLOAD,
+                    FetchOutcome.REDIRECT, FetchOutcome.HTTP_ERROR, FetchOutcome.NETWORK_ERROR}
     assert not made_request("robots_denied") and not made_request("blocked") and not made_request("deferred")
+
+
+def test_a_304_and_an_identical_payload_are_the_unchanged_outcomes():
+    assert {o for o in FetchOutcome if is_unchanged(o.value)} == {FetchOutcome.NOT_MODIFIED,
+                                                                  FetchOutcome.IDENTICAL_PAYLOAD}
 
 
 def test_transient_results_are_network_errors_429_and_5xx_of_a_request():

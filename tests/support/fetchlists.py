@@ -19,7 +19,8 @@ def write_fetchlist(root: str, segment_id: str, items: list[dict], buckets: int,
     """Fetch-list Parquet per bucket, as generate writes it (sorted by host then rank), bucketed by host name (or
     by `bucketing`), and published as generate publishes it: under `_GENERATING.json` until every file is written,
     so a daemon already polling the root never reads a bucket's folder before its file. Items: url, etag,
-    last_modified, delay_s and max_concurrency (the host's limits: none unless given), last_fetch_at, and robots
+    last_modified, delay_s and max_concurrency (the host's limits: none unless given), last_fetch_at, the stored
+    payload (`records.FETCHLIST_STORED`), and robots
     (the stored robots.txt generate hands over on a host's first row: status_code, body, fetched_at, expires_at)."""
     bucket_of = (bucketing or Bucketing(buckets)).bucket
     by_bucket: dict[int, list[dict]] = {}
@@ -35,6 +36,7 @@ def write_fetchlist(root: str, segment_id: str, items: list[dict], buckets: int,
             "max_concurrency": item.get("max_concurrency"),
             "last_fetch_at": item.get("last_fetch_at"),
             **{f"robots_{k}": v for k, v in item.get("robots", {}).items()},
+            **{name: item.get(name) for name in records.FETCHLIST_STORED},
         }
         by_bucket.setdefault(bucket_of(key), []).append(row)
     marker = Path(layout.generating_marker(root, segment_id))
