@@ -12,7 +12,8 @@ HTTP headers), `content_charset` is the charset parameter of that header (Common
 reading bodies is the parse job's work, so the declared one is what we have), `content_truncated` is the
 WARC-Truncated value. `content_languages` (up to three ISO-639-3 codes, comma-separated, most of the text first, as
 Common Crawl writes it from CLD2) is not read from the WARC file: the index job fills it from the languages parse
-detected (`pages.languages`), so it is null in the rows built here. Not provided: `content_mime_detected` (it needs
+detected (`pages.languages`), so it is null in the rows built here; a CDXJ line carries it as Common Crawl's CDX
+`languages` field (same form) where the row has it. Not provided: `content_mime_detected` (it needs
 the payload). Added: `url_protocol`, `url_port` (Common Crawl names; the SURT key drops both) and `warc_record_type`.
 
 Indexing streams a file record by record with warcio: headers are parsed, the body is skipped in chunks, so memory
@@ -345,7 +346,8 @@ def _whole_gzip_member(fh, offset: int) -> bool:
 def cdxj_lines(rows: Iterable[dict]) -> Iterator[str]:
     """CDXJ lines (no newline) as pywb reads them, for the capture rows that have a WARC-Date, sorted as the
     file must be (byte order of the lines: by SURT key, then timestamp). Sorting holds the lines of one file in
-    memory: one WARC file is bounded by fetch.warc_max_bytes, and a line is ~250 bytes per capture."""
+    memory: one WARC file is bounded by fetch.warc_max_bytes, and a line is ~250 bytes per capture. A row's
+    `content_languages` becomes the `languages` field, as in Common Crawl's CDX files (absent where null)."""
     lines = []
     for row in rows:
         if row["warc_record_type"] not in CAPTURE_TYPES or row["fetch_time"] is None:
@@ -354,7 +356,8 @@ def cdxj_lines(rows: Iterable[dict]) -> Iterator[str]:
                   "mime": REVISIT_MIME if row["warc_record_type"] == "revisit" else row["content_mime_type"],
                   "status": None if row["fetch_status"] is None else str(row["fetch_status"]),
                   "digest": row["content_digest"], "length": str(row["warc_record_length"]),
-                  "offset": str(row["warc_record_offset"]), "filename": row["warc_filename"]}
+                  "offset": str(row["warc_record_offset"]), "filename": row["warc_filename"],
+                  "languages": row.get("content_languages")}
         block = json.dumps({name: value for name, value in fields.items() if value is not None})
         lines.append(f"{row['url_surtkey']} {row['fetch_time']:%Y%m%d%H%M%S} {block}")
     lines.sort()

@@ -8,9 +8,10 @@ the result; a file that cannot be read at all is an error. Neither fails the job
 
 Idempotent: the segment's `records` partition is replaced as a whole (`replaceWhere warc_segment = ...`), like
 parse does for `links`, rather than a MERGE insert-if-absent on (warc_filename, warc_record_offset): the
-partition is a pure function of the segment's closed WARC files (and of its `pages` rows, for `content_languages`),
-so a rewrite needs no join against a growing table (of `pages` it reads the segment's rows alone), and a re-run
-after a rule change (the SURT form, a column) or after parse rewrites the old rows instead of keeping them.
+partition is a pure function of the segment's closed WARC files (and of its `pages` rows, for `content_languages`
+and the CDXJ `languages` field), so a rewrite needs no join against a growing table (of `pages` it reads the
+segment's rows alone), and a re-run after a rule change (the SURT form, a column) or after parse rewrites the old
+rows instead of keeping them.
 """
 
 from __future__ import annotations
@@ -83,10 +84,14 @@ def closed_warc_files(root: str, segment_id: str, storage: Storage = LOCAL) -> l
     return sorted(found)
 
 
-def index_file(root: str, warc_filename: str, segment_id: str, storage: Storage = LOCAL) -> Iterator[dict]:
+def index_file(root: str, warc_filename: str, segment_id: str, storage: Storage = LOCAL,
+               languages: dict[int, str] | None = None) -> Iterator[dict]:
     """The index rows of one WARC file, then its summary row; writes its CDXJ file on the way (one pass over
     the file). The CDXJ lines of a file are held until its end: they must be sorted (see `cdxj_lines`). A WARC
-    file under an s3:// root is indexed from a temporary local copy: one streaming read of the object."""
+    file under an s3:// root is indexed from a temporary local copy: one streaming read of the object.
+    `languages` (record offset -> Common Crawl's comma-separated codes, from the pages parse wrote) fills
+    `content_languages` and the CDXJ `languages` field of the records at those offsets."""
+    languages = languages or {}
     summary = dict.fromkeys(INDEXED.names)
     summary.update(warc_filename=warc_filename, warc_segment=segment_id, file_summary=True, cdxj_lines=0)
     lines: list[str] = []
@@ -94,6 +99,7 @@ def index_file(root: str, warc_filename: str, segment_id: str, storage: Storage 
         with storage.local_copy(layout.join(root, warc_filename)) as local_path:
             indexed = index_warc(local_path, warc_filename, segment_id)
             for row in indexed:
+                row["content_languages"] = languages.get(row["warc_record_offset"])
                 lines.extend(cdxj_lines([row]))
                 row["file_summary"] = False
                 yield row
@@ -108,31 +114,30 @@ def index_file(root: str, warc_filename: str, segment_id: str, storage: Storage 
 
 def index_partition(batches: Iterator[pa.RecordBatch], *, root: str, segment_id: str,
                     storage: Storage = LOCAL) -> Iterator[pa.RecordBatch]:
-    """mapInArrow body: rows of WARC file names in, index rows out in batches of at most _OUTPUT_BATCH_ROWS."""
-    names = (name for batch in batches for name in batch.column("warc_filename").to_pylist())
-    rows = (row for name in names for row in index_file(root, name, segment_id, storage))
+    """mapInArrow body: rows of WARC file names (and their `languages` by record offset) in, index rows out in
+    batches of at most _OUTPUT_BATCH_ROWS."""
+    files = (row for batch in batches for row in batch.to_pylist())
+    rows = (row for file in files for row in index_file(root, file["warc_filename"], segment_id, storage,
+                                                          dict(file.get("languages") or ())))
     return arrow_batches(rows, INDEXED, _OUTPUT_BATCH_ROWS)
 
 
-def _with_content_languages(spark: SparkSession, root: str, segment_id: str, rows: DataFrame) -> DataFrame:
-    """`rows` with `content_languages` from the segment's `pages.languages`, joined on the response record's place
-    (WARC file and offset: parse stores both); a record parse did not read, or a segment not parsed yet, gets null,
-    and indexing the segment again after parse fills it. The segment's pages are few next to the table: broadcast."""
-    languages = (
+def _with_languages(spark: SparkSession, root: str, segment_id: str, files: DataFrame) -> DataFrame:
+    """`files` with each file's `languages`: the segment's `pages.languages` in Common Crawl's form by the response
+    record's offset (parse stores both file and offset), which the file's task puts in `content_languages` and the
+    CDXJ lines. A record parse did not read, or a segment not parsed yet, gets none, and indexing the segment again
+    after parse fills them in. Of `pages` only the segment's rows are read."""
+    by_offset = (
         tables.table_df(spark, root, "pages")
         .where(F.col("segment_id") == segment_id)
         .where(F.size("languages") > 0)
-        .select(F.col("warc_filename").alias("_file"), F.col("warc_offset").alias("_offset"),
-                F.array_join(F.transform("languages", lambda language: language["code"]), ",")
-                .alias("_languages"))
+        .select("warc_filename", "warc_offset",
+                F.array_join(F.transform("languages", lambda language: language["code"]), ",").alias("codes"))
+        .groupBy("warc_filename", "warc_offset").agg(F.first("codes").alias("codes"))  # one entry per offset
     )
-    records = rows.drop("content_languages")
-    joined = records.join(
-        F.broadcast(languages),
-        (records["warc_filename"] == languages["_file"]) & (records["warc_record_offset"] == languages["_offset"]),
-        "left",
-    )
-    return joined.withColumnRenamed("_languages", "content_languages").drop("_file", "_offset")
+    by_file = by_offset.groupBy("warc_filename").agg(
+        F.map_from_entries(F.collect_list(F.struct("warc_offset", "codes"))).alias("languages"))
+    return files.join(by_file, "warc_filename", "left")
 
 
 def run(spark: SparkSession, conf: Config, root: str, segment_id: str) -> IndexResult:
@@ -145,7 +150,8 @@ def run(spark: SparkSession, conf: Config, root: str, segment_id: str) -> IndexR
     if not names:
         return IndexResult(files=0, records=0, by_type={}, cdxj_lines=0, errors=0)
     with step(f"index {segment_id}"):
-        files = spark.createDataFrame([(name,) for name in names], "warc_filename string").repartition(len(names))
+        files = _with_languages(spark, root, segment_id, spark.createDataFrame(
+            [(name,) for name in names], "warc_filename string")).repartition(len(names))
         indexed = files.mapInArrow(lambda batches: index_partition(batches, root=root, segment_id=segment_id,
                                                                    storage=storage),
                                    from_arrow_schema(INDEXED)).persist()
@@ -156,7 +162,7 @@ def run(spark: SparkSession, conf: Config, root: str, segment_id: str) -> IndexR
             summaries = indexed.filter(F.col("file_summary")).select(
                 "warc_filename", "stop_reason", "error", "cdxj_lines").collect()
             (
-                tables.conform(_with_content_languages(spark, root, segment_id, rows), "records")
+                tables.conform(rows, "records")
                 .write.format("delta")
                 .mode("overwrite")
                 .option("replaceWhere", f"warc_segment = '{segment_id}'")

@@ -294,6 +294,14 @@ def test_cdxj_orders_captures_of_one_url_by_time():
                       ["com,example)/b", "20240201000000"]]
 
 
+def test_cdxj_carries_the_languages_as_common_crawl_does():
+    rows = [row_of("http://example.com/a", **{"warc-date": "2024-01-01T00:00:00Z"}),
+            row_of("http://example.com/b", **{"warc-date": "2024-01-01T00:00:00Z"})]
+    rows[0]["content_languages"] = "fra,eng"
+    blocks = [json.loads(line.split(" ", 2)[2]) for line in cdxj_lines(rows)]
+    assert [block.get("languages") for block in blocks] == ["fra,eng", None]
+
+
 # ---- damaged files -----------------------------------------------------------------------------------------------
 
 

@@ -221,6 +221,10 @@ def test_content_languages_come_from_the_pages_parse_wrote(spark, indexed):
                                                               responses[2]: None}
     assert all(languages is None for offset, languages in found.items() if offset not in detected)
     assert all(r["content_languages"] is None for r in rows)  # the first segment has no pages rows
+    listed = {int(block["offset"]): block.get("languages") for _, _, block in cdxj_entries(root, name)}
+    assert {offset: listed[offset] for offset in detected} == {responses[0]: "fra,eng", responses[1]: "deu",
+                                                               responses[2]: None}
+    assert all(languages is None for offset, languages in listed.items() if offset not in detected)
 
 
 def test_an_unreadable_file_is_an_error_row_not_an_exception(tmp_path):
