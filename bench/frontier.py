@@ -45,6 +45,7 @@ from pyspark.sql import functions as F
 
 from crawler import config as config_mod
 from crawler import layout, urls
+from crawler.payloads import STORED_COLUMNS
 from crawler.status import FetchOutcome, UrlSource, UrlStatus
 from delta_tables import tables
 from jobs import generate, maintain, update
@@ -222,7 +223,7 @@ def build_urls(spark: SparkSession, root: str, url_count: int, hosts: DataFrame,
     )
     nulls = ("discovered_in", "last_status_code", "etag", "last_modified", "content_hash", "simhash",
              "last_changed_at", "redirect_to", "lease_segment", "lease_expires_at", "last_segment", "inlink_segment",
-             "sitemap_origin")
+             "sitemap_origin", *STORED_COLUMNS)
     next_fetch_at = F.timestamp_seconds(F.lit(int(now.timestamp())) - F.col("overdue_s"))
     fetched = F.col("overdue_s") < 0
     rows = drawn.join(F.broadcast(hosts), "host_index").select(

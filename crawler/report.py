@@ -219,6 +219,9 @@ def terminal_summary(data: ReportData) -> str:
                        + f"{smallest} [daemon clock]"),
         ("response time", times),
         ("bytes", f"{human_bytes(data.bytes_total)}, {data.truncated} truncated"),
+        # Unchanged content stored as revisit records, apart: the server said so (304), or the bytes did.
+        ("revisits", f"{data.outcomes.get('not_modified', 0)} not modified (304), "
+                     f"{data.outcomes.get('identical_payload', 0)} identical payload (stored once)"),
         ("update", f"{results['results']} results, {results['applied']} applied, {results['stale']} stale, "
                    f"{results['discovered']} discovered"),
         ("new URLs", f"{sum(data.new_urls.values())} ({_pairs(data.new_urls)})"),

@@ -116,6 +116,18 @@ URLS = TableDef(
             _f("updated_at", T, False, "when a job last wrote the row"),
             _f("sitemap_origin", S, True, "non-null: the URL is a sitemap file, and how it was found "
                                           "(crawler.sitemaps.SitemapOrigin)"),
+            # Added after the columns above: a root from before gains them at the end (_upgrade_columns), null on
+            # its rows until their next complete response.
+            _f("stored_payload_digest", S, True, "WARC-Payload-Digest (sha1:BASE32) of the last payload stored in "
+                                                 "full, a response record; a 200 with it is written as a revisit "
+                                                 "record (crawler.payloads, set by update; null: none stored)"),
+            _f("stored_target_uri", S, True, "WARC-Target-URI of the response record holding that payload: the URL, "
+                                             "or the target of a same-host redirect followed (null: none stored)"),
+            _f("stored_warc_date", T, True, "WARC-Date of that record, what a revisit's WARC-Refers-To-Date names "
+                                            "(null: none stored)"),
+            _f("stored_warc_filename", S, True, "WARC file of that record, relative to the root: generate hands the "
+                                                "stored payload out only while its segment is under the root "
+                                                "(crawler.payloads; null: none stored)"),
         ]
     ),
     partition_by=("bucket",),

@@ -35,6 +35,7 @@ from crawler.frontier import (
     discovery_priority_sql,
     listed_by_sitemap_sql,
 )
+from crawler.payloads import STORED_COLUMNS
 from crawler.scope import Scope
 from crawler.sitemaps import SITEMAP_FILE_PRIORITY, ChangeFreq, SitemapEntry, robots_sitemaps
 from crawler.status import FetchOutcome, UrlSource, UrlStatus
@@ -312,7 +313,7 @@ def url_rows(conf: Config, segment_id: str, targets: DataFrame) -> DataFrame:
     becomes_sitemap = F.col("known_origin").isNull() & F.col("sitemap_origin").isNotNull()
     stored = targets.where(F.col("reason").isNull() & (~F.col("known") | (F.col("inlinks") > 0) | becomes_sitemap))
     nulls = ("last_fetch_at", "last_status_code", "etag", "last_modified", "content_hash", "simhash",
-             "last_changed_at", "redirect_to", "lease_segment", "lease_expires_at", "last_segment")
+             "last_changed_at", "redirect_to", "lease_segment", "lease_expires_at", "last_segment", *STORED_COLUMNS)
     rows = tables.conform(
         stored.select(
             "url_id", "url", "host_key", "bucket", "depth", "priority", "discovered_at", "inlinks",

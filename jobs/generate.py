@@ -60,8 +60,9 @@ from crawler.frontier import (
     spends_the_day_sql,
 )
 from crawler.leases import due_from_sql, is_due_sql, leased_version_sql
+from crawler.payloads import record_segment_sql, reference_in_force_sql
 from crawler.politeness import PolitenessRules, is_backing_off_sql
-from crawler.records import FETCHLIST_ROBOTS
+from crawler.records import FETCHLIST_ROBOTS, FETCHLIST_STORED
 from crawler.robots import allowed_by_stored_rules, handed_over_sql, rules_in_force_sql
 from crawler.service_levels import due_since_sql, is_eligible_sql, is_high_priority_sql
 from crawler.status import FINISHED_SEGMENT_STATES, SegmentState
@@ -218,6 +219,7 @@ def select_due(spark: SparkSession, conf: Config, root: str, segment_id: str, no
     budget = conf.generate.segment_max_urls
     chosen = (within_budget(capped, budget, refresh_share) if conf.generate.budget_split
               else capped.orderBy(segment_order()).limit(budget))
+    chosen = with_stored_payload(spark, chosen, present_segments(conf, root))
     # The host's stored robots.txt rides on its first row in the list (records.FETCHLIST): the cuts above may have
     # left out its rank 1.
     first_of_host = F.col("rank") == F.min("rank").over(Window.partitionBy("host_key"))
@@ -238,13 +240,27 @@ def select_due(spark: SparkSession, conf: Config, root: str, segment_id: str, no
         "last_fetch_at",
         "sitemap_origin",
         *handed_over,
-        # The URL's stored payload (crawler.payloads): `urls` does not keep it yet, so none is handed out.
-        F.lit(None).cast("string").alias("stored_payload_digest"),
-        F.lit(None).cast("string").alias("stored_target_uri"),
-        F.lit(None).cast("timestamp").alias("stored_warc_date"),
+        *FETCHLIST_STORED,
         "bucket",
         F.col("state_version").alias("old_state_version"),
         F.col("h_domain").alias("domain"),
+    )
+
+
+def present_segments(conf: Config, root: str) -> list[str]:
+    """The segments whose folders are under the root now (one listing): where stored records can still be."""
+    return layout.segment_ids(Storage.from_conf(conf).list_folders(layout.segments_dir(root)))
+
+
+def with_stored_payload(spark: SparkSession, chosen: DataFrame, present: list[str]) -> DataFrame:
+    """The chosen rows with the stored payload each hands to the daemon (records.FETCHLIST_STORED): the URL's,
+    while its record's segment is among the `present` ones (crawler.payloads.reference_in_force), else none."""
+    segments = F.broadcast(spark.createDataFrame([(s,) for s in present], "p_segment string"))
+    joined = chosen.join(segments, F.expr(record_segment_sql("stored_warc_filename")) == F.col("p_segment"), "left")
+    in_force = F.expr(reference_in_force_sql("p_segment"))
+    return joined.select(
+        *[c for c in chosen.columns if c not in FETCHLIST_STORED],
+        *[F.when(in_force, F.col(name)).alias(name) for name in FETCHLIST_STORED],
     )
 
 

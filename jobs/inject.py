@@ -20,6 +20,7 @@ from pyspark.sql import functions as F
 from crawler import urls
 from crawler.bucketing import Bucketing
 from crawler.config import Config
+from crawler.payloads import STORED_COLUMNS
 from crawler.scope import Scope
 from crawler.seeds import SeedEntry, is_skipped, read_seeds, split_lines
 from crawler.sitemaps import SITEMAP_FILE_PRIORITY, FoundVia, SitemapOrigin, probe_url
@@ -103,7 +104,7 @@ def _merge_new_urls(spark: SparkSession, root: str, rows: DataFrame, now: dateti
     """Insert-if-absent of unfetched depth-0 `urls` rows (_URL_ROW columns); returns rows inserted."""
     nulls = ("discovered_in", "last_fetch_at", "last_status_code", "etag", "last_modified", "content_hash",
              "simhash", "last_changed_at", "redirect_to", "lease_segment", "lease_expires_at", "last_segment",
-             "inlink_segment")
+             "inlink_segment", *STORED_COLUMNS)
     source = tables.conform(
         rows.select(
             "*",

@@ -19,9 +19,9 @@ All reads of `urls`, `hosts`, `pages` and `links` are pinned to the Delta versio
 handed to discover), so every step sees the same pre-update state however often Spark evaluates a plan; the
 segment's results and their pre-completion rows are read once and cached. Per-record rules come from
 crawler.politeness (host backoff), applied as a Python UDF, and crawler.revisit (status, interval, next fetch,
-failures), crawler.frontier (index event kind), crawler.leases (the latest result, current, completes),
-crawler.status (requests, failures) and crawler.dedup (the duplicate verdict) as their SQL twins, so each rule
-exists once and a completion needs no Python worker.
+failures), crawler.payloads (the stored payload a URL keeps), crawler.frontier (index event kind), crawler.leases
+(the latest result, current, completes), crawler.status (requests, failures) and crawler.dedup (the duplicate
+verdict) as their SQL twins, so each rule exists once and a completion needs no Python worker.
 """
 
 from __future__ import annotations
@@ -39,6 +39,7 @@ from crawler.config import Config
 from crawler.dedup import representative_of_sql
 from crawler.frontier import index_event_kind_sql
 from crawler.leases import completes_sql, is_current_sql, latest_result_rank_sql
+from crawler.payloads import STORED_COLUMNS, stored_after_sql
 from crawler.records import FETCHED
 from crawler.revisit import RevisitPolicy
 from crawler.status import FINISHED_SEGMENT_STATES, FetchOutcome, SegmentState, is_unchanged_sql, made_request_sql
@@ -128,6 +129,7 @@ def _fold(spark: SparkSession, conf: Config, root: str, segment_id: str, results
         F.col("last_fetch_at").alias("prev_last_fetch_at"), F.col("last_status_code").alias("prev_status_code"),
         F.col("depth").alias("prev_depth"), F.col("priority").alias("prev_priority"),
         F.col("last_segment").alias("prev_last_segment"),
+        *[F.col(name).alias(f"prev_{name}") for name in STORED_COLUMNS],
     )
     # Each result with its URL's row when that row is still at the result's version (else the result is stale).
     with_previous = results.join(previous, ["url_id", "url"], "left").withColumn(
@@ -218,6 +220,8 @@ def completion_rows(live: DataFrame, policy: RevisitPolicy) -> DataFrame:
                                  "prev_hash", "new_hash", "(unix_micros(robots_expires_at) - unix_micros(fetched_at))",
                                  "(sitemap_origin is not null)", "url_id")
     d = F.struct(*[F.expr(sql).alias(name) for name, sql in decision.items()])
+    stored = stored_after_sql("outcome", "truncated", "payload_digest", "warc_filename", "url", "redirect_to",
+                              "fetched_at", {name: f"prev_{name}" for name in STORED_COLUMNS})
     return live.withColumn("d", d).select(
         "url_id", "url", F.col("state_version").alias("c_version"), F.col("u_bucket").alias("bucket"),
         F.col("d.status").alias("n_status"),
@@ -235,6 +239,7 @@ def completion_rows(live: DataFrame, policy: RevisitPolicy) -> DataFrame:
         F.when(changed, F.col("fetched_at")).otherwise(F.col("prev_changed_at")).alias("n_changed_at"),
         F.when(outcome == FetchOutcome.REDIRECT.value, F.col("redirect_to"))
         .when(success | not_modified, F.lit(None)).otherwise(F.col("prev_redirect_to")).alias("n_redirect_to"),
+        *[F.expr(stored[name]).alias(f"n_{name}") for name in STORED_COLUMNS],
     )
 
 
@@ -255,7 +260,7 @@ def merge_urls(spark: SparkSession, conf: Config, root: str, segment_id: str, co
             ("failure_count", "n_failures"), ("last_fetch_at", "n_last_fetch_at"),
             ("last_status_code", "n_status_code"), ("etag", "n_etag"), ("last_modified", "n_last_modified"),
             ("content_hash", "n_hash"), ("simhash", "n_simhash"), ("last_changed_at", "n_changed_at"),
-            ("redirect_to", "n_redirect_to"))},
+            ("redirect_to", "n_redirect_to"), *((name, f"n_{name}") for name in STORED_COLUMNS))},
         "lease_segment": F.lit(None),
         "lease_expires_at": F.lit(None),
         "last_segment": seg,

@@ -300,3 +300,63 @@ def test_the_cycle_indexes_its_segment_when_index_is_enabled(spark, shared_crawl
     assert set(indexed) == {last} and indexed[last] > 0
     files = closed_warc_files(root, last)
     assert files and all(Path(layout.join(root, layout.cdxj_filename(name))).stat().st_size > 0 for name in files)
+
+
+def test_each_url_keeps_the_stored_payload_of_its_last_complete_response(spark, shared_crawl):
+    """update keeps, per URL, the digest, target URI, WARC-Date and file of its last complete response record
+    (crawler.payloads.stored_after), read back against the `fetches` rows and the records themselves."""
+    root = str(shared_crawl.root)
+    urls = {r["url_id"]: r for r in table_df(spark, root, "urls").where("last_segment is not null").collect()}
+    latest = {r["url_id"]: r for r in table_df(spark, root, "fetches").collect()
+              if r["url_id"] in urls and r["segment_id"] == urls[r["url_id"]]["last_segment"]}
+    stored = [row for row in latest.values() if row["outcome"] == "success" and not row["truncated"]]
+    assert len(stored) > 100
+    for fetch in stored:
+        row = urls[fetch["url_id"]]
+        assert (row["stored_payload_digest"], row["stored_target_uri"], row["stored_warc_date"],
+                row["stored_warc_filename"]) == (fetch["payload_digest"], fetch["redirect_to"] or fetch["url"],
+                                                 fetch["fetched_at"], fetch["warc_filename"])
+    for url_id in set(urls) - {fetch["url_id"] for fetch in stored}:  # no complete response: nothing to refer to
+        if latest.get(url_id) is not None and latest[url_id]["outcome"] != "success":
+            assert urls[url_id]["stored_payload_digest"] is None or urls[url_id]["status"] != "fetched"
+    some = stored[0]
+    with open(Path(root) / some["warc_filename"], "rb") as fh:
+        fh.seek(some["warc_offset"])
+        record = next(iter(ArchiveIterator(fh)))
+        assert record.headers["WARC-Payload-Digest"] == some["payload_digest"]
+        assert record.headers["WARC-Target-URI"] == urls[some["url_id"]]["stored_target_uri"]
+
+
+def test_generate_hands_out_a_stored_payload_only_while_its_segment_is_there(spark, shared_crawl, tmp_path):
+    """A generate long after the crawl (every URL due) on a copy of its root whose first segment was removed: the
+    fetch list names the stored payload of every URL whose record is in a segment still there, and none of those
+    whose record went with the first segment (crawler.payloads.reference_in_force); they are stored in full."""
+    import shutil
+    from datetime import UTC, datetime, timedelta
+
+    import pyarrow.parquet as pq
+
+    from crawler import layout
+    from jobs import generate
+
+    root = shared_crawl.copy(CYCLES, "update", tmp_path / "root")
+    gone = shared_crawl.segment(1)
+    shutil.rmtree(layout.segment_dir(str(root), gone))
+    urls = {r["url_id"]: r for r in table_df(spark, str(root), "urls").where("stored_payload_digest is not null")
+            .collect()}
+    conf = shared_crawl.conf.with_overrides({"generate.segment_max_urls": 100_000,
+                                             "generate.per_host_max_urls": 100_000})
+    result = generate.run(spark, conf, str(root), segment_id="seg-late",
+                          now=datetime.now(UTC) + timedelta(days=400))
+    listed = pq.read_table(layout.fetchlist_dir(str(root), result.segment_id)).to_pylist()
+    handed = [row for row in listed if row["url_id"] in urls]
+    in_gone = [row for row in handed if urls[row["url_id"]]["stored_warc_filename"].startswith(f"segments/{gone}/")]
+    kept = [row for row in handed if row not in in_gone]
+    assert in_gone and kept
+    assert all(row["stored_payload_digest"] is None and row["stored_target_uri"] is None
+               and row["stored_warc_date"] is None for row in in_gone)
+    for row in kept:
+        url = urls[row["url_id"]]
+        assert (row["stored_payload_digest"], row["stored_target_uri"], row["stored_warc_date"]) == (
+            url["stored_payload_digest"], url["stored_target_uri"], url["stored_warc_date"])
+    assert all(row["stored_payload_digest"] is None for row in listed if row["url_id"] not in urls)

@@ -284,6 +284,7 @@ def test_terminal_summary_reads_at_a_glance():
         "politeness:      2 gaps, 1 under the delay (min_delay_s 0.2), smallest 0.050 s [daemon clock]",
         "response time:   p50 30 ms, p95 48 ms",
         "bytes:           1.50 kB, 0 truncated",
+        "revisits:        0 not modified (304), 0 identical payload (stored once)",
         "update:          3 results, 2 applied, 1 stale, 2 discovered",
         "new URLs:        2 (link=2)",
         "pages:           3, 1 duplicates (1 exact, 0 near), 0 sitemaps, 0 parse errors",
@@ -291,6 +292,11 @@ def test_terminal_summary_reads_at_a_glance():
         "trap rejections: 2 on 1 hosts (cumulative) (depth=2)",
         "host states:     -",
     ]
+
+
+def test_terminal_summary_counts_the_two_kinds_of_revisit_apart():
+    lines = render.terminal_summary(sample(outcomes={"success": 1, "not_modified": 2, "identical_payload": 3}))
+    assert "revisits:        2 not modified (304), 3 identical payload (stored once)" in lines.splitlines()
 
 
 def test_every_crawl_string_is_escaped():

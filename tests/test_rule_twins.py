@@ -2,7 +2,7 @@
 
 Each test builds a small frame of cases, evaluates the `*_sql` twin on the shared session and compares row by row
 with the Python function over the same values: status outcomes, the revisit decision and the index event kind,
-politeness delays, the per-host cap and score,
+the stored payload a URL keeps and whether generate hands it out, politeness delays, the per-host cap and score,
 leases (due, version, current, completes, latest result), the duplicate verdict, discovery depth/priority, backing
 off, robots rules in force, the segment order, the depth scope, the per-cycle caps on new URLs and the service
 levels' rules.
@@ -18,7 +18,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from pyspark.sql import functions as F
 
-from crawler import frontier, leases, service_levels
+from crawler import frontier, leases, payloads, service_levels
 from crawler.dedup import (
     band_values,
     band_values_sql,
@@ -46,6 +46,8 @@ from crawler.status import (
     is_gone_sql,
     is_transient,
     is_transient_sql,
+    is_unchanged,
+    is_unchanged_sql,
     made_request,
     made_request_sql,
 )
@@ -76,13 +78,49 @@ def test_status_rules_agree(spark):
     got = frame.selectExpr("outcome", "status_code", f"{made_request_sql('outcome')} as requested",
                            f"{is_transient_sql('outcome', 'status_code')} as transient",
                            f"{is_gone_sql('outcome', 'status_code')} as gone",
+                           f"{is_unchanged_sql('outcome')} as unchanged",
                            f"{leaves_index_sql('outcome', 'status_code')} as leaves").collect()
     assert len(got) == len(cases)
     for row in got:
         assert row.requested == made_request(row.outcome), row
         assert row.transient == is_transient(row.outcome, row.status_code), row
         assert row.gone == is_gone(row.outcome, row.status_code), row
+        assert row.unchanged == is_unchanged(row.outcome), row
         assert row.leaves == leaves_index(row.outcome, row.status_code), row
+
+
+def test_stored_payload_rules_agree(spark):
+    """What a result leaves of a URL's stored payload (every outcome, truncated or not, with a digest and a record
+    or without, a redirect followed or not), and whether its record's segment keeps it handed out."""
+    before = ("sha1:OLD", "http://a.test/old", T0 - timedelta(days=3), "segments/s0/warc/bucket=00001/f.warc.gz")
+    cases = [(o.value, truncated, digest, warc, redirect, i)
+             for i, (o, truncated, digest, warc, redirect) in enumerate(itertools.product(
+                 FetchOutcome, (None, False, True), (None, "sha1:NEW"),
+                 (None, "segments/s1/warc/bucket=00002/g.warc.gz"), (None, "http://a.test/final")))]
+    frame = spark.createDataFrame([(*case, *before) for case in cases],
+                                  "outcome string, truncated boolean, digest string, warc string, redirect string, "
+                                  "i int, p_digest string, p_uri string, p_date timestamp, p_file string")
+    frame = frame.withColumn("url", F.lit("http://a.test/1")).withColumn("at", F.lit(T0))
+    prev = dict(zip(payloads.STORED_COLUMNS, ("p_digest", "p_uri", "p_date", "p_file"), strict=True))
+    sql = payloads.stored_after_sql("outcome", "truncated", "digest", "warc", "url", "redirect", "at", prev)
+    got = frame.selectExpr("*", *[f"{expr} as n_{name}" for name, expr in sql.items()]).collect()
+    assert len(got) == len(cases) > 100
+    for row in got:
+        expected = payloads.stored_after(row.outcome, row.truncated, row.digest, row.warc, row.url, row.redirect,
+                                         T0, payloads.StoredRecord(*before))
+        assert (row.n_stored_payload_digest, row.n_stored_target_uri, row.n_stored_warc_date.astimezone(UTC),
+                row.n_stored_warc_filename) == dataclasses.astuple(expected), row
+    files = [None, "", "segments/s1/warc/bucket=00002/g.warc.gz", "segments/gone/warc/bucket=00002/g.warc.gz",
+             "elsewhere/s1/warc/x.warc.gz", "segments/s1/fetched/x.parquet"]
+    present = ["s1", "s2"]
+    segments = spark.createDataFrame([(s,) for s in present], "p_segment string")
+    files_frame = spark.createDataFrame([(i, f) for i, f in enumerate(files)], "i int, f string")
+    joined = files_frame.join(segments, F.expr(payloads.record_segment_sql("f")) == F.col("p_segment"), "left")
+    got = {r.i: (r.segment, r.in_force) for r in joined.selectExpr(
+        "i", f"{payloads.record_segment_sql('f')} as segment",
+        f"{payloads.reference_in_force_sql('p_segment')} as in_force").collect()}
+    for i, name in enumerate(files):
+        assert got[i] == (payloads.record_segment(name), payloads.reference_in_force(name, present)), name
 
 
 REVISIT = RevisitPolicy(default_interval_s=86_400, min_interval_s=3_600, max_interval_s=2_592_000, changed_factor=0.5,
