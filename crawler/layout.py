@@ -7,6 +7,10 @@
     ROOT/segments/<segment_id>/robots/bucket=NNNNN/        robots.txt observations Parquet
     ROOT/segments/<segment_id>/cdxj/bucket=NNNNN/          <warc name>.cdxj: one CDXJ file per closed WARC file
                                                            (written by `crawl index`)
+    ROOT/segments/<segment_id>/wet/bucket=NNNNN/           <warc name without .warc.gz>.warc.wet.gz: the extracted text
+                                                           of the WARC file's HTML pages (WET), one per WARC file parse
+                                                           read (written by `crawl parse`; _parts/: its tasks' pieces
+                                                           while it runs)
     ROOT/segments/<segment_id>/_CLOSED.json                the cycle stopped waiting for the segment (its fetch
                                                            deadline): no daemon starts or goes on with its buckets
     ROOT/segments/<segment_id>/_GENERATING.json            generate has not published the segment yet: every reader
@@ -15,7 +19,7 @@
     ROOT/_gate.json                                        the quality gate is closed: the tables and expectations
                                                            that failed validation (crawler.gate); absent: open
 
-CDXJ files live in their own folder, not next to the WARC files: the daemon owns its warc/ folder (its resume
+CDXJ and WET files live in their own folders, not next to the WARC files: the daemon owns its warc/ folder (its resume
 removes and renames files there), and a replay tool can be pointed at cdxj/ alone. The WARC paths a CDXJ line
 names (`filename`) are relative to ROOT, like every `warc_filename` column.
 
@@ -178,6 +182,32 @@ def cdxj_filename(warc_filename: str) -> str:
     if len(parts) != 5 or parts[0] != "segments" or parts[2] != "warc" or parse_bucket_dirname(parts[3]) is None:
         raise ValueError(f"not a segment WARC path: {warc_filename!r}")
     return "/".join([parts[0], parts[1], "cdxj", parts[3], parts[4] + ".cdxj"])
+
+
+def wet_dir(root: str, segment_id: str) -> str:
+    return join(segment_dir(root, segment_id), "wet")
+
+
+def wet_filename(warc_filename: str) -> str:
+    """The WET file of a WARC file, both relative to the root, named as Common Crawl names them:
+    segments/<id>/warc/bucket=NNNNN/<name>.warc.gz -> segments/<id>/wet/bucket=NNNNN/<name>.warc.wet.gz."""
+    parts = warc_filename.split("/")
+    if len(parts) != 5 or parts[0] != "segments" or parts[2] != "warc" or parse_bucket_dirname(parts[3]) is None:
+        raise ValueError(f"not a segment WARC path: {warc_filename!r}")
+    stem = parts[4].removesuffix(".gz").removesuffix(".warc")
+    return "/".join([parts[0], parts[1], "wet", parts[3], stem + ".warc.wet.gz"])
+
+
+def wet_part_filename(warc_filename: str, first_offset: int) -> str:
+    """One parse task's conversion records of a WARC file, from the record at `first_offset` on, relative to the
+    root: segments/<id>/wet/_parts/bucket=NNNNN/<name>.<offset, 15 digits>. Parse joins a file's parts, in
+    offset order, into its WET file and removes them."""
+    wet = wet_filename(warc_filename).split("/")
+    warc_name = warc_filename.rsplit("/", 1)[1]
+    return "/".join([*wet[:3], WET_PARTS, wet[3], f"{warc_name}.{first_offset:015d}"])
+
+
+WET_PARTS = "_parts"
 
 
 def done_manifest(root: str, segment_id: str, bucket: int) -> str:

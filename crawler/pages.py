@@ -33,7 +33,8 @@ def analyze_record(
     """The content fields of one fetched page from its WARC record (no Spark, no I/O). A page whose extraction ran
     out of `max_parse_seconds` keeps what was extracted but gets no SimHash (its text may be cut or empty); its
     languages come from what was extracted. Languages are detected on the first `language_max_chars` characters of
-    the visible text (0: not detected); a page that is not HTML has no text, so no languages.
+    the visible text (0: not detected); a page that is not HTML has no text, so no languages. `text` is the visible
+    text (None: not HTML), which parse writes to the WET file and takes out of the row (`pages` does not keep it).
 
     Raises ValueError when the record is not the response for `url` (a wrong offset).
     """
@@ -45,7 +46,7 @@ def analyze_record(
     fields: dict[str, Any] = {"content_type": content_type, "content_hash": content_hash(record.payload)}
     if not is_html(content_type, record.payload):
         noindex, nofollow = robots_directives(record.headers.get("x-robots-tag"), robots_token)
-        fields.update(meta_noindex=noindex, meta_nofollow=nofollow, outlinks=[])
+        fields.update(meta_noindex=noindex, meta_nofollow=nofollow, outlinks=[], text=None)
         return fields
     page = extract(record.payload, url, max_outlinks=max_outlinks, headers=record.headers, robots_token=robots_token,
                    max_parse_seconds=max_parse_seconds)
@@ -61,6 +62,7 @@ def analyze_record(
         parse_time_limited=page.time_limited,
         simhash=None if page.time_limited else simhash(page.text, shingle),
         outlinks=outlink_rows(page.outlinks, scope),
+        text=page.text,
     )
     return fields
 

@@ -202,6 +202,7 @@ class ParseSettings:
     max_parse_seconds: float
     simhash_shingle: int
     language_max_chars: int
+    wet_enabled: bool
 
 @dataclass(frozen=True)
 class DedupSettings:

@@ -24,6 +24,8 @@ class WarcHttpRecord:
     headers: Mapping[str, str] = field(default_factory=dict)  # HTTP response headers, names lowercased
     payload: bytes = b""               # decoded (Content-Encoding undone), at most max_bytes
     truncated: bool = False            # payload cut at max_bytes, or the encoded stream ended early
+    record_id: str | None = None       # WARC-Record-ID as written (<urn:uuid:...>)
+    date: str | None = None            # WARC-Date as written
 
     @property
     def content_type(self) -> str | None:
@@ -60,6 +62,8 @@ def read_record_at(fileobj: BinaryIO, offset: int, *, max_bytes: int) -> WarcHtt
         headers=headers,
         payload=payload,
         truncated=truncated,
+        record_id=record.rec_headers.get_header("WARC-Record-ID"),
+        date=record.rec_headers.get_header("WARC-Date"),
     )
 
 

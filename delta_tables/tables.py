@@ -335,6 +335,11 @@ SEGMENTS = TableDef(
             _f("created_at", T, False, "when the row was first written"),
             _f("updated_at", T, False, "when a step last changed the row"),
             _f("counters", MapType(S, L), True, "any further per-step counters by name (null: none)"),
+            # Added after the columns above: a root from before gains them at the end (_upgrade_columns).
+            _f("wet_files", ArrayType(S), True, "the bucket's WET files (the text of its HTML pages, one per WARC "
+                                                "file parse read), relative to the root, written by parse (null: not "
+                                                "parsed since WET files exist, or parse.wet_enabled off)"),
+            _f("wet_records", L, True, "conversion records (pages with text) in those WET files (null: as wet_files)"),
         ]
     ),
     properties=_COMMON_PROPS,

@@ -137,7 +137,7 @@ COMMANDS: tuple[Command, ...] = (
                             "closed"))),
     Command("fetch", "run a fetch daemon in the foreground until the segment's buckets are done",
             "jobs.fetch:fetch_command", checks_bucketing=False, arguments=(SEGMENT,)),
-    Command("parse", "parse the segment's WARC records into pages and links",
+    Command("parse", "parse the segment's WARC records into pages, links and WET files (each page's text)",
             "jobs.parse:run_command", spark=True, segment_folder=True, arguments=(SEGMENT,)),
     Command("dedup", "mark the segment's exact and near-duplicate pages and lower their URLs' priority; or, with "
             "--rebuild, re-key the near-duplicate index under the config's dedup settings",

@@ -338,6 +338,8 @@ def record_segment(spark: SparkSession, root: str, segment_id: str, per_bucket: 
             *[F.lit(None).alias(c) for c in ("results", "applied", "stale", "discovered", "counters")],
             F.lit(now).alias("created_at"),
             F.lit(now).alias("updated_at"),
+            F.lit(None).alias("wet_files"),
+            F.lit(None).alias("wet_records"),
         ),
         "segments",
     )

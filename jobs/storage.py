@@ -10,10 +10,12 @@ default chain.
 
 from __future__ import annotations
 
+import contextlib
 import io
 import os
 import shutil
 import tempfile
+import uuid
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -89,6 +91,18 @@ class Storage:
         with filesystem.open_output_stream(path, compression=None) as out:
             out.write(data)
 
+    def open_output(self, uri: str) -> AtomicOutput:
+        """A file written as a stream that replaces `uri` as a whole on `commit()` (local: a temporary name beside
+        it, then rename; S3: a local temporary file uploaded on commit, so a failed write never leaves a part) and
+        is dropped on `abort()`. As a context manager: committed when the block ends without an error."""
+        return AtomicOutput(self, uri)
+
+    def append_file(self, uri: str, out: BinaryIO) -> None:
+        """Copy the file's bytes to the end of `out`, streamed."""
+        filesystem, path = self.filesystem(uri)
+        with filesystem.open_input_stream(path, compression=None) as source:
+            shutil.copyfileobj(source, out, COPY_CHUNK_BYTES)
+
     def list_files(self, uri: str) -> list[str]:
         """Every file under the folder (recursively), as paths relative to it; none if it does not exist."""
         filesystem, base = self.filesystem(uri)
@@ -143,6 +157,56 @@ class Storage:
             with filesystem.open_input_stream(path, compression=None) as source, open(local, "wb") as target:
                 shutil.copyfileobj(source, target, COPY_CHUNK_BYTES)
             yield local
+
+
+class AtomicOutput:
+    """`Storage.open_output`: written whole or not at all."""
+
+    def __init__(self, storage: Storage, uri: str) -> None:
+        self._storage, self._uri = storage, uri
+        filesystem, path = storage.filesystem(uri)
+        self._local = isinstance(filesystem, pafs.LocalFileSystem)
+        if self._local:
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            self._path = f"{path}.partial-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+            self._file: BinaryIO = open(self._path, "wb")  # noqa: SIM115 - closed by commit or abort
+        else:
+            self._file = tempfile.NamedTemporaryFile(prefix="cyclecrawl-", delete=False)  # noqa: SIM115
+            self._path = self._file.name
+        self._target = path
+
+    def write(self, data: bytes) -> int:
+        return self._file.write(data)
+
+    @property
+    def stream(self) -> BinaryIO:
+        return self._file
+
+    def commit(self) -> None:
+        self._file.close()
+        if self._local:
+            os.replace(self._path, self._target)
+            return
+        try:
+            filesystem, path = self._storage.filesystem(self._uri)
+            with open(self._path, "rb") as source, filesystem.open_output_stream(path, compression=None) as target:
+                shutil.copyfileobj(source, target, COPY_CHUNK_BYTES)
+        finally:
+            os.remove(self._path)
+
+    def abort(self) -> None:
+        self._file.close()
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(self._path)
+
+    def __enter__(self) -> AtomicOutput:
+        return self
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        if exc_type is None:
+            self.commit()
+        else:
+            self.abort()
 
 
 LOCAL = Storage()  # a local root needs no settings

@@ -7,10 +7,12 @@ import io
 import json
 import os
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from warcio.archiveiterator import ArchiveIterator
 from warcio.statusandheaders import StatusAndHeaders
 from warcio.warcwriter import WARCWriter
 
@@ -153,7 +155,7 @@ def _seed_segments(spark, root: str) -> None:
     df = spark.createDataFrame(rows, "segment_id string, bucket int, state string").selectExpr(
         "*", "0L as url_count", "0L as host_count", "null as owner", "1L as epoch", "null as results",
         "null as applied", "null as stale", "null as discovered", "timestamp'2024-01-01 00:00:00' as created_at",
-        "timestamp'2024-01-01 00:00:00' as updated_at", "null as counters",
+        "timestamp'2024-01-01 00:00:00' as updated_at", "null as counters", "null as wet_files", "null as wet_records",
     )
     tables.conform(df, "segments").write.format("delta").mode("append").save(tables.table_path(root, "segments"))
 
@@ -223,10 +225,31 @@ def test_parse_segment_pages_links_errors_and_rerun(spark, base_conf, new_tables
     states = {(r["segment_id"], r["bucket"]): r["state"] for r in tables.table_df(spark, root, "segments").collect()}
     assert states == {(SEGMENT, 1): "parsed", (SEGMENT, 2): "parsed", (SEGMENT, 3): "merged", ("other", 1): "fetched"}
 
+    # WET files: one per WARC file, listed with their text records by bucket (tests/test_wet.py reads them closely)
+    wet_a, wet_b = layout.wet_filename(segment["a"]), layout.wet_filename(segment["b"])
+    listed = {(r["segment_id"], r["bucket"]): (r["wet_files"], r["wet_records"])
+              for r in tables.table_df(spark, root, "segments").collect()}
+    assert listed == {(SEGMENT, 1): ([wet_a], 2), (SEGMENT, 2): ([wet_b], 1), (SEGMENT, 3): ([], 0),
+                      ("other", 1): (None, None)}
+    assert (result.wet_files, result.wet_records, result.wet_outcomes) == (2, 3, {"written": 3, "not_html": 1})
+    with open(os.path.join(root, wet_b), "rb") as stream:
+        [(info, _), (private_text, text)] = [(dict(r.rec_headers.headers), r.content_stream().read())
+                                             for r in ArchiveIterator(stream, check_digests=True)]
+    assert (info["WARC-Type"], private_text["WARC-Type"], text) == ("warcinfo", "conversion", b"relative")
+    assert private_text["WARC-Target-URI"] == "http://b.test/private"
+    with open(os.path.join(root, segment["b"]), "rb") as stream:
+        ids = {r.rec_headers.get_header("WARC-Target-URI"): r.rec_headers.get_header("WARC-Record-ID")
+               for r in ArchiveIterator(stream) if r.rec_type == "response"}
+    assert private_text["WARC-Refers-To"] == ids["http://b.test/private"]
+    wet_bytes = {name: Path(root, name).read_bytes() for name in (wet_a, wet_b)}
+    assert not os.path.exists(layout.join(layout.wet_dir(root, SEGMENT), layout.WET_PARTS))
+
     before = {name: _sorted_rows(spark, root, name) for name in ("pages", "links", "segments")}
     again = parse.run(spark, base_conf, root, SEGMENT)
     assert again.pages_inserted == 0 and again.errors == 1
     assert {name: _sorted_rows(spark, root, name) for name in before} == before
+    assert {name: Path(root, name).read_bytes() for name in wet_bytes} == wet_bytes  # the same bytes, no duplicates
+    assert sorted(os.listdir(os.path.join(layout.wet_dir(root, SEGMENT)))) == ["bucket=00001", "bucket=00002"]
 
 
 def test_a_result_written_twice_is_parsed_from_the_latest_fetch(spark, base_conf, new_tables_root, root):

@@ -81,6 +81,16 @@ def _roundtrip(storage: Storage, root: str) -> None:
         assert handle.read(2) == b"bc"
     with storage.local_copy(layout.join(root, "segments/s/warc/bucket=00001/a.warc.gz")) as local:
         assert Path(local).read_bytes() == b"abcdefghij" * 300_000
+    # a streamed file (parse's WET parts and files): whole on commit, none on abort, appended from another file
+    with storage.open_output(layout.join(root, "segments/s/wet/bucket=00002/b.warc.wet.gz")) as out:
+        out.write(b"head ")
+        storage.append_file(layout.join(root, "segments/s/warc/bucket=00002/b.warc.gz"), out.stream)
+    dropped = storage.open_output(layout.join(root, "segments/s/wet/bucket=00002/c.warc.wet.gz"))
+    dropped.write(b"part")
+    dropped.abort()
+    assert storage.list_files(layout.join(root, "segments/s/wet")) == ["bucket=00002/b.warc.wet.gz"]
+    with storage.open_input(layout.join(root, "segments/s/wet/bucket=00002/b.warc.wet.gz")) as handle:
+        assert handle.read() == b"head b"
 
 
 def test_storage_reads_and_writes_files_under_a_local_root(tmp_path):
@@ -94,7 +104,8 @@ def test_storage_reads_and_writes_objects_under_an_s3_root(s3, base_conf):
                  s3__path_style_access=True)
     _roundtrip(Storage.from_conf(conf, environ={}), conf.storage.root)
     keys = sorted(o["Key"] for o in s3.client().list_objects_v2(Bucket=bucket)["Contents"])
-    assert keys == ["crawl/segments/s/warc/bucket=00001/a.warc.gz", "crawl/segments/s/warc/bucket=00002/b.warc.gz"]
+    assert keys == ["crawl/segments/s/warc/bucket=00001/a.warc.gz", "crawl/segments/s/warc/bucket=00002/b.warc.gz",
+                    "crawl/segments/s/wet/bucket=00002/b.warc.wet.gz"]
 
 
 # ---- the jobs on an S3 root ------------------------------------------------------------------------------------
@@ -128,6 +139,9 @@ def test_a_whole_cycle_on_an_s3_root(s3_cycle, monkeypatch):
     warc_files = [key for key in segment_keys if key.endswith(".warc.gz")]
     manifests = [key for key in segment_keys if key.endswith(layout.DONE_MANIFEST)]
     assert warc_files and manifests
+    # parse's WET files, one per WARC file it read, no parts left (pyarrow leaves a folder marker, "wet/")
+    wet_files = [key for key in segment_keys if "/wet/" in key and not key.endswith("/")]
+    assert wet_files and set(wet_files) <= {layout.wet_filename(key) for key in warc_files}
     storage = Storage.from_conf(s3_cycle.conf, environ={})
     results = 0
     for key in segment_keys:
