@@ -59,6 +59,9 @@ class IndexResult:
     errors: int                                  # files that could not be indexed at all
     stop_reasons: dict[str, int] = field(default_factory=dict)  # damaged files per reason (offsets as N)
     damaged: tuple[tuple[str, str], ...] = ()    # (warc_filename, stop reason or error) of every such file
+    # Identical-payload revisits of the segment whose original (a response record of the same URL with the same
+    # digest, what replay looks up) is in no indexed segment: its segment was removed, or is not indexed yet.
+    unresolved_revisits: int = 0
 
     def summary(self) -> str:
         types = ", ".join(f"{kind}={count}" for kind, count in sorted(self.by_type.items())) or "none"
@@ -66,6 +69,8 @@ class IndexResult:
                f"{self.errors} errors"
         if self.stop_reasons:
             text += "; stopped early: " + ", ".join(f"{reason} x{n}" for reason, n in self.stop_reasons.items())
+        if self.unresolved_revisits:
+            text += f"; {self.unresolved_revisits} revisits without their original in the index"
         return text
 
 
@@ -140,6 +145,18 @@ def _with_languages(spark: SparkSession, root: str, segment_id: str, files: Data
     return files.join(by_file, "warc_filename", "left")
 
 
+def unresolved_revisits(spark: SparkSession, root: str, segment_id: str) -> int:
+    """The segment's identical-payload revisits (a revisit row with a digest) that no response row of the same URL
+    and digest in `records` resolves: what a replay tool's lookup (pywb: URL, then digest) would not find. Reads
+    the response rows of the URLs the segment revisited."""
+    records = tables.table_df(spark, root, "records")
+    revisits = records.where((F.col("warc_segment") == segment_id) & (F.col("warc_record_type") == "revisit")
+                             & F.col("content_digest").isNotNull()).select("url", "content_digest")
+    originals = (records.where(F.col("warc_record_type") == "response").select("url", "content_digest")
+                 .join(revisits.select("url").distinct(), "url", "left_semi").distinct())
+    return revisits.join(originals, ["url", "content_digest"], "left_anti").count()
+
+
 def run(spark: SparkSession, conf: Config, root: str, segment_id: str) -> IndexResult:
     """Index one segment's closed WARC files into `records` and CDXJ files; safe to re-run."""
     layout.check_segment_id(segment_id)
@@ -170,6 +187,7 @@ def run(spark: SparkSession, conf: Config, root: str, segment_id: str) -> IndexR
             )
         finally:
             indexed.unpersist()
+        unresolved = unresolved_revisits(spark, root, segment_id) if by_type.get("revisit") else 0
     damaged = tuple(sorted((s["warc_filename"], s["error"] or s["stop_reason"])
                            for s in summaries if s["error"] or s["stop_reason"]))
     return IndexResult(
@@ -180,6 +198,7 @@ def run(spark: SparkSession, conf: Config, root: str, segment_id: str) -> IndexR
         errors=sum(1 for s in summaries if s["error"]),
         stop_reasons=dict(Counter(reason_kind(s["stop_reason"]) for s in summaries if s["stop_reason"])),
         damaged=damaged,
+        unresolved_revisits=unresolved,
     )
 
 

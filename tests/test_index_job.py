@@ -239,3 +239,32 @@ def test_cdxj_path_of_a_warc_path():
             == "segments/s1/cdxj/bucket=00003/a.warc.gz.cdxj")
     with pytest.raises(ValueError):
         layout.cdxj_filename("elsewhere/a.warc.gz")
+
+
+def test_a_revisit_resolves_to_its_original_by_digest_and_one_without_it_is_counted(spark, base_conf, tables_root):
+    """Identical-payload revisits, one with its original in another file: in the CDXJ a revisit is `warc/revisit`
+    with the original's digest (pywb finds the original by URL and digest); one whose original is in no indexed
+    segment (its segment removed, say) is counted in the result, and the job still succeeds."""
+    from fetchd.warc import WarcFile, http_response_headers, new_record_id, payload_sha1
+
+    root, segment = tables_root, "seg-revisits"
+    headers = http_response_headers(200, "OK", [("Content-Type", "text/html")])
+    body = b"<html><title>same</title></html>"
+    digest = payload_sha1(body)
+    original = WarcFile(os.path.join(layout.warc_dir(root, segment, 0), "a.warc.gz"), {"software": "test"})
+    original.write_response("http://a.test/1", headers, body, "2026-12-01T00:00:00.000000Z", None, new_record_id(),
+                            new_record_id())
+    original.close()
+    revisits = WarcFile(os.path.join(layout.warc_dir(root, segment, 0), "b.warc.gz"), {"software": "test"})
+    for url, payload_digest in (("http://a.test/1", digest), ("http://a.test/2", payload_sha1(b"never stored"))):
+        revisits.write_identical_payload(url, headers, "2026-12-02T00:00:00.000000Z", None, new_record_id(),
+                                         new_record_id(), payload_digest, url, "2026-12-01T00:00:00.000000Z")
+    revisits.close()
+    result = index.run(spark, base_conf, root, segment)
+    assert result.by_type == {"response": 1, "revisit": 2} and result.unresolved_revisits == 1
+    assert "1 revisits without their original in the index" in result.summary()
+    [(_, _, resolved), (_, _, unresolved)] = cdxj_entries(root, f"segments/{segment}/warc/bucket=00000/b.warc.gz")
+    assert resolved["mime"] == unresolved["mime"] == "warc/revisit"
+    assert resolved["digest"] == digest.removeprefix("sha1:")
+    [(_, _, response)] = cdxj_entries(root, f"segments/{segment}/warc/bucket=00000/a.warc.gz")
+    assert (response["url"], response["digest"]) == (resolved["url"], resolved["digest"])
