@@ -114,14 +114,6 @@ class WetOutcome(str, Enum):
     NOT_HTML = "not_html"            # a body that is not HTML (PDF, image, other binary or text types): no record
 
 
-class WetOutcome(str, Enum):
-    """What parse wrote to the segment's WET files for a page it read (crawler/wet.py; counted in its summary)."""
-
-    WRITTEN = "written"              # a conversion record of the page's visible text
-    NO_TEXT = "no_text"              # HTML with no visible text (empty, only markup or script): no record
-    NOT_HTML = "not_html"            # a body that is not HTML (PDF, image, other binary or text types): no record
-
-
 # 404 and 410: the page is gone (a tombstone, revisited rarely; an index `gone` event).
 GONE_CODES = frozenset({404, 410})
 
