@@ -21,8 +21,8 @@ Timed:
      LexborHTMLParser, title, a[href] through urllib.parse.urljoin, body text. Once in one process and once in
      two (multiprocessing, files split by size), since local[2] uses two cores; the ratio uses the two-process
      figure, both are printed.
-  In-process, no Spark: `read_record_at` and `analyze_record` over every record, one process — the per-record
-  work parse does in its Python workers, to separate it from Spark/Delta overhead; then a cProfile pass over
+  In-process, no Spark: `read_record_at`, `analyze_record` and the page's WET record over every record, one
+  process — the per-record work parse does in its Python workers, apart from Spark/Delta; then a cProfile pass over
   the first --profile-records records: the engine's functions by cumulative time, all by own time.
   Dedup: `python -m bench.dedup --docs <--dedup-docs>` in a subprocess (its own figures, echoed).
 """
