@@ -286,8 +286,8 @@ class Exchange:
                              digest: str | None = None) -> tuple[str, WrittenRecord]:
         """Request + response (or revisit) records of one exchange, then a metadata record about the fetch, as one
         writer job (contiguous); the file and where the response landed, once written. A revisit refers to the
-        URL's stored record (`stored`, when it is of the URL that answered): a 304 to its date, else to the URL's
-        previous fetch, `last_fetch_at`; an identical payload (`outcome`) to its URI and date, with the payload's
+        URL's stored record (`stored`, when it is of the URL that answered): a 304 to its date and digest, else to the
+        URL's previous fetch, `last_fetch_at`; an identical payload (`outcome`) to its URI and date, with the payload's
         `digest`. A response record takes `digest` when it was computed already."""
         warc = self.out.warc()
         relpath = self.out.warc_relpath()  # now: the output may rotate to a new file while this awaits
@@ -302,6 +302,7 @@ class Exchange:
             answer = warc.not_modified_record(
                 response.url, http_headers, date, response.remote_ip, response_id, request_id,
                 refers_to_date=_warc_date_of(refers_to) if refers_to else None,
+                payload_digest=original.digest if original is not None else None,
             )
         elif outcome == FetchOutcome.IDENTICAL_PAYLOAD and original is not None and digest is not None:
             answer = warc.identical_payload_record(

@@ -317,14 +317,16 @@ class WarcFile:
         return Record(head, http_headers, body, payload_digest or True)
 
     def not_modified_record(self, uri: str, http_headers: bytes, date: str, ip: str | None,
-                            record_id: str, concurrent_to: str, refers_to_date: str | None = None) -> Record:
+                            record_id: str, concurrent_to: str, refers_to_date: str | None = None,
+                            payload_digest: str | None = None) -> Record:
         """A 304 as a revisit record: the server said our stored copy of `uri` is still current. `refers_to_date`
-        is the WARC-Date of that earlier capture, when known (the header is left out otherwise). No payload
-        digest: a 304 carries no payload of its own."""
+        is the WARC-Date of that earlier capture, when known (the header is left out otherwise). A 304 carries no
+        payload of its own: `payload_digest` is the stored capture's, when known (so a CDXJ line names the
+        original's digest, by which replay finds it), else the record has none."""
         head = self._head("revisit", uri, record_id, date, _HTTP_RESPONSE, {
             "WARC-IP-Address": ip, "WARC-Concurrent-To": concurrent_to, "WARC-Profile": NOT_MODIFIED_PROFILE,
             "WARC-Refers-To-Target-URI": uri, "WARC-Refers-To-Date": refers_to_date})
-        return Record(head, http_headers, b"", False)
+        return Record(head, http_headers, b"", payload_digest or False)
 
     def identical_payload_record(self, uri: str, http_headers: bytes, date: str, ip: str | None, record_id: str,
                                  concurrent_to: str, payload_digest: str, refers_to_uri: str,

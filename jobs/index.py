@@ -59,8 +59,9 @@ class IndexResult:
     errors: int                                  # files that could not be indexed at all
     stop_reasons: dict[str, int] = field(default_factory=dict)  # damaged files per reason (offsets as N)
     damaged: tuple[tuple[str, str], ...] = ()    # (warc_filename, stop reason or error) of every such file
-    # Identical-payload revisits of the segment whose original (a response record of the same URL with the same
-    # digest, what replay looks up) is in no indexed segment: its segment was removed, or is not indexed yet.
+    # Revisits of the segment with a digest (identical payloads; 304s whose stored capture the crawl knew) whose
+    # original (a response record of the same URL with the same digest, what replay looks up) is in no indexed
+    # segment: its segment was removed, or is not indexed yet.
     unresolved_revisits: int = 0
 
     def summary(self) -> str:
@@ -146,9 +147,9 @@ def _with_languages(spark: SparkSession, root: str, segment_id: str, files: Data
 
 
 def unresolved_revisits(spark: SparkSession, root: str, segment_id: str) -> int:
-    """The segment's identical-payload revisits (a revisit row with a digest) that no response row of the same URL
-    and digest in `records` resolves: what a replay tool's lookup (pywb: URL, then digest) would not find. Reads
-    the response rows of the URLs the segment revisited."""
+    """The segment's revisits with a digest (identical payloads, 304s with their stored capture's) that no response
+    row of the same URL and digest in `records` resolves: what a replay tool's lookup (pywb: URL, then digest) would
+    not find. Reads the response rows of the URLs the segment revisited."""
     records = tables.table_df(spark, root, "records")
     revisits = records.where((F.col("warc_segment") == segment_id) & (F.col("warc_record_type") == "revisit")
                              & F.col("content_digest").isNotNull()).select("url", "content_digest")
