@@ -435,13 +435,13 @@ def run(spark: SparkSession, conf: Config, root: str, segment_id: str) -> ParseR
             ).first()
             wet_outcomes: dict[str, int] = {}
             files: list = []
-            if wet_enabled:
-                wet_outcomes = {r["wet"]: int(r["count"]) for r in
-                                parsed.where(F.col("wet").isNotNull()).groupBy("wet").count().collect()}
+            if wet_enabled:  # one small query: per WARC file its oldest capture and pages by WET outcome
                 files = parsed.groupBy("bucket", "warc_filename").agg(
                     F.min("fetched_at").alias("fetched_at"),
-                    F.count(F.when(F.col("wet") == WetOutcome.WRITTEN.value, 1)).alias("wet_records"),
+                    *[F.count(F.when(F.col("wet") == outcome.value, 1)).alias(outcome.value) for outcome in WetOutcome],
                 ).collect()
+                wet_outcomes = {outcome.value: total for outcome in WetOutcome
+                                if (total := sum(int(f[outcome.value]) for f in files))}
             _write_links(root, segment_id, parsed)
             inserted = _merge_pages(spark, root, segment_id, parsed)
         finally:
@@ -453,7 +453,7 @@ def run(spark: SparkSession, conf: Config, root: str, segment_id: str) -> ParseR
             wet_by_bucket = [
                 {"bucket": bucket,
                  "wet_files": sorted(layout.wet_filename(f["warc_filename"]) for f in written if f["bucket"] == bucket),
-                 "wet_records": sum(int(f["wet_records"]) for f in written if f["bucket"] == bucket)}
+                 "wet_records": sum(int(f[WetOutcome.WRITTEN.value]) for f in written if f["bucket"] == bucket)}
                 for bucket in sorted({f["bucket"] for f in written})]
         _mark_parsed(spark, root, segment_id, fetched, wet_by_bucket)
     return ParseResult(
