@@ -168,8 +168,9 @@ def _sorted_rows(spark, root: str, name: str) -> list:
 def test_parse_segment_pages_links_errors_and_rerun(spark, base_conf, new_tables_root, root, segment):
     new_tables_root(root)
     _seed_segments(spark, root)
+    conf = base_conf.with_overrides({"parse.wet_enabled": True})  # the default; the test config turns it off
 
-    result = parse.run(spark, base_conf, root, SEGMENT)
+    result = parse.run(spark, conf, root, SEGMENT)
 
     assert (result.records, result.pages, result.errors, result.pages_inserted) == (5, 5, 1, 5)
     pages = {r["url"]: r for r in tables.table_df(spark, root, "pages").collect()}
@@ -245,7 +246,7 @@ def test_parse_segment_pages_links_errors_and_rerun(spark, base_conf, new_tables
     assert not os.path.exists(layout.join(layout.wet_dir(root, SEGMENT), layout.WET_PARTS))
 
     before = {name: _sorted_rows(spark, root, name) for name in ("pages", "links", "segments")}
-    again = parse.run(spark, base_conf, root, SEGMENT)
+    again = parse.run(spark, conf, root, SEGMENT)
     assert again.pages_inserted == 0 and again.errors == 1
     assert {name: _sorted_rows(spark, root, name) for name in before} == before
     assert {name: Path(root, name).read_bytes() for name in wet_bytes} == wet_bytes  # the same bytes, no duplicates

@@ -26,6 +26,9 @@ TEST_OVERRIDES = {
     # Sitemap discovery adds URLs to every crawl of the farm; the tests that check it turn it on.
     "sitemaps.probe_default_location": False,
     "sitemaps.from_robots": False,
+    # WET files cost each parse a fixed second or so (its parts joined per WARC file); the crawls and tests that
+    # check them turn them on: the shared crawl, the S3 cycle and test_parse.py's parse (tests/test_wet.py reads them).
+    "parse.wet_enabled": False,
     # Spark evaluates the tests' many tiny queries without generating and compiling Java for each (results are
     # the same; Spark falls back to this path itself whenever generated code fails to compile). Measured on
     # test_update.py + test_traps.py: 540 -> 402 CPU-s, 353 -> 264 s wall.

@@ -123,12 +123,13 @@ class SharedCrawl:
 
 
 def crawl_config(base_conf: Config, root: str, farm: SiteFarm) -> Config:
-    """The test config (`tests/conftest.py`) with the demo's farm settings, sitemap discovery, and caps small
+    """The test config (`tests/conftest.py`) with the demo's farm settings, sitemap discovery, WET files, and caps small
     enough that the traps and the larger large host reach them."""
     conf = demo.demo_config(base_conf.with_overrides({"demo.min_delay_s": MIN_DELAY_S}), root, farm)
     return conf.with_overrides({
         "sitemaps.probe_default_location": True,
         "sitemaps.from_robots": True,
+        "parse.wet_enabled": True,
         "traps.max_known_urls_per_host": KNOWN_URL_CAP,
         "traps.max_new_urls_per_template_per_cycle": TEMPLATE_CAP,
         "generate.per_host_max_urls": PER_HOST_MAX_URLS,

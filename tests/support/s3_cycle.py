@@ -108,7 +108,8 @@ def run_s3_cycle(base_conf: Config, s3: S3Server, base: Path) -> S3Cycle:
     farm.start()
     try:
         conf = demo_config(base_conf, root, farm).with_overrides(
-            {"s3.endpoint_url": s3.endpoint, "s3.path_style_access": True, "fetch.staging_dir": str(base / "staging")})
+            {"s3.endpoint_url": s3.endpoint, "s3.path_style_access": True, "fetch.staging_dir": str(base / "staging"),
+             "parse.wet_enabled": True})
         config_file = base / "crawl.yaml"
         config_file.write_text(yaml.safe_dump(conf.as_dict()))
         seeds = base / "seeds.txt"
