@@ -110,7 +110,7 @@ def test_dagbag_imports_the_cycle_in_order_with_retries(airflow_env, tmp_path):
         "run_timeout_s": dag.dagrun_timeout.total_seconds(),
         "undocumented": [t.task_id for t in dag.tasks if not t.doc_md] + ([] if dag.doc_md else ["<dag>"]),
     }))
-    """, str(DAGS), timeout=120)
+    """, str(DAGS))
     assert found["errors"] == {}
     assert found["dags"] == ["crawl_continuous", "crawl_cycle"]
     order = found["order"]
@@ -188,7 +188,7 @@ def test_the_continuous_dag_runs_crawl_run_for_less_than_its_timeout_one_run_at_
                       "max_active_runs": dag.max_active_runs,
                       "schedule": str(dag.schedule), "run_minutes": dag.params["run_minutes"],
                       "documented": bool(task.doc_md and dag.doc_md)}))
-    """, str(DAGS), timeout=120)
+    """, str(DAGS))
     assert found["errors"] == {} and found["task"] == "run" and found["documented"]
     assert ' run --for "$RUN_SECONDS" $NO_DAEMON ' in found["command"]
     assert found["env"]["RUN_SECONDS"] == "{{ (params.run_minutes * 60) | int }}"
@@ -456,8 +456,7 @@ def test_update_and_index_update_their_assets_and_the_example_consumer_runs_on_t
     stub.write_text("#!/bin/sh\nexit 0\n")
     stub.chmod(0o755)
     env["PATH"] = f"{stub.parent}{os.pathsep}{env['PATH']}"
-    found = run_airflow_script(env, tmp_path, ASSET_CONSUMER, env["AIRFLOW__CORE__DAGS_FOLDER"], str(config),
-                               timeout=180)
+    found = run_airflow_script(env, tmp_path, ASSET_CONSUMER, env["AIRFLOW__CORE__DAGS_FOLDER"], str(config))
     assert found["tasks"]["update"] == found["tasks"]["index"] == "success"
     ((run_id, run_type, consumed),) = found["consumer_runs"]
     assert run_type == "asset_triggered" and consumed == [{"root": root, "segment_id": segment}]

@@ -125,14 +125,14 @@ SCRIPT_PRELUDE = """
     """
 
 
-def run_airflow_script(env: dict[str, str], folder: Path, script: str, *args: str, timeout: float = 120,
-                       background: bool = False) -> dict:
-    """Run `script` (which prints one JSON line last) with a real Airflow in a subprocess (niced when it is
-    `background` work: tests/support/config.py::BACKGROUND_NICE), after SCRIPT_PRELUDE."""
+def run_airflow_script(env: dict[str, str], folder: Path, script: str, *args: str, timeout: float = 300) -> dict:
+    """Run `script` (which prints one JSON line last) with a real Airflow in a subprocess, after SCRIPT_PRELUDE.
+    Niced (tests/support/config.py::BACKGROUND_NICE): no assertion reads how fast a script ran, the light lane
+    that runs them ends minutes before the Spark lane, and the Spark lane's in-process tests, the suite's critical
+    path, then get the cores first (each script is seconds of CPU, most of it importing Airflow)."""
     path = folder / "airflow_script.py"
     path.write_text(textwrap.dedent(SCRIPT_PRELUDE) + textwrap.dedent(script))
-    command = [sys.executable, str(path), *args]
-    result = subprocess.run(at_background_priority(command) if background else command, env=env, cwd=folder,
+    result = subprocess.run(at_background_priority([sys.executable, str(path), *args]), env=env, cwd=folder,
                             capture_output=True, text=True, timeout=timeout)
     assert result.returncode == 0, result.stdout[-5000:] + result.stderr[-5000:]
     return json.loads(result.stdout.strip().splitlines()[-1])
@@ -199,7 +199,7 @@ def run_cycle_through_airflow(base_conf: Config, cluster: Cluster, base: Path) -
                     "spark_master": cluster.master_url, "segment_max_urls": 1000, "fetch_mode": "daemons",
                     "fetch_deadline_minutes": 10, "maintain": "never"}
         found = run_airflow_script({**env, "SPARK_LOCAL_IP": "127.0.0.1"}, base, RUN_CYCLE, str(DAGS),
-                                   json.dumps(run_conf), timeout=CYCLE_TIMEOUT_S, background=True)
+                                   json.dumps(run_conf), timeout=CYCLE_TIMEOUT_S)
     finally:
         if daemon is not None:
             daemon.send_signal(signal.SIGTERM)
