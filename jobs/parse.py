@@ -251,8 +251,10 @@ def parsed_pages(
     finally:
         if handle is not None:
             handle.close()
-        if parts is not None:
-            parts.finish() if done else parts.abort()
+        if parts is not None and done:
+            parts.finish()
+        elif parts is not None:
+            parts.abort()
 
 
 def _parse(fetched: DataFrame, root: str, segment_id: str, conf: Config) -> DataFrame:
